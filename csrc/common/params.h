@@ -1,0 +1,91 @@
+// Plain-old-data launch parameters shared by the torch binding, the kernels and the C++ microbenchmark.
+// Torch-free and CUDA-free on purpose: kernel translation units and the bench include it without torch, and the
+// binding fills it without seeing any CuTe type.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+namespace dash {
+
+enum class DType : int32_t { kFloat16 = 0, kBFloat16 = 1 };
+
+// Mask of the attention scores. Causal is bottom-right aligned (query row i sees key j <= i + seqlen_k - seqlen_q).
+// Window uses window_left/window_right (either may be -1 = unbounded) relative to the same diagonal; causal with a
+// window is Window with window_right = 0.
+enum class MaskKind : int32_t { kFull = 0, kCausal = 1, kWindow = 2 };
+
+// Backward schedules. kAuto is resolved on the host (cost model) before any launch; kernels never see it.
+enum class ScheduleKind : int32_t {
+  kAscending = 0,
+  kDescending = 1,
+  kSpt = 2,
+  kShift = 3,
+  kShiftCausal = 4,
+  kAuto = 99,
+};
+
+// Strides are in elements. Layout of q/o/dq/do: (batch, seqlen_q, nheads, headdim); k/v/dk/dv:
+// (batch, seqlen_k, nheads_k, headdim); the last dimension is contiguous (stride 1).
+struct TensorStrides {
+  int64_t batch = 0;
+  int64_t row = 0;
+  int64_t head = 0;
+};
+
+struct AttnShape {
+  int32_t batch = 0;
+  int32_t seqlen_q = 0;
+  int32_t seqlen_k = 0;
+  int32_t nheads = 0;
+  int32_t nheads_k = 0;
+  int32_t headdim = 0;
+  DType dtype = DType::kBFloat16;
+  MaskKind mask = MaskKind::kFull;
+  int32_t window_left = -1;
+  int32_t window_right = -1;
+  float softmax_scale = 1.0f;
+  float softcap = 0.0f;  // 0 = off
+};
+
+struct FwdParams {
+  AttnShape shape;
+  const void* q = nullptr;
+  const void* k = nullptr;
+  const void* v = nullptr;
+  void* o = nullptr;
+  float* lse = nullptr;  // (batch, nheads, seqlen_q), natural log
+  TensorStrides q_stride, k_stride, v_stride, o_stride;
+  int32_t num_sms = 0;  // read from the device at run time by the caller
+};
+
+struct BwdParams {
+  AttnShape shape;
+  const void* q = nullptr;
+  const void* k = nullptr;
+  const void* v = nullptr;
+  const void* o = nullptr;
+  const void* dout = nullptr;
+  const float* lse = nullptr;  // (batch, nheads, seqlen_q), natural log, from the forward
+  void* dq = nullptr;
+  void* dk = nullptr;
+  void* dv = nullptr;
+  TensorStrides q_stride, k_stride, v_stride, o_stride, do_stride, dq_stride, dk_stride, dv_stride;
+  bool deterministic = false;
+  ScheduleKind schedule = ScheduleKind::kDescending;  // never kAuto here
+  int32_t num_sms = 0;    // device SM count, read at run time
+  int32_t sm_margin = 0;  // SMs left free; the persistent grid uses num_sms - sm_margin CTAs (at least 1)
+  void* workspace = nullptr;       // dash_bwd_workspace_bytes(params) bytes, any content (kernels zero what they need)
+  size_t workspace_bytes = 0;
+};
+
+}  // namespace dash
+
+// C ABI of the kernel library (csrc/fwd, csrc/bwd). Return 0 on success, else a cudaError_t value or -1 for an
+// unsupported configuration (the binding validates first, so -1 is a bug guard, not a user error path).
+extern "C" {
+int dash_fwd(const dash::FwdParams* params, void* stream);
+size_t dash_bwd_workspace_bytes(const dash::BwdParams* params);
+int dash_bwd(const dash::BwdParams* params, void* stream);
+// Tile shape the backward kernel uses for (headdim, mask): lets the host plan/simulate exactly what runs.
+void dash_bwd_tile_shape(int32_t headdim, int32_t mask, int32_t* block_m, int32_t* block_n);
+}

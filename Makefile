@@ -1,0 +1,53 @@
+# dash_attn developer entry points. `make demo` is the main job, `make test` the test command CI runs.
+SHELL := /bin/bash
+PYTHON ?= python3
+PIP := $(PYTHON) -m pip
+NVCC ?= nvcc
+CHECK_HDIM ?= 128
+CHECK_DTYPE ?= bf16
+CUTLASS_INC = $(if $(CUTLASS_DIR),$(CUTLASS_DIR)/include,$(shell $(PYTHON) -c "import importlib.util,os;s=importlib.util.find_spec('cutlass_library');print(os.path.join(list(s.submodule_search_locations)[0],'source','include') if s else '')"))
+NVCC_FLAGS = -std=c++17 -O3 --use_fast_math -gencode arch=compute_90a,code=sm_90a --expt-relaxed-constexpr \
+	--expt-extended-lambda -Icsrc -I$(CUTLASS_INC) -DDASH_ENABLE_HDIM_$(CHECK_HDIM) \
+	-DDASH_ENABLE_$(shell echo $(CHECK_DTYPE) | tr a-z A-Z)
+export CPLUS_INCLUDE_PATH := /usr/local/cuda/include/cccl:$(CPLUS_INCLUDE_PATH)
+
+.PHONY: deps install dev gen test test-gpu check-kernels demo bench clean
+
+# Test/runtime dependencies; torch only when missing (a CPU machine gets the CPU build, a GPU node keeps its own).
+deps:
+	@$(PYTHON) -c "import torch" 2>/dev/null || $(PIP) install -q torch==2.13.0
+	@$(PIP) install -q pytest pybind11 ninja numpy matplotlib setuptools wheel
+
+install: deps
+	$(PIP) install -q --no-deps -r third_party/requirements-cutlass.txt || echo "nvidia-cutlass not installed (offline?): set CUTLASS_DIR"
+	$(PIP) install --no-build-isolation --no-deps -e .
+
+# One head dim and dtype: a fast edit-compile-test loop on a GPU node.
+dev:
+	DASH_ATTN_HDIMS=$(CHECK_HDIM) DASH_ATTN_DTYPES=$(CHECK_DTYPE) $(PIP) install --no-build-isolation --no-deps -e .
+
+gen:
+	$(PYTHON) csrc/instantiations/generate.py
+
+test: deps
+	$(PIP) install -q --no-build-isolation --no-deps -e .
+	$(PYTHON) -m pytest -q
+
+test-gpu:
+	timeout 900 $(PYTHON) -m pytest -q -m gpu
+
+# Compile the kernel TUs of one (hdim, dtype) without a GPU and fail on register spills.
+check-kernels:
+	@mkdir -p build/check
+	@set -o pipefail; for f in csrc/instantiations/fwd_hdim$(CHECK_HDIM)_$(CHECK_DTYPE)_*.cu \
+	    csrc/instantiations/bwd_hdim$(CHECK_HDIM)_$(CHECK_DTYPE)_*.cu; do \
+	  echo "== $$f"; $(NVCC) $(NVCC_FLAGS) -Xptxas -v -c $$f -o build/check/$$(basename $$f .cu).o 2>&1 \
+	    | $(PYTHON) csrc/tools/check_spills.py || exit 1; done
+
+demo:
+	$(PYTHON) -m dash_attn demo $(DEMO_ARGS)
+
+-include csrc/bench/bench.mk
+
+clean:
+	rm -rf build dist *.egg-info dash_attn/*.so

@@ -1,0 +1,208 @@
+// Torch binding of the kernel library: checks arguments (a second line of defence behind dash_attn/validation.py),
+// fills the POD params of csrc/common/params.h and launches on the current stream. Kept in its own TU so that the
+// kernel TUs never see torch headers.
+#include <torch/extension.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
+#include <cuda_runtime_api.h>
+
+#include <vector>
+
+#include "common/params.h"
+
+namespace {
+
+constexpr int kSupportedHeadDims[] = {
+#ifdef DASH_ENABLE_HDIM_64
+    64,
+#endif
+#ifdef DASH_ENABLE_HDIM_128
+    128,
+#endif
+#ifdef DASH_ENABLE_HDIM_256
+    256,
+#endif
+    0,  // sentinel so the array is never empty
+};
+
+bool head_dim_built(int d) {
+  for (int h : kSupportedHeadDims) {
+    if (h != 0 && h == d) return true;
+  }
+  return false;
+}
+
+dash::DType dtype_of(const at::Tensor& t) {
+  if (t.scalar_type() == at::kHalf) {
+#ifdef DASH_ENABLE_FP16
+    return dash::DType::kFloat16;
+#endif
+  } else if (t.scalar_type() == at::kBFloat16) {
+#ifdef DASH_ENABLE_BF16
+    return dash::DType::kBFloat16;
+#endif
+  }
+  TORCH_CHECK_VALUE(false, "dash_attn: dtype ", t.scalar_type(), " is not built into this extension");
+}
+
+dash::TensorStrides strides_of(const at::Tensor& t) { return {t.stride(0), t.stride(1), t.stride(2)}; }
+
+void check_4d(const at::Tensor& t, const char* name, const at::Tensor& like) {
+  TORCH_CHECK_VALUE(t.is_cuda(), "dash_attn: ", name, " must be a CUDA tensor");
+  TORCH_CHECK_VALUE(t.dim() == 4, "dash_attn: ", name, " must have 4 dims (batch, seqlen, heads, headdim)");
+  TORCH_CHECK_VALUE(t.stride(-1) == 1, "dash_attn: ", name, " must have a contiguous last dimension");
+  TORCH_CHECK_VALUE(t.scalar_type() == like.scalar_type(), "dash_attn: ", name, " must have dtype ",
+                    like.scalar_type());
+  TORCH_CHECK_VALUE(t.get_device() == like.get_device(), "dash_attn: ", name, " is on another device than q");
+  // TMA descriptors need 16-byte aligned base addresses and strides.
+  TORCH_CHECK_VALUE(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0, "dash_attn: ", name,
+                    " must be 16-byte aligned");
+  for (int i = 0; i < 3; ++i) {
+    TORCH_CHECK_VALUE(t.stride(i) * t.element_size() % 16 == 0, "dash_attn: stride ", i, " of ", name,
+                      " must be a multiple of 16 bytes");
+  }
+}
+
+dash::AttnShape make_shape(const at::Tensor& q, const at::Tensor& k, double softmax_scale, int64_t mask,
+                           int64_t window_left, int64_t window_right, double softcap) {
+  TORCH_CHECK_VALUE(mask >= 0 && mask <= 2, "dash_attn: unknown mask id ", mask);
+  dash::AttnShape s;
+  s.batch = static_cast<int32_t>(q.size(0));
+  s.seqlen_q = static_cast<int32_t>(q.size(1));
+  s.nheads = static_cast<int32_t>(q.size(2));
+  s.headdim = static_cast<int32_t>(q.size(3));
+  s.seqlen_k = static_cast<int32_t>(k.size(1));
+  s.nheads_k = static_cast<int32_t>(k.size(2));
+  s.dtype = dtype_of(q);
+  s.mask = static_cast<dash::MaskKind>(mask);
+  s.window_left = static_cast<int32_t>(window_left);
+  s.window_right = static_cast<int32_t>(window_right);
+  s.softmax_scale = static_cast<float>(softmax_scale);
+  s.softcap = static_cast<float>(softcap);
+  TORCH_CHECK_VALUE(head_dim_built(s.headdim), "dash_attn: head dim ", s.headdim, " is not built");
+  TORCH_CHECK_VALUE(s.nheads_k > 0 && s.nheads % s.nheads_k == 0, "dash_attn: nheads (", s.nheads,
+                    ") must be divisible by nheads_k (", s.nheads_k, ")");
+  TORCH_CHECK_VALUE(s.mask != dash::MaskKind::kWindow && s.softcap == 0.0f,
+                    "dash_attn: sliding windows and softcap are not implemented in the CUDA kernels yet");
+  return s;
+}
+
+int device_attribute(cudaDeviceAttr attr, int device) {
+  int value = 0;
+  cudaError_t err = cudaDeviceGetAttribute(&value, attr, device);
+  TORCH_CHECK(err == cudaSuccess, "dash_attn: cudaDeviceGetAttribute failed: ", cudaGetErrorString(err));
+  return value;
+}
+
+// Read at run time on every call: the persistent grids must fit the GPU they actually run on.
+int num_sms(int64_t device_index) {
+  return device_attribute(cudaDevAttrMultiProcessorCount, static_cast<int>(device_index));
+}
+
+void check_device(const at::Tensor& q) {
+  int major = device_attribute(cudaDevAttrComputeCapabilityMajor, q.get_device());
+  int minor = device_attribute(cudaDevAttrComputeCapabilityMinor, q.get_device());
+  TORCH_CHECK(major == 9 && minor == 0, "dash_attn kernels need an sm90 (Hopper) GPU, found sm", major, minor);
+}
+
+void fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& out, at::Tensor& lse,
+         double softmax_scale, int64_t mask, int64_t window_left, int64_t window_right, double softcap) {
+  check_4d(q, "q", q);
+  check_4d(k, "k", q);
+  check_4d(v, "v", q);
+  check_4d(out, "out", q);
+  check_device(q);
+  TORCH_CHECK_VALUE(lse.scalar_type() == at::kFloat && lse.is_contiguous() && lse.dim() == 3,
+                    "dash_attn: lse must be a contiguous float32 (batch, nheads, seqlen_q) tensor");
+  c10::cuda::CUDAGuard guard(q.device());
+  dash::FwdParams p;
+  p.shape = make_shape(q, k, softmax_scale, mask, window_left, window_right, softcap);
+  p.q = q.data_ptr();
+  p.k = k.data_ptr();
+  p.v = v.data_ptr();
+  p.o = out.data_ptr();
+  p.lse = lse.data_ptr<float>();
+  p.q_stride = strides_of(q);
+  p.k_stride = strides_of(k);
+  p.v_stride = strides_of(v);
+  p.o_stride = strides_of(out);
+  p.num_sms = num_sms(q.get_device());
+  int rc = dash_fwd(&p, c10::cuda::getCurrentCUDAStream().stream());
+  TORCH_CHECK(rc == 0, "dash_attn forward kernel failed (code ", rc, ")");
+}
+
+void bwd(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+         const at::Tensor& out, const at::Tensor& lse, at::Tensor& dq, at::Tensor& dk, at::Tensor& dv,
+         double softmax_scale, int64_t mask, int64_t window_left, int64_t window_right, double softcap,
+         bool deterministic, int64_t schedule, int64_t sm_margin) {
+  check_4d(q, "q", q);
+  check_4d(k, "k", q);
+  check_4d(v, "v", q);
+  check_4d(out, "out", q);
+  check_4d(dout, "dout", q);
+  check_4d(dq, "dq", q);
+  check_4d(dk, "dk", q);
+  check_4d(dv, "dv", q);
+  check_device(q);
+  TORCH_CHECK_VALUE(lse.scalar_type() == at::kFloat && lse.is_contiguous() && lse.dim() == 3,
+                    "dash_attn: lse must be a contiguous float32 (batch, nheads, seqlen_q) tensor");
+  TORCH_CHECK_VALUE(schedule >= 0 && schedule <= 4, "dash_attn: schedule id ", schedule,
+                    " is not a concrete schedule (auto is resolved in Python)");
+  TORCH_CHECK_VALUE(sm_margin >= 0, "dash_attn: sm_margin must be >= 0");
+  c10::cuda::CUDAGuard guard(q.device());
+  dash::BwdParams p;
+  p.shape = make_shape(q, k, softmax_scale, mask, window_left, window_right, softcap);
+  p.q = q.data_ptr();
+  p.k = k.data_ptr();
+  p.v = v.data_ptr();
+  p.o = out.data_ptr();
+  p.dout = dout.data_ptr();
+  p.lse = lse.data_ptr<float>();
+  p.dq = dq.data_ptr();
+  p.dk = dk.data_ptr();
+  p.dv = dv.data_ptr();
+  p.q_stride = strides_of(q);
+  p.k_stride = strides_of(k);
+  p.v_stride = strides_of(v);
+  p.o_stride = strides_of(out);
+  p.do_stride = strides_of(dout);
+  p.dq_stride = strides_of(dq);
+  p.dk_stride = strides_of(dk);
+  p.dv_stride = strides_of(dv);
+  p.deterministic = deterministic;
+  p.schedule = static_cast<dash::ScheduleKind>(schedule);
+  p.num_sms = num_sms(q.get_device());
+  p.sm_margin = static_cast<int32_t>(sm_margin);
+  // The workspace comes from torch's caching allocator so that CUDA-graph capture and stream semantics hold.
+  size_t bytes = dash_bwd_workspace_bytes(&p);
+  at::Tensor workspace = at::empty({static_cast<int64_t>(bytes)}, q.options().dtype(at::kByte));
+  p.workspace = workspace.data_ptr();
+  p.workspace_bytes = bytes;
+  int rc = dash_bwd(&p, c10::cuda::getCurrentCUDAStream().stream());
+  TORCH_CHECK(rc == 0, "dash_attn backward kernel failed (code ", rc, ")");
+}
+
+std::vector<int64_t> supported_head_dims() {
+  std::vector<int64_t> dims;
+  for (int h : kSupportedHeadDims) {
+    if (h != 0) dims.push_back(h);
+  }
+  return dims;
+}
+
+std::pair<int64_t, int64_t> bwd_tile_shape(int64_t headdim, int64_t mask) {
+  int32_t block_m = 0, block_n = 0;
+  dash_bwd_tile_shape(static_cast<int32_t>(headdim), static_cast<int32_t>(mask), &block_m, &block_n);
+  return {block_m, block_n};
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "dash_attn Hopper kernels (use dash_attn.flash_attn_func, not these entry points)";
+  m.def("fwd", &fwd, "forward: writes out and lse in place");
+  m.def("bwd", &bwd, "backward: writes dq, dk, dv in place");
+  m.def("supported_head_dims", &supported_head_dims);
+  m.def("bwd_tile_shape", &bwd_tile_shape);
+  m.def("num_sms", &num_sms);
+}

@@ -1,0 +1,143 @@
+"""Build script for dash_attn.
+
+Always builds the CPU module `dash_attn._sched` (the schedule engine, no torch, no CUDA). Builds the CUDA extension
+`dash_attn._C` only when a CUDA build of torch and nvcc are both present; otherwise installs the pure-Python package
+(CPU reference path) and says so in one line.
+
+Environment knobs:
+  MAX_JOBS                   parallel compile jobs (read by torch's ninja backend)
+  NVCC_THREADS               nvcc --threads per job (default 2)
+  DASH_ATTN_HDIMS            head dims to compile, e.g. "64,128" (default 64,128,256)
+  DASH_ATTN_DTYPES           "fp16,bf16" (default both)
+  DASH_ATTN_SKIP_CUDA_BUILD  "1" skips dash_attn._C even where it could be built
+  CUTLASS_DIR                CUTLASS checkout/install whose include/ holds cute/ and cutlass/ (else the
+                             nvidia-cutlass==4.2.0.0 wheel is located without importing it; see third_party/)
+"""
+import importlib.util
+import os
+import pathlib
+import shutil
+import sys
+
+from setuptools import find_packages, setup
+
+ROOT = pathlib.Path(__file__).resolve().parent
+CSRC = ROOT / "csrc"
+ALL_HDIMS = (64, 128, 256)
+ALL_DTYPES = ("fp16", "bf16")
+MASKS = ("full", "causal")
+
+
+def _env_list(name, allowed, cast=str):
+    raw = os.environ.get(name, "")
+    if not raw.strip():
+        return list(allowed)
+    values = [cast(v.strip()) for v in raw.split(",") if v.strip()]
+    bad = [v for v in values if v not in allowed]
+    if bad:
+        sys.exit(f"{name}={raw!r}: unsupported value(s) {bad}; choose from {list(allowed)}")
+    return values
+
+
+def cutlass_include_dir():
+    """CUTLASS headers: $CUTLASS_DIR/include, else the nvidia-cutlass wheel's cutlass_library/source/include."""
+    env = os.environ.get("CUTLASS_DIR")
+    if env:
+        inc = pathlib.Path(env) / "include"
+        if not (inc / "cute").is_dir():
+            sys.exit(f"CUTLASS_DIR={env}: {inc}/cute not found; point CUTLASS_DIR at a CUTLASS 4.2 checkout")
+        return str(inc)
+    spec = importlib.util.find_spec("cutlass_library")  # locates the package without importing it
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    inc = pathlib.Path(list(spec.submodule_search_locations)[0]) / "source" / "include"
+    return str(inc) if (inc / "cute").is_dir() else None
+
+
+def sched_extension():
+    from pybind11.setup_helpers import Pybind11Extension
+
+    return Pybind11Extension(
+        "dash_attn._sched",
+        [str(p.relative_to(ROOT)) for p in sorted((CSRC / "sched_py").glob("*.cpp"))],
+        include_dirs=[str(CSRC)],
+        cxx_std=17,
+        extra_compile_args=["-O2"],
+    )
+
+
+def cuda_build_blocker():
+    """Why dash_attn._C cannot be built here, or None when it can."""
+    if os.environ.get("DASH_ATTN_SKIP_CUDA_BUILD", "0") == "1":
+        return "DASH_ATTN_SKIP_CUDA_BUILD=1"
+    try:
+        import torch
+        from torch.utils.cpp_extension import CUDA_HOME
+    except ImportError:
+        return "torch is not importable in the build environment (use pip install --no-build-isolation)"
+    if torch.version.cuda is None:
+        return f"torch {torch.__version__} is a CPU build"
+    if CUDA_HOME is None or shutil.which("nvcc", path=os.path.join(CUDA_HOME, "bin")) is None:
+        return "nvcc was not found (set CUDA_HOME)"
+    if cutlass_include_dir() is None:
+        return ("CUTLASS headers not found: pip install --no-deps nvidia-cutlass==4.2.0.0 or set CUTLASS_DIR "
+                "(see third_party/README.md)")
+    return None
+
+
+def cuda_extension():
+    from torch.utils.cpp_extension import CUDAExtension
+
+    hdims = _env_list("DASH_ATTN_HDIMS", ALL_HDIMS, int)
+    dtypes = _env_list("DASH_ATTN_DTYPES", ALL_DTYPES)
+    defines = [f"-DDASH_ENABLE_HDIM_{h}" for h in hdims] + [f"-DDASH_ENABLE_{d.upper()}" for d in dtypes]
+    inst = [f"csrc/instantiations/{direction}_hdim{h}_{d}_{m}.cu"
+            for direction in ("fwd", "bwd") for h in hdims for d in dtypes for m in MASKS]
+    sources = ["csrc/api/binding.cpp", "csrc/fwd/fwd_dispatch.cu", "csrc/bwd/bwd_dispatch.cu"] + inst
+    nvcc_flags = [
+        "-O3", "-std=c++17", "--use_fast_math",
+        "-gencode", "arch=compute_90a,code=sm_90a",
+        "--expt-relaxed-constexpr", "--expt-extended-lambda",
+        # torch disables the half/bf16 operator overloads that CUTLASS's numeric types rely on
+        "-U__CUDA_NO_HALF_OPERATORS__", "-U__CUDA_NO_HALF_CONVERSIONS__",
+        "-U__CUDA_NO_BFLOAT16_OPERATORS__", "-U__CUDA_NO_BFLOAT16_CONVERSIONS__",
+        "-U__CUDA_NO_HALF2_OPERATORS__",
+        "--threads", os.environ.get("NVCC_THREADS", "2"),
+        "-lineinfo",
+    ] + defines
+    if os.environ.get("DASH_ATTN_DEBUG_SPIN", "0") == "1":
+        nvcc_flags.append("-DDASH_BWD_SPIN_TRAP")
+    return CUDAExtension(
+        "dash_attn._C",
+        sources,
+        include_dirs=[str(CSRC), cutlass_include_dir()],
+        extra_compile_args={"cxx": ["-O3", "-std=c++17"] + defines, "nvcc": nvcc_flags},
+    )
+
+
+def build():
+    ext_modules = [sched_extension()]
+    cmdclass = {}
+    blocker = cuda_build_blocker()
+    if blocker is None:
+        from torch.utils.cpp_extension import BuildExtension
+
+        ext_modules.append(cuda_extension())
+        cmdclass["build_ext"] = BuildExtension.with_options(use_ninja=True)
+    else:
+        print(f"dash_attn: building without CUDA kernels ({blocker}); CUDA tensors will raise a clear error")
+    setup(
+        name="dash_attn",
+        version="0.1.0",
+        description="Hopper attention whose deterministic backward is as fast as the non-deterministic one",
+        packages=find_packages(include=["dash_attn", "dash_attn.*"]),
+        package_data={"dash_attn": ["data/*.txt"]},
+        ext_modules=ext_modules,
+        cmdclass=cmdclass,
+        python_requires=">=3.9",
+        install_requires=["torch>=2.4", "numpy"],
+        extras_require={"test": ["pytest"], "plot": ["matplotlib"]},
+    )
+
+
+build()

@@ -1,0 +1,649 @@
+// dash_bench: times the kernel library through its C ABI (csrc/common/params.h) without torch or Python, so kernel
+// work is measured without framework overhead. For every (hdim built, mask, seqlen) it times the forward, the
+// non-deterministic backward and the deterministic backward of every schedule, and prints ms, TFLOPS (FLOPs as in
+// benchmarks/flops.py) and the det/non-det ratio. Deterministic rows are also run twice and compared bitwise.
+//
+//   build/bench/dash_bench --help
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <string>
+#include <type_traits>
+#include <vector>
+
+#include "bench/bench_flops.h"
+#include "bench/bench_timer.h"
+#include "common/params.h"
+
+namespace {
+
+using dash::DType;
+using dash::MaskKind;
+using dash::ScheduleKind;
+using namespace dash::bench;
+
+constexpr int kExitUsage = 2;
+constexpr int kHiddenSize = 2048;  // heads x hdim of the standard grid: 16 x 128, 32 x 64 (targets.md)
+
+struct NamedSchedule {
+  const char* name;
+  ScheduleKind kind;
+};
+// kAuto is resolved by the Python binding's cost model and never reaches the kernels, so it is not listed here.
+constexpr NamedSchedule kSchedules[] = {
+    {"ascending", ScheduleKind::kAscending}, {"descending", ScheduleKind::kDescending}, {"spt", ScheduleKind::kSpt},
+    {"shift", ScheduleKind::kShift},         {"shift_causal", ScheduleKind::kShiftCausal},
+};
+
+std::vector<int> built_hdims() {
+  std::vector<int> h;
+#ifdef DASH_ENABLE_HDIM_64
+  h.push_back(64);
+#endif
+#ifdef DASH_ENABLE_HDIM_128
+  h.push_back(128);
+#endif
+#ifdef DASH_ENABLE_HDIM_256
+  h.push_back(256);
+#endif
+  return h;
+}
+
+std::vector<DType> built_dtypes() {
+  std::vector<DType> d;
+#ifdef DASH_ENABLE_BF16
+  d.push_back(DType::kBFloat16);
+#endif
+#ifdef DASH_ENABLE_FP16
+  d.push_back(DType::kFloat16);
+#endif
+  return d;
+}
+
+const char* dtype_name(DType d) { return d == DType::kBFloat16 ? "bf16" : "fp16"; }
+const char* mask_name(MaskKind m) { return m == MaskKind::kCausal ? "causal" : "full"; }
+
+struct Options {
+  std::vector<int> hdims;
+  std::vector<int> seqlens = {1024, 2048, 4096, 8192, 16384};
+  std::vector<MaskKind> masks = {MaskKind::kFull, MaskKind::kCausal};
+  std::vector<NamedSchedule> schedules{std::begin(kSchedules), std::end(kSchedules)};
+  DType dtype = DType::kBFloat16;
+  int tokens = 16384;
+  int nheads = 0;  // 0: kHiddenSize / hdim
+  int gqa = 1;
+  int sm_margin = 0;
+  int device = 0;
+  bool run_fwd = true;
+  bool run_bwd = true;
+  bool det_check = true;
+  std::string csv_path;
+  TimingConfig timing;
+};
+
+void usage(const char* argv0) {
+  std::printf(
+      "usage: %s [options]\n"
+      "  --hdims 64,128        head dims (default: all built into this binary)\n"
+      "  --seqlens 1024,...    sequence lengths (default 1024,2048,4096,8192,16384)\n"
+      "  --tokens N            batch x seqlen per row (default 16384)\n"
+      "  --masks full,causal   masks (default both)\n"
+      "  --schedules a,b       deterministic schedules: ascending,descending,spt,shift,shift_causal (default all)\n"
+      "  --heads N             query heads (default %d / hdim)\n"
+      "  --gqa R               query heads per KV head (default 1)\n"
+      "  --dtype bf16|fp16     element type (default bf16 when built)\n"
+      "  --warmup N            untimed calls per row (default 5)\n"
+      "  --iters N             timed calls per row, median reported (default 20)\n"
+      "  --sm-margin N         SMs the backward leaves free (default 0)\n"
+      "  --device N            CUDA device (default 0)\n"
+      "  --fwd-only | --bwd-only\n"
+      "  --no-det-check        skip the bitwise repeat check of deterministic rows\n"
+      "  --no-flush            do not flush L2 before timed calls\n"
+      "  --csv FILE            also write every row to FILE\n",
+      argv0, kHiddenSize);
+}
+
+[[noreturn]] void bad_arg(const char* argv0, const std::string& msg) {
+  std::fprintf(stderr, "dash_bench: %s\n", msg.c_str());
+  usage(argv0);
+  std::exit(kExitUsage);
+}
+
+std::vector<std::string> split(const std::string& s) {
+  std::vector<std::string> out;
+  size_t start = 0;
+  while (start <= s.size()) {
+    const size_t comma = s.find(',', start);
+    const std::string item = s.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    if (!item.empty()) out.push_back(item);
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return out;
+}
+
+int parse_int(const char* argv0, const std::string& flag, const std::string& text, int min_value) {
+  char* end = nullptr;
+  const long v = std::strtol(text.c_str(), &end, 10);
+  if (end == text.c_str() || *end != '\0' || v < min_value || v > (1L << 30)) {
+    bad_arg(argv0, flag + ": expected an integer >= " + std::to_string(min_value) + ", got '" + text + "'");
+  }
+  return static_cast<int>(v);
+}
+
+Options parse_args(int argc, char** argv) {
+  Options o;
+  o.hdims = built_hdims();
+  const std::vector<DType> dtypes = built_dtypes();
+  if (!dtypes.empty()) o.dtype = dtypes.front();
+  auto value = [&](int& i) -> std::string {
+    if (i + 1 >= argc) bad_arg(argv[0], std::string(argv[i]) + " needs a value");
+    return argv[++i];
+  };
+  for (int i = 1; i < argc; ++i) {
+    const std::string a = argv[i];
+    if (a == "--help" || a == "-h") {
+      usage(argv[0]);
+      std::exit(0);
+    } else if (a == "--hdims") {
+      o.hdims.clear();
+      for (const auto& s : split(value(i))) o.hdims.push_back(parse_int(argv[0], a, s, 1));
+    } else if (a == "--seqlens") {
+      o.seqlens.clear();
+      for (const auto& s : split(value(i))) o.seqlens.push_back(parse_int(argv[0], a, s, 1));
+    } else if (a == "--masks") {
+      o.masks.clear();
+      for (const auto& s : split(value(i))) {
+        if (s == "full") o.masks.push_back(MaskKind::kFull);
+        else if (s == "causal") o.masks.push_back(MaskKind::kCausal);
+        else bad_arg(argv[0], "--masks: unknown mask '" + s + "' (full, causal)");
+      }
+    } else if (a == "--schedules") {
+      o.schedules.clear();
+      for (const auto& s : split(value(i))) {
+        bool found = false;
+        for (const auto& named : kSchedules) {
+          if (s == named.name) {
+            o.schedules.push_back(named);
+            found = true;
+          }
+        }
+        if (!found) bad_arg(argv[0], "--schedules: unknown schedule '" + s + "'");
+      }
+    } else if (a == "--dtype") {
+      const std::string d = value(i);
+      if (d == "bf16") o.dtype = DType::kBFloat16;
+      else if (d == "fp16") o.dtype = DType::kFloat16;
+      else bad_arg(argv[0], "--dtype: expected bf16 or fp16");
+    } else if (a == "--tokens") {
+      o.tokens = parse_int(argv[0], a, value(i), 1);
+    } else if (a == "--heads") {
+      o.nheads = parse_int(argv[0], a, value(i), 1);
+    } else if (a == "--gqa") {
+      o.gqa = parse_int(argv[0], a, value(i), 1);
+    } else if (a == "--warmup") {
+      o.timing.warmup = parse_int(argv[0], a, value(i), 0);
+    } else if (a == "--iters") {
+      o.timing.iters = parse_int(argv[0], a, value(i), 1);
+    } else if (a == "--sm-margin") {
+      o.sm_margin = parse_int(argv[0], a, value(i), 0);
+    } else if (a == "--device") {
+      o.device = parse_int(argv[0], a, value(i), 0);
+    } else if (a == "--fwd-only") {
+      o.run_bwd = false;
+    } else if (a == "--bwd-only") {
+      o.run_fwd = false;
+    } else if (a == "--no-det-check") {
+      o.det_check = false;
+    } else if (a == "--no-flush") {
+      o.timing.flush_l2 = false;
+    } else if (a == "--csv") {
+      o.csv_path = value(i);
+    } else {
+      bad_arg(argv[0], "unknown option '" + a + "'");
+    }
+  }
+  if (!o.run_fwd && !o.run_bwd) bad_arg(argv[0], "--fwd-only and --bwd-only exclude each other");
+  if (o.hdims.empty()) bad_arg(argv[0], "no head dim to run: none built (DASH_ENABLE_HDIM_*) or --hdims empty");
+  const std::vector<int> built = built_hdims();
+  for (int h : o.hdims) {
+    bool ok = false;
+    for (int b : built) ok = ok || b == h;
+    if (!ok) bad_arg(argv[0], "hdim " + std::to_string(h) + " is not built into this binary (make bench-build H=...)");
+  }
+  bool dtype_ok = false;
+  for (DType d : dtypes) dtype_ok = dtype_ok || d == o.dtype;
+  if (!dtype_ok) bad_arg(argv[0], std::string("dtype ") + dtype_name(o.dtype) + " is not built (DT=...)");
+  return o;
+}
+
+// ------------------------------------------------------------------------------------------------ device buffers
+
+// Hash-based normal numbers (Box-Muller on two 32-bit hashes): reproducible from the seed, no curand dependency.
+__device__ __forceinline__ uint32_t mix32(uint64_t x) {
+  x ^= x >> 33;
+  x *= 0xff51afd7ed558ccdULL;
+  x ^= x >> 33;
+  x *= 0xc4ceb9fe1a85ec53ULL;
+  x ^= x >> 33;
+  return static_cast<uint32_t>(x);
+}
+
+template <class T>
+__global__ void fill_normal(T* out, size_t n, uint64_t seed) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    const float u1 = (mix32(seed ^ (2 * i)) + 1.0f) * 2.3283064e-10f;  // (0, 1]
+    const float u2 = mix32(seed ^ (2 * i + 1)) * 2.3283064e-10f;
+    const float z = sqrtf(-2.0f * logf(u1)) * cospif(2.0f * u2);
+    if constexpr (std::is_same_v<T, __nv_bfloat16>) {
+      out[i] = __float2bfloat16(z);
+    } else {
+      out[i] = __float2half(z);
+    }
+  }
+}
+
+struct DeviceBuffer {
+  void* ptr = nullptr;
+  size_t bytes = 0;
+  DeviceBuffer() = default;
+  explicit DeviceBuffer(size_t n) : bytes(n) { DASH_BENCH_CUDA(cudaMalloc(&ptr, n)); }
+  ~DeviceBuffer() {
+    if (ptr != nullptr) cudaFree(ptr);
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  void grow(size_t n) {
+    if (n <= bytes) return;
+    if (ptr != nullptr) DASH_BENCH_CUDA(cudaFree(ptr));
+    ptr = nullptr;
+    bytes = n;
+    DASH_BENCH_CUDA(cudaMalloc(&ptr, n));
+  }
+};
+
+struct Problem {
+  int batch, seqlen, nheads, nheads_k, headdim;
+  MaskKind mask;
+  DType dtype;
+  size_t q_elems() const { return size_t(batch) * seqlen * nheads * headdim; }
+  size_t k_elems() const { return size_t(batch) * seqlen * nheads_k * headdim; }
+  bool causal() const { return mask == MaskKind::kCausal; }
+};
+
+// All tensors of one problem, filled with random data (never zeros: they can run faster than real data).
+struct ProblemBuffers {
+  DeviceBuffer q, k, v, o, dout, dq, dk, dv, lse, workspace;
+  ProblemBuffers(const Problem& p, cudaStream_t stream)
+      : q(p.q_elems() * 2), k(p.k_elems() * 2), v(p.k_elems() * 2), o(p.q_elems() * 2), dout(p.q_elems() * 2),
+        dq(p.q_elems() * 2), dk(p.k_elems() * 2), dv(p.k_elems() * 2),
+        lse(size_t(p.batch) * p.nheads * p.seqlen * sizeof(float)) {
+    uint64_t seed = 0x5eed;
+    for (DeviceBuffer* b : {&q, &k, &v, &dout, &o, &dq, &dk, &dv}) fill(*b, p.dtype, seed++, stream);
+    DASH_BENCH_CUDA(cudaMemsetAsync(lse.ptr, 0, lse.bytes, stream));
+  }
+  static void fill(DeviceBuffer& b, DType dtype, uint64_t seed, cudaStream_t stream) {
+    const size_t n = b.bytes / 2;
+    constexpr int kThreads = 256;
+    const unsigned blocks = static_cast<unsigned>(std::min<size_t>((n + kThreads - 1) / kThreads, 65535));
+    if (dtype == DType::kBFloat16) {
+      fill_normal<<<blocks, kThreads, 0, stream>>>(static_cast<__nv_bfloat16*>(b.ptr), n, seed);
+    } else {
+      fill_normal<<<blocks, kThreads, 0, stream>>>(static_cast<__half*>(b.ptr), n, seed);
+    }
+    DASH_BENCH_CUDA(cudaGetLastError());
+  }
+};
+
+dash::AttnShape make_shape(const Problem& p) {
+  dash::AttnShape s;
+  s.batch = p.batch;
+  s.seqlen_q = p.seqlen;
+  s.seqlen_k = p.seqlen;
+  s.nheads = p.nheads;
+  s.nheads_k = p.nheads_k;
+  s.headdim = p.headdim;
+  s.dtype = p.dtype;
+  s.mask = p.mask;
+  s.softmax_scale = 1.0f / std::sqrt(static_cast<float>(p.headdim));
+  return s;
+}
+
+// Layout (batch, seqlen, heads, headdim), contiguous.
+dash::TensorStrides strides_for(const Problem& p, int heads) {
+  dash::TensorStrides st;
+  st.head = p.headdim;
+  st.row = int64_t(heads) * p.headdim;
+  st.batch = st.row * p.seqlen;
+  return st;
+}
+
+dash::FwdParams make_fwd_params(const Problem& p, ProblemBuffers& b, int num_sms) {
+  dash::FwdParams f;
+  f.shape = make_shape(p);
+  f.q = b.q.ptr;
+  f.k = b.k.ptr;
+  f.v = b.v.ptr;
+  f.o = b.o.ptr;
+  f.lse = static_cast<float*>(b.lse.ptr);
+  f.q_stride = f.o_stride = strides_for(p, p.nheads);
+  f.k_stride = f.v_stride = strides_for(p, p.nheads_k);
+  f.num_sms = num_sms;
+  return f;
+}
+
+dash::BwdParams make_bwd_params(const Problem& p, ProblemBuffers& b, int num_sms, int sm_margin) {
+  dash::BwdParams g;
+  g.shape = make_shape(p);
+  g.q = b.q.ptr;
+  g.k = b.k.ptr;
+  g.v = b.v.ptr;
+  g.o = b.o.ptr;
+  g.dout = b.dout.ptr;
+  g.lse = static_cast<const float*>(b.lse.ptr);
+  g.dq = b.dq.ptr;
+  g.dk = b.dk.ptr;
+  g.dv = b.dv.ptr;
+  g.q_stride = g.o_stride = g.do_stride = g.dq_stride = strides_for(p, p.nheads);
+  g.k_stride = g.v_stride = g.dk_stride = g.dv_stride = strides_for(p, p.nheads_k);
+  g.num_sms = num_sms;
+  g.sm_margin = sm_margin;
+  return g;
+}
+
+// ------------------------------------------------------------------------------------------------ reporting
+
+struct Row {
+  Problem problem;
+  std::string variant;  // "fwd", "bwd non-det", "bwd <schedule>"
+  std::string status;   // "ok" or why there is no time
+  float ms = 0.f;
+  double tflops = 0.0;
+  double ratio = 0.0;       // det / non-det, deterministic backward rows only
+  std::string repeat = "";  // "bitwise", "DIFFERS", "NONFINITE" or "" when not checked
+};
+
+void print_header() {
+  std::printf("%-5s %-6s %7s %5s %7s  %-18s %8s %9s %8s  %s\n", "hdim", "mask", "seqlen", "batch", "heads",
+              "variant", "ms", "TFLOPS", "det/nd", "repeat");
+}
+
+void print_row(const Row& r) {
+  const Problem& p = r.problem;
+  char heads[32];
+  std::snprintf(heads, sizeof(heads), "%d/%d", p.nheads, p.nheads_k);
+  if (r.status != "ok") {
+    std::printf("%-5d %-6s %7d %5d %7s  %-18s %s\n", p.headdim, mask_name(p.mask), p.seqlen, p.batch, heads,
+                r.variant.c_str(), r.status.c_str());
+  } else {
+    char ratio[16] = "";
+    if (r.ratio > 0) std::snprintf(ratio, sizeof(ratio), "%.3f", r.ratio);
+    std::printf("%-5d %-6s %7d %5d %7s  %-18s %8.3f %9.1f %8s  %s\n", p.headdim, mask_name(p.mask), p.seqlen,
+                p.batch, heads, r.variant.c_str(), r.ms, r.tflops, ratio, r.repeat.c_str());
+  }
+  std::fflush(stdout);
+}
+
+void write_csv(const std::string& path, const std::vector<Row>& rows) {
+  FILE* f = std::fopen(path.c_str(), "w");
+  if (f == nullptr) {
+    std::fprintf(stderr, "dash_bench: cannot write %s: %s\n", path.c_str(), std::strerror(errno));
+    return;
+  }
+  std::fprintf(f, "hdim,dtype,mask,seqlen,batch,nheads,nheads_k,variant,status,ms,tflops,det_over_nondet,repeat\n");
+  for (const Row& r : rows) {
+    const Problem& p = r.problem;
+    std::fprintf(f, "%d,%s,%s,%d,%d,%d,%d,%s,%s,%.5f,%.2f,%.4f,%s\n", p.headdim, dtype_name(p.dtype),
+                 mask_name(p.mask), p.seqlen, p.batch, p.nheads, p.nheads_k, r.variant.c_str(), r.status.c_str(),
+                 r.ms, r.tflops, r.ratio, r.repeat.c_str());
+  }
+  std::fclose(f);
+  std::printf("wrote %s\n", path.c_str());
+}
+
+// ------------------------------------------------------------------------------------------------ measuring
+
+// Explains a non-zero return of the C ABI; returns false when the CUDA context is unusable afterwards.
+bool describe_failure(int rc, std::string* status) {
+  if (rc == -1) {
+    *status = "unsupported configuration (C ABI returned -1)";
+    return true;
+  }
+  const auto err = static_cast<cudaError_t>(rc);
+  *status = std::string("CUDA error ") + cudaGetErrorName(err) + ": " + cudaGetErrorString(err);
+  // A sticky error (illegal address, trap from a hang guard) poisons every later launch; the sync surfaces it.
+  return cudaDeviceSynchronize() == cudaSuccess;
+}
+
+// Copies dq/dk/dv to the host so two runs of a deterministic schedule can be compared byte for byte.
+std::vector<uint8_t> snapshot_grads(ProblemBuffers& b) {
+  std::vector<uint8_t> host(b.dq.bytes + b.dk.bytes + b.dv.bytes);
+  DASH_BENCH_CUDA(cudaMemcpy(host.data(), b.dq.ptr, b.dq.bytes, cudaMemcpyDeviceToHost));
+  DASH_BENCH_CUDA(cudaMemcpy(host.data() + b.dq.bytes, b.dk.ptr, b.dk.bytes, cudaMemcpyDeviceToHost));
+  DASH_BENCH_CUDA(cudaMemcpy(host.data() + b.dq.bytes + b.dk.bytes, b.dv.ptr, b.dv.bytes, cudaMemcpyDeviceToHost));
+  return host;
+}
+
+// bf16 and fp16 both mark Inf/NaN with an all-ones exponent field.
+bool all_finite(const std::vector<uint8_t>& bytes, DType dtype) {
+  const uint16_t exp_mask = dtype == DType::kBFloat16 ? 0x7f80 : 0x7c00;
+  for (size_t i = 0; i + 1 < bytes.size(); i += 2) {
+    const uint16_t bits = static_cast<uint16_t>(bytes[i] | (bytes[i + 1] << 8));
+    if ((bits & exp_mask) == exp_mask) return false;
+  }
+  return true;
+}
+
+class Bench {
+ public:
+  Bench(const Options& o, cudaStream_t stream, int num_sms, size_t flush_bytes)
+      : opt_(o), stream_(stream), num_sms_(num_sms), timer_(stream, o.timing.flush_l2 ? flush_bytes : 0) {}
+
+  // Returns false when the CUDA context is lost and nothing more can be measured.
+  bool run_problem(const Problem& p) {
+    ProblemBuffers buf(p, stream_);
+    dash::FwdParams fwd = make_fwd_params(p, buf, num_sms_);
+    // The backward needs the forward's O and LSE, not random ones, or its softmax would be meaningless.
+    const int fwd_rc = dash_fwd(&fwd, stream_);
+    if (fwd_rc != 0) {
+      Row r{p, "fwd", ""};
+      const bool alive = describe_failure(fwd_rc, &r.status);
+      emit(r);
+      return alive;
+    }
+    DASH_BENCH_CUDA(cudaStreamSynchronize(stream_));
+    if (opt_.run_fwd && !measure(p, "fwd", [&] { return dash_fwd(&fwd, stream_); }, fwd_flops_of(p))) return false;
+    if (!opt_.run_bwd) return true;
+
+    const double bwd_flops_p = bwd_flops(p.batch, p.nheads, p.seqlen, p.seqlen, p.headdim, p.causal());
+    dash::BwdParams bwd = make_bwd_params(p, buf, num_sms_, opt_.sm_margin);
+    bwd.deterministic = false;
+    bwd.schedule = ScheduleKind::kDescending;
+    float nondet_ms = 0.f;
+    if (!measure_bwd(p, buf, bwd, "bwd non-det", bwd_flops_p, 0.f, &nondet_ms)) return false;
+    for (const NamedSchedule& s : opt_.schedules) {
+      bwd.deterministic = true;
+      bwd.schedule = s.kind;
+      if (!measure_bwd(p, buf, bwd, std::string("bwd ") + s.name, bwd_flops_p, nondet_ms, nullptr)) return false;
+    }
+    return true;
+  }
+
+  const std::vector<Row>& rows() const { return rows_; }
+
+ private:
+  double fwd_flops_of(const Problem& p) const {
+    return fwd_flops(p.batch, p.nheads, p.seqlen, p.seqlen, p.headdim, p.causal());
+  }
+
+  void emit(const Row& r) {
+    rows_.push_back(r);
+    print_row(r);
+  }
+
+  template <class Launch>
+  bool measure(const Problem& p, const std::string& variant, Launch&& launch, double flops, Row* out = nullptr) {
+    Row r{p, variant, "ok"};
+    const TimingResult t = timer_.time(launch, opt_.timing);
+    bool alive = true;
+    if (t.status != 0) {
+      alive = describe_failure(t.status, &r.status);
+    } else {
+      r.ms = t.median_ms;
+      r.tflops = tflops(flops, t.median_ms);
+    }
+    if (out != nullptr) {
+      *out = r;
+    } else {
+      emit(r);
+    }
+    return alive;
+  }
+
+  bool measure_bwd(const Problem& p, ProblemBuffers& buf, dash::BwdParams& bwd, const std::string& variant,
+                   double flops, float nondet_ms, float* ms_out) {
+    const size_t ws = dash_bwd_workspace_bytes(&bwd);
+    buf.workspace.grow(ws);
+    bwd.workspace = buf.workspace.ptr;
+    bwd.workspace_bytes = ws;
+    Row r;
+    const bool alive = measure(p, variant, [&] { return dash_bwd(&bwd, stream_); }, flops, &r);
+    if (r.status == "ok") {
+      if (ms_out != nullptr) *ms_out = r.ms;
+      if (bwd.deterministic && nondet_ms > 0) r.ratio = nondet_ms / r.ms;
+      if (bwd.deterministic && opt_.det_check) r.repeat = repeat_check(bwd, buf);
+    }
+    emit(r);
+    return alive;
+  }
+
+  std::string repeat_check(const dash::BwdParams& bwd, ProblemBuffers& buf) {
+    std::vector<uint8_t> first, second;
+    for (std::vector<uint8_t>* snap : {&first, &second}) {
+      // Poison between runs so a gradient element the kernel never writes cannot look reproducible.
+      for (DeviceBuffer* b : {&buf.dq, &buf.dk, &buf.dv}) {
+        DASH_BENCH_CUDA(cudaMemsetAsync(b->ptr, 0xff, b->bytes, stream_));
+      }
+      const int rc = dash_bwd(&bwd, stream_);
+      if (rc != 0) return "rc " + std::to_string(rc);
+      DASH_BENCH_CUDA(cudaStreamSynchronize(stream_));
+      *snap = snapshot_grads(buf);
+    }
+    if (!all_finite(first, bwd.shape.dtype)) return "NONFINITE";
+    return first == second ? "bitwise" : "DIFFERS";
+  }
+
+  const Options& opt_;
+  cudaStream_t stream_;
+  int num_sms_;
+  EventTimer timer_;
+  std::vector<Row> rows_;
+};
+
+void print_summary(const std::vector<Row>& rows) {
+  std::printf("\nsummary: best deterministic schedule vs non-deterministic backward\n");
+  std::printf("%-5s %-6s %7s  %12s  %-14s %12s  %8s\n", "hdim", "mask", "seqlen", "nondet TF", "best det",
+              "det TF", "det/nd");
+  for (size_t i = 0; i < rows.size(); ++i) {
+    if (rows[i].variant != "bwd non-det" || rows[i].status != "ok") continue;
+    const Row* best = nullptr;
+    for (size_t j = i + 1; j < rows.size() && rows[j].variant.rfind("bwd ", 0) == 0 &&
+                           rows[j].variant != "bwd non-det";
+         ++j) {
+      if (rows[j].status == "ok" && (best == nullptr || rows[j].tflops > best->tflops)) best = &rows[j];
+    }
+    const Problem& p = rows[i].problem;
+    if (best == nullptr) {
+      std::printf("%-5d %-6s %7d  %12.1f  %-14s\n", p.headdim, mask_name(p.mask), p.seqlen, rows[i].tflops, "n/a");
+    } else {
+      std::printf("%-5d %-6s %7d  %12.1f  %-14s %12.1f  %8.3f\n", p.headdim, mask_name(p.mask), p.seqlen,
+                  rows[i].tflops, best->variant.substr(4).c_str(), best->tflops, best->ratio);
+    }
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  const Options opt = parse_args(argc, argv);
+
+  int device_count = 0;
+  const cudaError_t count_err = cudaGetDeviceCount(&device_count);
+  if (count_err != cudaSuccess || device_count == 0) {
+    std::fprintf(stderr, "dash_bench: no CUDA device (%s)\n",
+                 count_err != cudaSuccess ? cudaGetErrorString(count_err) : "device count is 0");
+    return kExitUsage;
+  }
+  if (opt.device >= device_count) {
+    std::fprintf(stderr, "dash_bench: --device %d but only %d device(s)\n", opt.device, device_count);
+    return kExitUsage;
+  }
+  DASH_BENCH_CUDA(cudaSetDevice(opt.device));
+  int num_sms = 0, l2_bytes = 0, major = 0, minor = 0;
+  DASH_BENCH_CUDA(cudaDeviceGetAttribute(&num_sms, cudaDevAttrMultiProcessorCount, opt.device));
+  DASH_BENCH_CUDA(cudaDeviceGetAttribute(&l2_bytes, cudaDevAttrL2CacheSize, opt.device));
+  DASH_BENCH_CUDA(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, opt.device));
+  DASH_BENCH_CUDA(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, opt.device));
+  cudaDeviceProp prop{};
+  DASH_BENCH_CUDA(cudaGetDeviceProperties(&prop, opt.device));
+  if (major != 9 || minor != 0) {
+    std::fprintf(stderr, "dash_bench: the kernels are built for sm_90a; device %d is sm_%d%d (%s)\n", opt.device,
+                 major, minor, prop.name);
+    return kExitUsage;
+  }
+  if (opt.sm_margin >= num_sms) {
+    std::fprintf(stderr, "dash_bench: --sm-margin %d leaves no SM of %d\n", opt.sm_margin, num_sms);
+    return kExitUsage;
+  }
+
+  std::printf("dash_bench: %s, %d SMs (backward grid uses %d: margin %d), %s, L2 %d MiB %s, warm-up %d, "
+              "median of %d\n",
+              prop.name, num_sms, num_sms - opt.sm_margin, opt.sm_margin, dtype_name(opt.dtype), l2_bytes >> 20,
+              opt.timing.flush_l2 ? "flushed before each timed call" : "not flushed", opt.timing.warmup,
+              opt.timing.iters);
+  std::printf("note: backward rows time dash_bwd as a whole (preprocess + main + postprocess). Per-stage times are "
+              "not available yet: the C ABI in csrc/common/params.h has no per-stage entry point.\n");
+  for (int h : opt.hdims) {
+    for (MaskKind m : opt.masks) {
+      int32_t bm = 0, bn = 0;
+      dash_bwd_tile_shape(h, static_cast<int32_t>(m), &bm, &bn);
+      std::printf("note: hdim %d %s backward tile %d x %d (block_m x block_n)\n", h, mask_name(m), bm, bn);
+    }
+  }
+  std::printf("\n");
+
+  cudaStream_t stream;
+  DASH_BENCH_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+  // Twice the L2 so that overwriting it evicts every line the previous call left behind.
+  Bench bench(opt, stream, num_sms, 2 * static_cast<size_t>(l2_bytes));
+  print_header();
+  bool alive = true;
+  for (int h : opt.hdims) {
+    const int nheads = opt.nheads > 0 ? opt.nheads : std::max(1, kHiddenSize / h);
+    if (nheads % opt.gqa != 0) {
+      std::fprintf(stderr, "dash_bench: %d heads are not divisible by --gqa %d; skipping hdim %d\n", nheads, opt.gqa,
+                   h);
+      continue;
+    }
+    for (MaskKind m : opt.masks) {
+      for (int s : opt.seqlens) {
+        const Problem p{std::max(1, opt.tokens / s), s, nheads, nheads / opt.gqa, h, m, opt.dtype};
+        alive = alive && bench.run_problem(p);
+        if (!alive) break;
+      }
+    }
+  }
+  if (!alive) std::fprintf(stderr, "dash_bench: the CUDA context is lost after the error above; stopping.\n");
+  if (opt.run_bwd) print_summary(bench.rows());
+  if (!opt.csv_path.empty()) write_csv(opt.csv_path, bench.rows());
+  cudaStreamDestroy(stream);
+  return alive ? 0 : 1;
+}

@@ -1,0 +1,194 @@
+// dash_attn._sched: the schedule headers (csrc/schedule/) exposed to Python for planning, verification and the DASH
+// cost model. The kernels include the very same headers, so everything here is what the GPU executes.
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "sched_py/verify.h"
+
+namespace py = pybind11;
+using namespace dash;
+using namespace dash::sched;
+
+namespace {
+
+ScheduleKind to_kind(int32_t id) {
+  switch (id) {
+    case static_cast<int32_t>(ScheduleKind::kAscending):
+    case static_cast<int32_t>(ScheduleKind::kDescending):
+    case static_cast<int32_t>(ScheduleKind::kSpt):
+    case static_cast<int32_t>(ScheduleKind::kShift):
+    case static_cast<int32_t>(ScheduleKind::kShiftCausal):
+      return static_cast<ScheduleKind>(id);
+    default:
+      throw std::invalid_argument("unknown schedule id " + std::to_string(id) + " (kAuto must be resolved first)");
+  }
+}
+
+Problem make_problem(int32_t batch, int32_t nheads, int32_t nheads_k, int32_t seqlen_q, int32_t seqlen_k,
+                     int32_t block_m, int32_t block_n, int32_t mask, int32_t window_left, int32_t window_right,
+                     int32_t num_ctas) {
+  if (batch < 0 || seqlen_q < 0 || seqlen_k < 0) throw std::invalid_argument("negative batch or sequence length");
+  if (nheads <= 0 || nheads_k <= 0 || nheads % nheads_k != 0) {
+    throw std::invalid_argument("nheads must be a positive multiple of nheads_k");
+  }
+  if (block_m <= 0 || block_n <= 0) throw std::invalid_argument("block sizes must be positive");
+  if (num_ctas <= 0) throw std::invalid_argument("num_ctas must be >= 1");
+  if (mask < 0 || mask > 2) throw std::invalid_argument("mask must be 0 (full), 1 (causal) or 2 (window)");
+  if (window_left < -1 || window_right < -1) throw std::invalid_argument("window bounds must be >= -1");
+  return Problem{batch,   nheads, nheads_k, seqlen_q, seqlen_k, block_m, block_n, static_cast<MaskKind>(mask),
+                 window_left, window_right, num_ctas};
+}
+
+template <class T, class F>
+py::array_t<T> column(size_t n, F&& get) {
+  py::array_t<T> a(static_cast<py::ssize_t>(n));
+  T* out = a.mutable_data();
+  for (size_t i = 0; i < n; ++i) out[i] = get(i);
+  return a;
+}
+
+py::dict visits_dict(const std::vector<host::VisitRecord>& v) {
+  py::dict d;
+  const size_t n = v.size();
+  d["cta"] = column<int32_t>(n, [&](size_t i) { return v[i].cta; });
+  d["item"] = column<int32_t>(n, [&](size_t i) { return v[i].item; });
+  d["batch"] = column<int32_t>(n, [&](size_t i) { return v[i].batch; });
+  d["head"] = column<int32_t>(n, [&](size_t i) { return v[i].head; });
+  d["head_k"] = column<int32_t>(n, [&](size_t i) { return v[i].head_k; });
+  d["n_block"] = column<int32_t>(n, [&](size_t i) { return v[i].n_block; });
+  d["m_block"] = column<int32_t>(n, [&](size_t i) { return v[i].m_block; });
+  d["step"] = column<int32_t>(n, [&](size_t i) { return v[i].step; });
+  d["wait_target"] = column<int32_t>(n, [&](size_t i) { return v[i].wait_target; });
+  return d;
+}
+
+py::dict enumerate_py(int32_t kind, const Problem& p) {
+  host::Enumeration e;
+  {
+    py::gil_scoped_release release;
+    e = host::enumerate(to_kind(kind), p, true);
+  }
+  py::dict d;
+  d["visits"] = visits_dict(e.visits);
+  const auto& it = e.items;
+  const size_t n = it.size();
+  py::dict items;
+  items["cta"] = column<int32_t>(n, [&](size_t i) { return it[i].cta; });
+  items["batch"] = column<int32_t>(n, [&](size_t i) { return it[i].batch; });
+  items["head_k"] = column<int32_t>(n, [&](size_t i) { return it[i].head_k; });
+  items["n_block"] = column<int32_t>(n, [&](size_t i) { return it[i].n_block; });
+  items["num_visits"] = column<int32_t>(n, [&](size_t i) { return it[i].num_visits; });
+  items["unit"] = column<int64_t>(n, [&](size_t i) { return it[i].unit; });
+  items["first_visit"] = column<int64_t>(n, [&](size_t i) { return it[i].first_visit; });
+  d["items"] = items;
+  d["cta_item_offsets"] = column<int64_t>(e.cta_item_offsets.size(), [&](size_t i) { return e.cta_item_offsets[i]; });
+  return d;
+}
+
+py::dict simulate_py(int32_t kind, const Problem& p, double c, double r, bool deterministic, int32_t dispatch,
+                     bool record) {
+  if (dispatch < 0 || dispatch > 2) {
+    throw std::invalid_argument("dispatch must be 0 (static), 1 (greedy), 2 (greedy head-major)");
+  }
+  host::SimOptions o;
+  o.c = c;
+  o.r = r;
+  o.deterministic = deterministic;
+  o.dispatch = static_cast<host::Dispatch>(dispatch);
+  o.record = record;
+  host::SimResult s;
+  {
+    py::gil_scoped_release release;
+    s = host::simulate(to_kind(kind), p, o);
+  }
+  py::dict d;
+  d["makespan"] = s.makespan;
+  d["deadlock"] = s.deadlock;
+  d["visits_done"] = s.visits_done;
+  d["visits_total"] = s.visits_total;
+  d["cta_busy"] = column<double>(s.cta_busy.size(), [&](size_t i) { return s.cta_busy[i]; });
+  d["cta_wait"] = column<double>(s.cta_wait.size(), [&](size_t i) { return s.cta_wait[i]; });
+  d["cta_end"] = column<double>(s.cta_end.size(), [&](size_t i) { return s.cta_end[i]; });
+  d["blocked_ctas"] = s.blocked_ctas;
+  if (record) {
+    d["visits"] = visits_dict(s.visits);
+    d["compute_start"] = column<double>(s.compute_start.size(), [&](size_t i) { return s.compute_start[i]; });
+    d["reduce_start"] = column<double>(s.reduce_start.size(), [&](size_t i) { return s.reduce_start[i]; });
+    d["reduce_end"] = column<double>(s.reduce_end.size(), [&](size_t i) { return s.reduce_end[i]; });
+    d["critical_path"] = column<int64_t>(s.critical_path.size(), [&](size_t i) { return s.critical_path[i]; });
+  }
+  return d;
+}
+
+std::vector<std::string> verify_py(int32_t kind, const Problem& p, int32_t cta_lo, int32_t cta_hi) {
+  if (cta_lo < 1 || cta_hi < cta_lo) throw std::invalid_argument("need 1 <= cta_lo <= cta_hi");
+  py::gil_scoped_release release;
+  return host::verify(to_kind(kind), p, cta_lo, cta_hi);
+}
+
+py::tuple range_tuple(BlockRange r) { return py::make_tuple(r.lo, r.hi); }
+
+}  // namespace
+
+PYBIND11_MODULE(_sched, m) {
+  m.doc() = "dash_attn backward schedules (the kernels' own C++ headers) for planning and the DASH cost model";
+  py::class_<Problem>(m, "Problem")
+      .def(py::init(&make_problem), py::arg("batch"), py::arg("nheads"), py::arg("nheads_k"), py::arg("seqlen_q"),
+           py::arg("seqlen_k"), py::arg("block_m"), py::arg("block_n"), py::arg("mask"), py::arg("window_left") = -1,
+           py::arg("window_right") = -1, py::arg("num_ctas") = 1)
+      .def_readonly("batch", &Problem::batch)
+      .def_readonly("nheads", &Problem::nheads)
+      .def_readonly("nheads_k", &Problem::nheads_k)
+      .def_readonly("seqlen_q", &Problem::seqlen_q)
+      .def_readonly("seqlen_k", &Problem::seqlen_k)
+      .def_readonly("block_m", &Problem::block_m)
+      .def_readonly("block_n", &Problem::block_n)
+      .def_property_readonly("mask", [](const Problem& p) { return static_cast<int32_t>(p.mask); })
+      .def_readonly("window_left", &Problem::window_left)
+      .def_readonly("window_right", &Problem::window_right)
+      .def_readonly("num_ctas", &Problem::num_ctas);
+
+  m.attr("ASCENDING") = static_cast<int32_t>(ScheduleKind::kAscending);
+  m.attr("DESCENDING") = static_cast<int32_t>(ScheduleKind::kDescending);
+  m.attr("SPT") = static_cast<int32_t>(ScheduleKind::kSpt);
+  m.attr("SHIFT") = static_cast<int32_t>(ScheduleKind::kShift);
+  m.attr("SHIFT_CAUSAL") = static_cast<int32_t>(ScheduleKind::kShiftCausal);
+  m.attr("AUTO") = static_cast<int32_t>(ScheduleKind::kAuto);
+  m.attr("MASK_FULL") = static_cast<int32_t>(MaskKind::kFull);
+  m.attr("MASK_CAUSAL") = static_cast<int32_t>(MaskKind::kCausal);
+  m.attr("MASK_WINDOW") = static_cast<int32_t>(MaskKind::kWindow);
+
+  m.def("num_m_blocks", &num_m_blocks);
+  m.def("num_n_blocks", &num_n_blocks);
+  m.def("m_block_range", [](const Problem& p, int32_t n) { return range_tuple(m_block_range(p, n)); });
+  m.def("n_block_range", [](const Problem& p, int32_t mb) { return range_tuple(n_block_range(p, mb)); });
+  m.def("num_items", [](int32_t kind, const Problem& p, int32_t cta) {
+    return dispatch_schedule(to_kind(kind), [&](auto s) { return decltype(s)::num_items(p, cta); });
+  });
+  m.def("item", [](int32_t kind, const Problem& p, int32_t cta, int64_t k) {
+    const KvTile t = dispatch_schedule(to_kind(kind), [&](auto s) { return decltype(s)::item(p, cta, k); });
+    return py::make_tuple(t.batch, t.head_k, t.n_block);
+  });
+  m.def("num_visits", [](int32_t kind, const Problem& p, int32_t batch, int32_t head_k, int32_t n_block) {
+    const KvTile t{batch, head_k, n_block};
+    return dispatch_schedule(to_kind(kind), [&](auto s) { return decltype(s)::num_visits(p, t); });
+  });
+  m.def("visit", [](int32_t kind, const Problem& p, int32_t batch, int32_t head_k, int32_t n_block, int32_t step) {
+    const KvTile t{batch, head_k, n_block};
+    const Visit v = dispatch_schedule(to_kind(kind), [&](auto s) { return decltype(s)::visit(p, t, step); });
+    return py::make_tuple(v.head, v.m_block, v.wait_target);
+  });
+  m.def("enumerate", &enumerate_py, py::arg("kind"), py::arg("problem"),
+        "Everything the static persistent grid executes: per-visit and per-item columns (numpy).");
+  m.def("simulate", &simulate_py, py::arg("kind"), py::arg("problem"), py::arg("c") = 1.0, py::arg("r") = 0.5,
+        py::arg("deterministic") = true, py::arg("dispatch") = 0, py::arg("record") = false,
+        "DASH DAG cost model of the persistent grid. dispatch: 0 static (the kernel), 1 greedy in launch order, "
+        "2 greedy head-major (model only).");
+  m.def("verify", &verify_py, py::arg("kind"), py::arg("problem"), py::arg("cta_lo"), py::arg("cta_hi"),
+        "Coverage, accumulation-order and deadlock checks for every CTA count in [cta_lo, cta_hi]; returns errors.");
+}

@@ -1,0 +1,234 @@
+// DASH cost model of the backward main loop, as a discrete-event simulation of the persistent grid.
+// Each visit is compute (c) then reduction (r) on its CTA, serial per CTA; in deterministic mode the reduction into
+// a dQ tile may start only after the previous one in that tile's accumulation order (semaphore == wait_target) has
+// finished. The makespan is the critical path of that DAG. Host-only; built into dash_attn._sched.
+#pragma once
+#include <algorithm>
+#include <cstdint>
+#include <functional>
+#include <queue>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "sched_py/enumerate.h"
+
+namespace dash::sched::host {
+
+enum class Dispatch : int32_t {
+  kStatic = 0,  // what the kernel does: CTA c runs item(c, 0), item(c, 1), ...
+  kGreedy = 1,  // model only: an idle CTA takes the next work unit in the schedule's launch order
+  kGreedyHeadMajor = 2,  // model only: an idle CTA takes the next KV tile in (batch, head, KV index) order, the
+                         // dispatch the DASH closed form for m heads on n SMs assumes
+};
+
+struct SimOptions {
+  double c = 1.0, r = 0.5;
+  bool deterministic = true;
+  Dispatch dispatch = Dispatch::kStatic;
+  bool record = false;  // keep per-visit timings and the critical path
+};
+
+struct SimResult {
+  double makespan = 0.0;
+  bool deadlock = false;
+  int64_t visits_done = 0, visits_total = 0;
+  std::vector<double> cta_busy, cta_wait, cta_end;  // per CTA: working time, time spent stalled on semaphores, finish
+  std::vector<int32_t> blocked_ctas;               // CTAs stuck on a semaphore when a deadlock was found
+  // Recorded visits (record = true), in the order the simulator resolved them.
+  std::vector<VisitRecord> visits;
+  std::vector<double> compute_start, reduce_start, reduce_end;
+  std::vector<int64_t> critical_path;  // indices into visits, first to last
+};
+
+template <class S>
+class Simulator {
+ public:
+  Simulator(const Problem& p, const SimOptions& o) : p_(p), o_(o), M_(num_m_blocks(p)) {}
+
+  SimResult run() {
+    Enumeration e = enumerate_schedule<S>(p_, false);
+    const int32_t C = p_.num_ctas;
+    ctas_.assign(C, CtaState{});
+    res_.cta_busy.assign(C, 0.0);
+    res_.cta_wait.assign(C, 0.0);
+    res_.cta_end.assign(C, 0.0);
+    for (const ItemRecord& it : e.items) res_.visits_total += it.num_visits;
+    if (o_.dispatch == Dispatch::kStatic) {
+      for (int32_t c = 0; c < C; ++c) {
+        const auto first = e.items.begin();
+        ctas_[c].items.assign(first + e.cta_item_offsets[c], first + e.cta_item_offsets[c + 1]);
+      }
+    } else {
+      units_ = e.items;
+      if (o_.dispatch == Dispatch::kGreedyHeadMajor) {
+        const int64_t N = num_n_blocks(p_);
+        for (ItemRecord& it : units_) {
+          it.unit = (static_cast<int64_t>(it.batch) * p_.nheads_k + it.head_k) * N + it.n_block;
+        }
+      }
+      std::stable_sort(units_.begin(), units_.end(),
+                       [](const ItemRecord& a, const ItemRecord& b) { return a.unit < b.unit; });
+    }
+    for (int32_t c = 0; c < C; ++c) ready_.push({0.0, c});
+    while (!ready_.empty()) {
+      const auto [time, c] = ready_.top();
+      ready_.pop();
+      step(c, time);
+    }
+    finish();
+    return std::move(res_);
+  }
+
+ private:
+  struct CtaState {
+    std::vector<ItemRecord> items;  // static dispatch: the CTA's list; greedy: the unit it holds now
+    size_t next_item = 0;
+    bool has_tile = false;
+    KvTile tile{};
+    int32_t item_index = -1, num_visits = 0, next_visit = 0;
+    // A visit whose compute is done and whose reduction waits on a semaphore.
+    bool blocked = false;
+    Visit pending{};
+    double compute_end = 0.0;
+    int64_t last_record = -1;
+  };
+  struct TileState {
+    int32_t count = 0;
+    double ready = 0.0;
+    int64_t last_record = -1;
+  };
+
+  int64_t tile_key(int32_t batch, int32_t head, int32_t m) const {
+    return (static_cast<int64_t>(batch) * p_.nheads + head) * M_ + m;
+  }
+
+  // Loads the CTA's next item with at least one visit; false when the CTA has no work left.
+  bool next_tile(int32_t c) {
+    CtaState& s = ctas_[c];
+    for (;;) {
+      if (s.next_item >= s.items.size()) {
+        if (o_.dispatch == Dispatch::kStatic || next_unit_ >= units_.size()) return false;
+        s.items.clear();
+        s.next_item = 0;
+        const int64_t unit = units_[next_unit_].unit;
+        while (next_unit_ < units_.size() && units_[next_unit_].unit == unit) s.items.push_back(units_[next_unit_++]);
+      }
+      const ItemRecord& it = s.items[s.next_item++];
+      ++s.item_index;
+      if (it.num_visits == 0) continue;  // a fully masked KV tile only writes zero dK/dV: no time in the model
+      s.tile = KvTile{it.batch, it.head_k, it.n_block};
+      s.num_visits = it.num_visits;
+      s.next_visit = 0;
+      s.has_tile = true;
+      return true;
+    }
+  }
+
+  void step(int32_t c, double now) {
+    CtaState& s = ctas_[c];
+    if (!s.has_tile && !next_tile(c)) {
+      res_.cta_end[c] = now;
+      return;
+    }
+    const Visit v = S::visit(p_, s.tile, s.next_visit);
+    s.pending = v;
+    s.compute_end = now + o_.c;
+    const int64_t key = tile_key(s.tile.batch, v.head, v.m_block);
+    TileState& t = tiles_[key];
+    if (o_.deterministic && t.count != v.wait_target) {
+      s.blocked = true;
+      waiting_[key].push_back(c);
+      return;
+    }
+    reduce(c, key, now);
+  }
+
+  // Runs the pending reduction of CTA c into tile `key`, then wakes whoever waits for the next position.
+  void reduce(int32_t c, int64_t key, double compute_start) {
+    for (;;) {
+      CtaState& s = ctas_[c];
+      TileState& t = tiles_[key];
+      const double rs = o_.deterministic ? std::max(s.compute_end, t.ready) : s.compute_end;
+      const double re = rs + o_.r;
+      res_.cta_busy[c] += o_.c + o_.r;
+      res_.cta_wait[c] += rs - s.compute_end;
+      if (o_.record) record(c, t, compute_start, rs, re);
+      ++t.count;
+      t.ready = std::max(t.ready, re);
+      ++res_.visits_done;
+      s.blocked = false;
+      if (++s.next_visit == s.num_visits) s.has_tile = false;
+      ready_.push({re, c});
+      if (!o_.deterministic) return;
+      // Hand the tile to the CTA holding the next accumulation position, if it is already waiting.
+      auto w = waiting_.find(key);
+      if (w == waiting_.end()) return;
+      auto& list = w->second;
+      auto hit = std::find_if(list.begin(), list.end(),
+                              [&](int32_t x) { return ctas_[x].pending.wait_target == t.count; });
+      if (hit == list.end()) return;
+      const int32_t next = *hit;
+      list.erase(hit);
+      if (list.empty()) waiting_.erase(w);
+      c = next;
+      compute_start = ctas_[c].compute_end - o_.c;
+    }
+  }
+
+  void record(int32_t c, const TileState& t, double cs, double rs, double re) {
+    CtaState& s = ctas_[c];
+    const int64_t id = static_cast<int64_t>(res_.visits.size());
+    res_.visits.push_back(VisitRecord{c, s.item_index, s.tile.batch, s.pending.head, s.tile.head_k, s.tile.n_block,
+                                      s.pending.m_block, s.next_visit, s.pending.wait_target});
+    res_.compute_start.push_back(cs);
+    res_.reduce_start.push_back(rs);
+    res_.reduce_end.push_back(re);
+    cta_pred_.push_back(s.last_record);
+    chain_pred_.push_back(t.last_record);
+    s.last_record = id;
+    tiles_[tile_key(s.tile.batch, s.pending.head, s.pending.m_block)].last_record = id;
+  }
+
+  void finish() {
+    for (int32_t c = 0; c < p_.num_ctas; ++c) {
+      if (ctas_[c].blocked) res_.blocked_ctas.push_back(c);
+      res_.makespan = std::max(res_.makespan, res_.cta_end[c]);
+    }
+    res_.deadlock = res_.visits_done != res_.visits_total;
+    if (o_.record && !res_.visits.empty()) trace_critical_path();
+  }
+
+  // Walks back from the last reduction: through the dQ chain when the reduction waited on it, else through the
+  // CTA's previous visit.
+  void trace_critical_path() {
+    int64_t v = std::max_element(res_.reduce_end.begin(), res_.reduce_end.end()) - res_.reduce_end.begin();
+    std::vector<int64_t> path;
+    while (v >= 0) {
+      path.push_back(v);
+      const int64_t cp = chain_pred_[v];
+      const bool chain_bound = cp >= 0 && res_.reduce_start[v] > res_.compute_start[v] + o_.c &&
+                               res_.reduce_end[cp] == res_.reduce_start[v];
+      v = chain_bound ? cp : cta_pred_[v];
+    }
+    res_.critical_path.assign(path.rbegin(), path.rend());
+  }
+
+  const Problem p_;
+  const SimOptions o_;
+  const int32_t M_;
+  std::vector<CtaState> ctas_;
+  std::vector<ItemRecord> units_;
+  size_t next_unit_ = 0;
+  std::unordered_map<int64_t, TileState> tiles_;
+  std::unordered_map<int64_t, std::vector<int32_t>> waiting_;
+  std::priority_queue<std::pair<double, int32_t>, std::vector<std::pair<double, int32_t>>, std::greater<>> ready_;
+  std::vector<int64_t> cta_pred_, chain_pred_;
+  SimResult res_;
+};
+
+inline SimResult simulate(ScheduleKind kind, const Problem& p, const SimOptions& o) {
+  return dispatch_schedule(kind, [&](auto s) { return Simulator<decltype(s)>(p, o).run(); });
+}
+
+}  // namespace dash::sched::host

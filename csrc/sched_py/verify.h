@@ -1,0 +1,99 @@
+// Host-only self-check of a schedule against the execution model: coverage, accumulation orders and deadlock-freedom.
+// The live-tile table is rebuilt element by element, independently of m_block_range/n_block_range.
+#pragma once
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "sched_py/simulate.h"
+
+namespace dash::sched::host {
+
+// live[m * N + n]: Q tile m and KV tile n share at least one unmasked element.
+inline std::vector<uint8_t> live_tiles_bruteforce(const Problem& p) {
+  const int32_t M = num_m_blocks(p), N = num_n_blocks(p);
+  std::vector<uint8_t> live(static_cast<size_t>(M) * N, 0);
+  const Band b = band_of(p);
+  const int64_t d = static_cast<int64_t>(p.seqlen_k) - p.seqlen_q;
+  for (int64_t i = 0; i < p.seqlen_q; ++i) {
+    // Keys visible from row i: [i + d - left, i + d + right] clipped to [0, seqlen_k).
+    const int64_t k_lo = b.has_left ? std::max<int64_t>(0, i + d - b.left) : 0;
+    const int64_t k_hi = b.has_right ? std::min<int64_t>(p.seqlen_k - 1, i + d + b.right) : p.seqlen_k - 1;
+    if (k_lo > k_hi) continue;
+    const int64_t m = i / p.block_m;
+    for (int64_t n = k_lo / p.block_n; n <= k_hi / p.block_n; ++n) live[m * N + n] = 1;
+  }
+  return live;
+}
+
+// Checks one schedule for CTA counts [cta_lo, cta_hi]; returns human-readable errors (at most max_errors).
+inline std::vector<std::string> verify(ScheduleKind kind, Problem p, int32_t cta_lo, int32_t cta_hi,
+                                       size_t max_errors = 20) {
+  std::vector<std::string> errors;
+  auto fail = [&](int32_t ctas, const std::string& what) {
+    if (errors.size() < max_errors) errors.push_back("num_ctas=" + std::to_string(ctas) + ": " + what);
+  };
+  const int32_t M = num_m_blocks(p), N = num_n_blocks(p), g = group_size(p);
+  const std::vector<uint8_t> live = live_tiles_bruteforce(p);
+  std::vector<int32_t> live_per_n(N, 0), live_per_m(M, 0);
+  for (int32_t m = 0; m < M; ++m) {
+    for (int32_t n = 0; n < N; ++n) {
+      live_per_n[n] += live[static_cast<size_t>(m) * N + n];
+      live_per_m[m] += live[static_cast<size_t>(m) * N + n];
+    }
+  }
+  const int64_t heads_total = num_kv_heads_total(p);
+  for (int32_t ctas = cta_lo; ctas <= cta_hi && errors.size() < max_errors; ++ctas) {
+    p.num_ctas = ctas;
+    const Enumeration e = enumerate(kind, p, true);
+    std::vector<int32_t> item_seen(static_cast<size_t>(heads_total) * N, 0);
+    for (const ItemRecord& it : e.items) {
+      const size_t key = (static_cast<size_t>(it.batch) * p.nheads_k + it.head_k) * N + it.n_block;
+      if (it.batch < 0 || it.batch >= p.batch || it.head_k < 0 || it.head_k >= p.nheads_k || it.n_block < 0 ||
+          it.n_block >= N) {
+        fail(ctas, "item out of range");
+        continue;
+      }
+      ++item_seen[key];
+      if (it.num_visits != g * live_per_n[it.n_block]) fail(ctas, "num_visits != live Q tiles of the KV tile");
+    }
+    for (size_t k = 0; k < item_seen.size(); ++k) {
+      if (item_seen[k] != 1) fail(ctas, "KV tile " + std::to_string(k) + " run " + std::to_string(item_seen[k]) + "x");
+    }
+    // Per dQ tile (batch, head, m): which KV tiles visited it and which positions they took.
+    const size_t dq_tiles = static_cast<size_t>(p.batch) * p.nheads * M;
+    std::vector<std::vector<int32_t>> seen_n(dq_tiles), seen_pos(dq_tiles);
+    for (const VisitRecord& v : e.visits) {
+      if (v.m_block < 0 || v.m_block >= M || v.head / g != v.head_k) {
+        fail(ctas, "visit out of range");
+        continue;
+      }
+      if (!live[static_cast<size_t>(v.m_block) * N + v.n_block]) fail(ctas, "visit of a masked tile pair");
+      const size_t key = (static_cast<size_t>(v.batch) * p.nheads + v.head) * M + v.m_block;
+      seen_n[key].push_back(v.n_block);
+      seen_pos[key].push_back(v.wait_target);
+    }
+    for (size_t key = 0; key < dq_tiles && errors.size() < max_errors; ++key) {
+      const int32_t m = static_cast<int32_t>(key % M);
+      auto ns = seen_n[key], pos = seen_pos[key];
+      std::sort(ns.begin(), ns.end());
+      std::sort(pos.begin(), pos.end());
+      if (static_cast<int32_t>(ns.size()) != live_per_m[m] || std::adjacent_find(ns.begin(), ns.end()) != ns.end()) {
+        fail(ctas, "dQ tile " + std::to_string(key) + ": coverage " + std::to_string(ns.size()) + " visits for " +
+                       std::to_string(live_per_m[m]) + " live KV tiles");
+      }
+      for (size_t i = 0; i < pos.size(); ++i) {
+        if (pos[i] != static_cast<int32_t>(i)) {
+          fail(ctas, "dQ tile " + std::to_string(key) + ": wait targets are not a permutation of 0..k-1");
+          break;
+        }
+      }
+    }
+    SimOptions o;
+    const SimResult s = simulate(kind, p, o);
+    if (s.deadlock) fail(ctas, "deadlock after " + std::to_string(s.visits_done) + " visits");
+  }
+  return errors;
+}
+
+}  // namespace dash::sched::host

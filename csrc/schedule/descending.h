@@ -1,0 +1,25 @@
+// Descending (DASH): sigma walks the live Q tiles from the last one down; pi stays ascending KV index.
+// Under a causal mask every KV tile reaches the last Q tile, so all tiles of a head arrive at each Q tile together and
+// the ascending-index chain costs one reduction per predecessor (j*r) instead of j*(c+r); short KV tiles finish
+// first and free their CTAs. Units launch tile-major (KV tile 0 of every head, then tile 1, ...): longest-first
+// under a causal mask, which keeps the static grid balanced. pi follows the launch order within a head, so it is
+// deadlock-free for any grid, and it depends on the KV index only: batch-invariant.
+// This is also the fallback of shift / shift_causal where their preconditions fail.
+#pragma once
+#include "schedule/waves.h"
+
+namespace dash::sched {
+
+struct Descending {
+  using Units = TileUnits<TileOrder::kTileMajor>;
+  DASH_HD static int64_t num_items(const Problem& p, int32_t cta) { return Units::num_items(p, cta); }
+  DASH_HD static KvTile item(const Problem& p, int32_t cta, int64_t k) { return Units::item(p, cta, k); }
+  DASH_HD static int32_t num_visits(const Problem& p, const KvTile& t) { return Units::num_visits(p, t); }
+  DASH_HD static Visit visit(const Problem& p, const KvTile& t, int32_t step) {
+    const int32_t g = group_size(p);
+    const int32_t m = m_block_range(p, t.n_block).hi - 1 - step / g;
+    return Visit{t.head_k * g + step % g, m, t.n_block - n_block_range(p, m).lo};
+  }
+};
+
+}  // namespace dash::sched

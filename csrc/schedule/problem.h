@@ -1,0 +1,137 @@
+// Problem description and mask arithmetic shared by every backward schedule.
+// Host+device, no CUDA-only code and no torch: the kernels and the CPU module dash_attn._sched include the same
+// definitions, so what the simulator enumerates is exactly what the kernel executes.
+#pragma once
+#include <cstdint>
+
+#include "common/params.h"
+
+#if defined(__CUDACC__)
+#define DASH_HD __host__ __device__
+#else
+#define DASH_HD
+#endif
+
+namespace dash::sched {
+
+// One backward launch as the schedules see it. num_ctas is the persistent grid size (any value >= 1, run time).
+struct Problem {
+  int32_t batch, nheads, nheads_k, seqlen_q, seqlen_k, block_m, block_n;
+  MaskKind mask;
+  int32_t window_left, window_right;  // -1 = unbounded; only read for MaskKind::kWindow
+  int32_t num_ctas;
+};
+
+// One CTA work item: one KV tile of one KV head. The CTA walks every query head of the GQA group of head_k.
+struct KvTile {
+  int32_t batch, head_k, n_block;
+};
+
+// One step of a work item: query head, Q tile and the accumulation position of this KV tile's partial dQ in the dQ
+// tile (batch, head, m_block). Deterministic mode spins until that tile's semaphore equals wait_target, adds, then
+// releases wait_target + 1.
+struct Visit {
+  int32_t head;
+  int32_t m_block;
+  int32_t wait_target;
+};
+
+// Half-open range [lo, hi) of tile indices; empty when lo >= hi.
+struct BlockRange {
+  int32_t lo, hi;
+  DASH_HD bool empty() const { return lo >= hi; }
+  DASH_HD int32_t size() const { return hi > lo ? hi - lo : 0; }
+};
+
+DASH_HD inline int32_t ceil_div64(int64_t a, int64_t b) { return static_cast<int32_t>((a + b - 1) / b); }
+DASH_HD inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
+DASH_HD inline int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
+
+DASH_HD inline int32_t num_m_blocks(const Problem& p) { return p.seqlen_q > 0 ? ceil_div64(p.seqlen_q, p.block_m) : 0; }
+DASH_HD inline int32_t num_n_blocks(const Problem& p) { return p.seqlen_k > 0 ? ceil_div64(p.seqlen_k, p.block_n) : 0; }
+DASH_HD inline int32_t group_size(const Problem& p) { return p.nheads / p.nheads_k; }
+// Number of (batch, KV head) pairs; each one is an independent copy of the per-head tile grid.
+DASH_HD inline int64_t num_kv_heads_total(const Problem& p) { return static_cast<int64_t>(p.batch) * p.nheads_k; }
+
+// The mask as a diagonal band: query row i sees key j iff j - i - (seqlen_k - seqlen_q) lies in [-left, right],
+// an absent bound meaning unbounded. Causal is the band with right = 0 and no left bound.
+struct Band {
+  bool has_left, has_right;
+  int64_t left, right;
+};
+
+DASH_HD inline Band band_of(const Problem& p) {
+  switch (p.mask) {
+    case MaskKind::kCausal:
+      return Band{false, true, 0, 0};
+    case MaskKind::kWindow:
+      return Band{p.window_left >= 0, p.window_right >= 0, p.window_left, p.window_right};
+    default:
+      return Band{false, false, 0, 0};
+  }
+}
+
+// Q tiles with at least one unmasked element against KV tile n_block (ragged last tiles included).
+// Block (rows [r0, r1], keys [k0, k1]) is live iff k0 - r1 <= d + right and k1 - r0 >= d - left, d = sk - sq.
+DASH_HD inline BlockRange m_block_range(const Problem& p, int32_t n_block) {
+  const int32_t M = num_m_blocks(p);
+  if (M == 0 || n_block < 0 || n_block >= num_n_blocks(p)) return BlockRange{0, 0};
+  const Band b = band_of(p);
+  const int64_t d = static_cast<int64_t>(p.seqlen_k) - p.seqlen_q;
+  const int64_t k0 = static_cast<int64_t>(n_block) * p.block_n;
+  const int64_t k1 = min64(k0 + p.block_n, p.seqlen_k) - 1;
+  int64_t lo = 0, hi = M;
+  if (b.has_right) {
+    const int64_t first_row = k0 - d - b.right;
+    if (first_row > p.seqlen_q - 1) return BlockRange{0, 0};
+    if (first_row > 0) lo = first_row / p.block_m;
+  }
+  if (b.has_left) {
+    const int64_t last_row = k1 - d + b.left;
+    if (last_row < 0) return BlockRange{0, 0};
+    if (last_row < p.seqlen_q - 1) hi = last_row / p.block_m + 1;
+  }
+  if (lo >= hi) return BlockRange{0, 0};
+  return BlockRange{static_cast<int32_t>(lo), static_cast<int32_t>(hi)};
+}
+
+// KV tiles that contribute to Q tile m_block (the same band condition seen from the other side).
+DASH_HD inline BlockRange n_block_range(const Problem& p, int32_t m_block) {
+  const int32_t N = num_n_blocks(p);
+  if (N == 0 || m_block < 0 || m_block >= num_m_blocks(p)) return BlockRange{0, 0};
+  const Band b = band_of(p);
+  const int64_t d = static_cast<int64_t>(p.seqlen_k) - p.seqlen_q;
+  const int64_t r0 = static_cast<int64_t>(m_block) * p.block_m;
+  const int64_t r1 = min64(r0 + p.block_m, p.seqlen_q) - 1;
+  int64_t lo = 0, hi = N;
+  if (b.has_left) {
+    const int64_t first_key = r0 + d - b.left;
+    if (first_key > p.seqlen_k - 1) return BlockRange{0, 0};
+    if (first_key > 0) lo = first_key / p.block_n;
+  }
+  if (b.has_right) {
+    const int64_t last_key = r1 + d + b.right;
+    if (last_key < 0) return BlockRange{0, 0};
+    if (last_key < p.seqlen_k - 1) hi = last_key / p.block_n + 1;
+  }
+  if (lo >= hi) return BlockRange{0, 0};
+  return BlockRange{static_cast<int32_t>(lo), static_cast<int32_t>(hi)};
+}
+
+// Every (Q tile, KV tile) pair is live. lo and hi of m_block_range are nondecreasing in n_block, so checking the two
+// extreme KV tiles suffices.
+DASH_HD inline bool covers_all_tiles(const Problem& p) {
+  const int32_t N = num_n_blocks(p), M = num_m_blocks(p);
+  if (N == 0 || M == 0) return false;
+  return m_block_range(p, N - 1).lo == 0 && m_block_range(p, 0).hi == M;
+}
+
+// Every KV tile is live and reaches the last Q tile (causal-like band without a left bound): the contributors of
+// Q tile m are then exactly the prefix [0, n_block_range(m).hi) of KV tiles.
+DASH_HD inline bool prefix_contributors(const Problem& p) {
+  const int32_t N = num_n_blocks(p), M = num_m_blocks(p);
+  if (N == 0 || M == 0) return false;
+  return m_block_range(p, 0).hi == M && !m_block_range(p, N - 1).empty();
+}
+
+}  // namespace dash::sched

@@ -1,0 +1,443 @@
+"""Backward schedules: planning, the DASH cost model, the `auto` rule, Gantt charts and a CLI.
+
+Everything here comes from `dash_attn._sched`, a CPU build of the very C++ headers (csrc/schedule/) that the backward
+kernels include, so a plan is exactly what the GPU executes: which KV tiles each persistent CTA runs, the order in
+which each KV tile visits Q tiles, and the position at which each partial dQ is accumulated (the semaphore wait
+target).
+
+Cost model (DASH): a visit is compute `c` then reduction `r` on its CTA, serial per CTA; in deterministic mode the
+reductions into one dQ tile are chained in their accumulation order. The makespan is the critical path of that DAG.
+
+    python -m dash_attn.schedule --mask causal --seqlen 8192 --hdim 128 --heads 16 --plot out.png
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import functools
+import math
+import sys
+from typing import Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from . import _sched
+
+__all__ = ["SCHEDULES", "SCHEDULE_IDS", "MASKS", "Plan", "SimResult", "tile_shape", "plan", "simulate", "choose",
+           "gantt", "gantt_compare", "main"]
+
+SCHEDULES = ("ascending", "descending", "spt", "shift", "shift_causal")
+# Mirrors dash::ScheduleKind (csrc/common/params.h).
+SCHEDULE_IDS: Dict[str, int] = {
+    "ascending": _sched.ASCENDING,
+    "descending": _sched.DESCENDING,
+    "spt": _sched.SPT,
+    "shift": _sched.SHIFT,
+    "shift_causal": _sched.SHIFT_CAUSAL,
+}
+MASKS: Dict[str, int] = {"full": _sched.MASK_FULL, "causal": _sched.MASK_CAUSAL, "window": _sched.MASK_WINDOW}
+DISPATCH = {"static": 0, "greedy": 1, "greedy_head_major": 2}
+
+# Tie-break of `choose` among equal predicted makespans: batch-invariant orders first (ascending/descending
+# accumulation orders depend on the KV index only), then the wave-dependent ones.
+_PREFERENCE = ("descending", "shift", "shift_causal", "spt", "ascending")
+# `choose` simulates at most this many visits per schedule; larger problems are scaled down proportionally
+# (fewer (batch, KV head) pairs and CTAs, same tile geometry) so that `auto` stays fast.
+_CHOOSE_VISIT_BUDGET = 400_000
+
+
+def tile_shape(hdim: int, mask: str = "full") -> Tuple[int, int]:
+    """(block_m, block_n) of the backward kernel for a head dimension. The torch binding asks the compiled kernel
+    (dash_bwd_tile_shape) when it is present; this table is the CPU-side default."""
+    del mask  # one shape per head dim for now; kept in the signature because the kernel's table is per mask
+    if hdim <= 64:
+        return 128, 128
+    if hdim <= 128:
+        return 64, 128
+    return 64, 64
+
+
+def _mask_id(mask: str) -> int:
+    try:
+        return MASKS[mask]
+    except KeyError:
+        raise ValueError(f"mask must be one of {sorted(MASKS)}, got {mask!r}") from None
+
+
+def _schedule_id(schedule: str) -> int:
+    try:
+        return SCHEDULE_IDS[schedule]
+    except KeyError:
+        raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r} (resolve 'auto' with choose())") \
+            from None
+
+
+def _problem(mask: str, seqlen_q: int, seqlen_k: int, block_m: int, block_n: int, nheads: int, batch: int,
+             num_ctas: int, window: Optional[Tuple[int, int]], nheads_k: Optional[int]) -> "_sched.Problem":
+    left, right = (-1, -1) if window is None else (int(window[0]), int(window[1]))
+    if mask == "window" and window is None:
+        raise ValueError("mask='window' needs window=(left, right)")
+    return _sched.Problem(batch=batch, nheads=nheads, nheads_k=nheads if nheads_k is None else nheads_k,
+                          seqlen_q=seqlen_q, seqlen_k=seqlen_k, block_m=block_m, block_n=block_n,
+                          mask=_mask_id(mask), window_left=left, window_right=right, num_ctas=num_ctas)
+
+
+@dataclasses.dataclass
+class Plan:
+    """What the static persistent grid executes for one schedule.
+
+    `visits`: per-visit numpy columns in execution order (grouped by CTA, then item, then step): cta, item (index in
+    the CTA's list), batch, head, head_k, n_block, m_block, step, wait_target. `items`: per KV-tile columns (cta,
+    batch, head_k, n_block, num_visits, unit, first_visit). CTA c's visits are
+    visits[cta_visit_offsets[c]:cta_visit_offsets[c + 1]]. For varlen, `sequences` holds one Plan per sequence and
+    the top level is empty.
+    """
+    schedule: str
+    mask: str
+    seqlen_q: int
+    seqlen_k: int
+    block_m: int
+    block_n: int
+    nheads: int
+    nheads_k: int
+    batch: int
+    num_ctas: int
+    window: Optional[Tuple[int, int]]
+    visits: Dict[str, np.ndarray]
+    items: Dict[str, np.ndarray]
+    cta_item_offsets: np.ndarray
+    sequences: List["Plan"] = dataclasses.field(default_factory=list)
+
+    @property
+    def problem(self) -> "_sched.Problem":
+        return _problem(self.mask, self.seqlen_q, self.seqlen_k, self.block_m, self.block_n, self.nheads, self.batch,
+                        self.num_ctas, self.window, self.nheads_k)
+
+    @property
+    def num_m_blocks(self) -> int:
+        return _sched.num_m_blocks(self.problem)
+
+    @property
+    def num_n_blocks(self) -> int:
+        return _sched.num_n_blocks(self.problem)
+
+    @property
+    def cta_visit_offsets(self) -> np.ndarray:
+        counts = np.bincount(self.visits["cta"], minlength=self.num_ctas)
+        return np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
+
+    def cta_visits(self, cta: int) -> Dict[str, np.ndarray]:
+        """Visit columns of one CTA, in the order it runs them."""
+        off = self.cta_visit_offsets
+        return {k: v[off[cta]:off[cta + 1]] for k, v in self.visits.items()}
+
+    def dq_tile_keys(self) -> np.ndarray:
+        """Linear dQ-tile index (batch, head, m_block) of every visit."""
+        v = self.visits
+        return (v["batch"].astype(np.int64) * self.nheads + v["head"]) * max(self.num_m_blocks, 1) + v["m_block"]
+
+    def accumulation_orders(self) -> Dict[Tuple[int, int, int], np.ndarray]:
+        """(batch, head, m_block) -> KV tile indices in the order they add into that dQ tile (by wait target)."""
+        v = self.visits
+        keys = self.dq_tile_keys()
+        order = np.lexsort((v["wait_target"], keys))
+        keys_sorted = keys[order]
+        bounds = np.flatnonzero(np.diff(keys_sorted)) + 1
+        out = {}
+        for idx in np.split(order, bounds):
+            if idx.size:
+                i = idx[0]
+                out[(int(v["batch"][i]), int(v["head"][i]), int(v["m_block"][i]))] = v["n_block"][idx]
+        return out
+
+
+def plan(schedule: str, mask: str, seqlen_q: int, seqlen_k: int, block_m: int, block_n: int, nheads: int,
+         batch: int, num_sms: int, window: Optional[Tuple[int, int]] = None, nheads_k: Optional[int] = None,
+         cu_seqlens: Optional[Tuple[Sequence[int], Sequence[int]]] = None) -> Plan:
+    """Enumerate a schedule on a persistent grid of `num_sms` CTAs.
+
+    cu_seqlens=(cu_seqlens_q, cu_seqlens_k) plans each sequence of a varlen batch on its own (batch=1, the whole
+    grid), which is how the CPU side models varlen; the kernels do not run varlen batches with these schedules yet.
+    """
+    schedule_id = _schedule_id(schedule)
+    nheads_k = nheads if nheads_k is None else nheads_k
+    if cu_seqlens is not None:
+        cu_q, cu_k = (np.asarray(c, dtype=np.int64) for c in cu_seqlens)
+        if cu_q.shape != cu_k.shape or cu_q.ndim != 1 or cu_q.size < 1:
+            raise ValueError("cu_seqlens must be (cu_seqlens_q, cu_seqlens_k) of equal length >= 1")
+        seqs = [plan(schedule, mask, int(cu_q[i + 1] - cu_q[i]), int(cu_k[i + 1] - cu_k[i]), block_m, block_n,
+                     nheads, 1, num_sms, window, nheads_k) for i in range(cu_q.size - 1)]
+        empty = {k: np.zeros(0, np.int32) for k in ("cta", "item", "batch", "head", "head_k", "n_block", "m_block",
+                                                     "step", "wait_target")}
+        return Plan(schedule, mask, 0, 0, block_m, block_n, nheads, nheads_k, 0, num_sms, window, empty, {},
+                    np.zeros(num_sms + 1, np.int64), seqs)
+    p = _problem(mask, seqlen_q, seqlen_k, block_m, block_n, nheads, batch, num_sms, window, nheads_k)
+    e = _sched.enumerate(schedule_id, p)
+    return Plan(schedule, mask, seqlen_q, seqlen_k, block_m, block_n, nheads, nheads_k, batch, num_sms, window,
+                dict(e["visits"]), dict(e["items"]), np.asarray(e["cta_item_offsets"]))
+
+
+@dataclasses.dataclass
+class SimResult:
+    """Outcome of the DAG model. Times are in units of the cost parameters c and r.
+
+    visits/compute_start/reduce_start/reduce_end describe every simulated visit (in resolution order, not the plan's
+    order); critical_path indexes into them, first to last. cta_idle = makespan - busy time (semaphore stalls plus
+    the tail after the CTA's last visit); cta_wait is the stall part only.
+    """
+    makespan: float
+    deadlock: bool
+    lower_bound: float
+    cta_busy: np.ndarray
+    cta_wait: np.ndarray
+    cta_idle: np.ndarray
+    critical_path: np.ndarray
+    visits: Dict[str, np.ndarray]
+    compute_start: np.ndarray
+    reduce_start: np.ndarray
+    reduce_end: np.ndarray
+    blocked_ctas: List[int]
+    c: float
+    r: float
+
+    @property
+    def critical_path_length(self) -> float:
+        return self.makespan
+
+    @property
+    def critical_path_chain_steps(self) -> int:
+        """Edges of the critical path that are dQ-chain waits rather than CTA-serial steps."""
+        p = self.critical_path
+        if p.size < 2:
+            return 0
+        return int(np.count_nonzero(self.visits["cta"][p[1:]] != self.visits["cta"][p[:-1]]))
+
+
+def _lower_bound(p: "_sched.Problem", items: Dict[str, np.ndarray], c: float, r: float, num_ctas: int) -> float:
+    nv = items["num_visits"].astype(np.int64)
+    if nv.size == 0:
+        return 0.0
+    total = float(nv.sum())
+    return max(total * (c + r) / num_ctas, float(nv.max()) * (c + r))
+
+
+def _simulate_problem(schedule: str, p, c: float, r: float, deterministic: bool, dispatch: str,
+                      record: bool) -> dict:
+    if dispatch not in DISPATCH:
+        raise ValueError(f"dispatch must be one of {sorted(DISPATCH)}")
+    return _sched.simulate(_schedule_id(schedule), p, c=c, r=r, deterministic=deterministic,
+                           dispatch=DISPATCH[dispatch], record=record)
+
+
+def simulate(plan: Plan, c: float = 1.0, r: float = 0.5, deterministic: bool = True, dispatch: str = "static",
+             record: bool = True) -> SimResult:
+    """Run the DASH DAG model on a plan. dispatch='static' is what the kernel does; 'greedy' (idle CTAs take the
+    next work unit in launch order) and 'greedy_head_major' (next KV tile in (batch, head, KV index) order) are
+    model-only references. A varlen plan is simulated as one launch per sequence, back to back."""
+    if plan.sequences:
+        parts = [simulate(s, c, r, deterministic, dispatch, record=False) for s in plan.sequences]
+        zeros = np.zeros(plan.num_ctas)
+        return SimResult(sum(x.makespan for x in parts), any(x.deadlock for x in parts),
+                         sum(x.lower_bound for x in parts), sum((x.cta_busy for x in parts), zeros),
+                         sum((x.cta_wait for x in parts), zeros), sum((x.cta_idle for x in parts), zeros),
+                         np.zeros(0, np.int64), {}, np.zeros(0), np.zeros(0), np.zeros(0),
+                         sorted({b for x in parts for b in x.blocked_ctas}), c, r)
+    p = plan.problem
+    s = _simulate_problem(plan.schedule, p, c, r, deterministic, dispatch, record)
+    busy = np.asarray(s["cta_busy"])
+    empty = np.zeros(0)
+    return SimResult(
+        makespan=float(s["makespan"]), deadlock=bool(s["deadlock"]),
+        lower_bound=_lower_bound(p, plan.items, c, r, plan.num_ctas),
+        cta_busy=busy, cta_wait=np.asarray(s["cta_wait"]), cta_idle=float(s["makespan"]) - busy,
+        critical_path=np.asarray(s.get("critical_path", np.zeros(0, np.int64))),
+        visits=dict(s["visits"]) if record else {},
+        compute_start=np.asarray(s.get("compute_start", empty)), reduce_start=np.asarray(s.get("reduce_start", empty)),
+        reduce_end=np.asarray(s.get("reduce_end", empty)), blocked_ctas=list(s["blocked_ctas"]), c=c, r=r)
+
+
+def _visits_per_kv_head(p) -> int:
+    g = p.nheads // p.nheads_k
+    n_blocks = _sched.num_n_blocks(p)
+    return g * sum(hi - lo for lo, hi in (_sched.m_block_range(p, n) for n in range(n_blocks)))
+
+
+def _scaled_for_choose(mask: str, seqlen_q: int, seqlen_k: int, block_m: int, block_n: int, nheads: int,
+                       batch: int, num_sms: int, window, nheads_k: int):
+    """The problem `choose` simulates: the real one, or for very large problems a proportional slice of it (fewer
+    (batch, KV head) pairs and CTAs in the same ratio, so the number of waves is kept)."""
+    p = _problem(mask, seqlen_q, seqlen_k, block_m, block_n, nheads, batch, num_sms, window, nheads_k)
+    per_head = max(_visits_per_kv_head(p), 1)
+    heads_total = batch * nheads_k
+    keep = max(1, min(heads_total, _CHOOSE_VISIT_BUDGET // per_head))
+    if keep >= heads_total:
+        return p
+    ctas = max(1, round(num_sms * keep / heads_total))
+    return _problem(mask, seqlen_q, seqlen_k, block_m, block_n, (nheads // nheads_k), keep, ctas, window, 1)
+
+
+@functools.lru_cache(maxsize=4096)
+def _choose_cached(mask: str, seqlen_q: int, seqlen_k: int, block_m: int, block_n: int, nheads: int, batch: int,
+                   num_sms: int, window: Optional[Tuple[int, int]], nheads_k: int, deterministic: bool,
+                   c: float, r: float) -> str:
+    p = _scaled_for_choose(mask, seqlen_q, seqlen_k, block_m, block_n, nheads, batch, num_sms, window, nheads_k)
+    best, best_time = _PREFERENCE[0], math.inf
+    for name in _PREFERENCE:
+        s = _sched.simulate(SCHEDULE_IDS[name], p, c=c, r=r, deterministic=deterministic, dispatch=0, record=False)
+        if s["deadlock"]:
+            continue  # cannot happen for static dispatch (tested); guarded so `auto` never picks a hang
+        if s["makespan"] < best_time * (1 - 1e-9):
+            best, best_time = name, s["makespan"]
+    return best
+
+
+def choose(mask: str, seqlen_q: int, seqlen_k: int, block_m: int, block_n: int, nheads: int, batch: int,
+           num_sms: int, window: Optional[Tuple[int, int]] = None, nheads_k: Optional[int] = None,
+           deterministic: bool = True, c: float = 1.0, r: float = 0.5) -> str:
+    """The `auto` rule: the schedule with the smallest predicted makespan on `num_sms` CTAs (cached per shape).
+    Ties go to the batch-invariant orders first (see _PREFERENCE)."""
+    window = None if window is None else (int(window[0]), int(window[1]))
+    return _choose_cached(mask, int(seqlen_q), int(seqlen_k), int(block_m), int(block_n), int(nheads), int(batch),
+                          int(num_sms), window, int(nheads if nheads_k is None else nheads_k), bool(deterministic),
+                          float(c), float(r))
+
+
+def _draw_gantt(ax, plan: Plan, res: SimResult, max_ctas: int, title: Optional[str]) -> None:
+    import matplotlib.pyplot as plt
+    from matplotlib.collections import PolyCollection
+
+    v = res.visits
+    rows = v["cta"]
+    shown = rows < max_ctas
+    cmap = plt.get_cmap("tab20")
+    colour_key = (v["batch"].astype(np.int64) * plan.nheads + v["head"]) % 10
+
+    def boxes(start, end, mask):
+        s, e, y = start[mask], end[mask], rows[mask]
+        return np.stack([np.stack([s, y - 0.4], 1), np.stack([e, y - 0.4], 1), np.stack([e, y + 0.4], 1),
+                         np.stack([s, y + 0.4], 1)], 1)
+
+    ce = res.compute_start + res.c
+    ax.add_collection(PolyCollection(boxes(res.compute_start, ce, shown),
+                                     facecolors=cmap(2 * colour_key[shown] + 1), edgecolors="none"))
+    ax.add_collection(PolyCollection(boxes(res.reduce_start, res.reduce_end, shown),
+                                     facecolors=cmap(2 * colour_key[shown]), edgecolors="none"))
+    stalled = shown & (res.reduce_start > ce + 1e-12)
+    if stalled.any():
+        ax.add_collection(PolyCollection(boxes(ce, res.reduce_start, stalled), facecolors="red", edgecolors="none"))
+    on_path = np.zeros(rows.size, dtype=bool)
+    on_path[res.critical_path] = True
+    if (on_path & shown).any():
+        ax.add_collection(PolyCollection(boxes(res.compute_start, res.reduce_end, on_path & shown),
+                                         facecolors="none", edgecolors="black", linewidths=0.6))
+    ax.set_xlim(0, res.makespan * 1.01 if res.makespan > 0 else 1)
+    ax.set_ylim(min(plan.num_ctas, max_ctas) - 0.5, -0.5)
+    ax.set_xlabel(f"time (c = {res.c:g}, r = {res.r:g})")
+    ax.set_ylabel("CTA" + (f" (first {max_ctas} of {plan.num_ctas})" if plan.num_ctas > max_ctas else ""))
+    ax.set_title(title or (f"{plan.schedule}, {plan.mask}, seqlen {plan.seqlen_q}x{plan.seqlen_k}, "
+                           f"{plan.nheads} heads x batch {plan.batch}, {plan.num_ctas} CTAs: makespan "
+                           f"{res.makespan:g} (lower bound {res.lower_bound:.4g})"), fontsize=9)
+
+
+def gantt(plan: Plan, path: str, c: float = 1.0, r: float = 0.5, max_ctas: int = 64,
+          result: Optional[SimResult] = None, title: Optional[str] = None) -> SimResult:
+    """Gantt chart (PNG) of the simulated plan: one row per CTA (the first `max_ctas`), compute in light and
+    reduction in dark shades coloured by query head, semaphore stalls in red, the critical path outlined."""
+    if plan.sequences:
+        raise ValueError("gantt draws one launch; pass plan.sequences[i] for a varlen plan")
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    res = result if result is not None else simulate(plan, c, r, record=True)
+    fig, ax = plt.subplots(figsize=(11, 5.5), dpi=90)
+    _draw_gantt(ax, plan, res, max_ctas, title)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+    return res
+
+
+def gantt_compare(plans: Sequence[Plan], path: str, c: float = 1.0, r: float = 0.5, max_ctas: int = 64) -> None:
+    """Several plans stacked on one shared time axis (one panel each), as in docs/schedule_causal.png."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(len(plans), 1, figsize=(11, 2.2 * len(plans) + 0.6), dpi=80, sharex=True, squeeze=False)
+    results = [simulate(p, c, r, record=True) for p in plans]
+    for ax, p, res in zip(axes[:, 0], plans, results):
+        _draw_gantt(ax, p, res, max_ctas, f"{p.schedule}: makespan {res.makespan:g} "
+                                          f"(lower bound {res.lower_bound:.4g})")
+    horizon = max(res.makespan for res in results)
+    for ax in axes[:, 0]:
+        ax.set_xlim(0, horizon * 1.01)
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def _predict_all(mask, seqlen_q, seqlen_k, block_m, block_n, nheads, batch, num_sms, window, nheads_k, c, r):
+    p = _problem(mask, seqlen_q, seqlen_k, block_m, block_n, nheads, batch, num_sms, window, nheads_k)
+    rows = []
+    for name in SCHEDULES:
+        s = _sched.simulate(SCHEDULE_IDS[name], p, c=c, r=r, deterministic=True, dispatch=0, record=False)
+        wait = float(np.sum(s["cta_wait"]))
+        rows.append((name, float(s["makespan"]), wait, bool(s["deadlock"])))
+    nd = _sched.simulate(SCHEDULE_IDS["descending"], p, c=c, r=r, deterministic=False, dispatch=0, record=False)
+    return rows, float(nd["makespan"])
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m dash_attn.schedule",
+                                 description="Predicted backward makespan of every schedule (DASH cost model) and "
+                                             "the auto pick; optional Gantt chart.")
+    ap.add_argument("--mask", choices=sorted(MASKS), default="causal")
+    ap.add_argument("--seqlen", type=int, default=8192, help="query length (and key length unless --seqlen-k)")
+    ap.add_argument("--seqlen-k", type=int, default=None)
+    ap.add_argument("--hdim", type=int, default=128)
+    ap.add_argument("--heads", type=int, default=16)
+    ap.add_argument("--heads-k", type=int, default=None, help="KV heads (GQA); default = --heads")
+    ap.add_argument("--batch", type=int, default=None, help="default 16384 // seqlen (at least 1)")
+    ap.add_argument("--num-sms", type=int, default=132, help="persistent CTAs (SM count minus any margin)")
+    ap.add_argument("--window", type=int, nargs=2, metavar=("LEFT", "RIGHT"), default=None)
+    ap.add_argument("--block", type=int, nargs=2, metavar=("BLOCK_M", "BLOCK_N"), default=None,
+                    help="override the tile shape of --hdim")
+    ap.add_argument("--c", type=float, default=1.0, help="compute cost of one visit")
+    ap.add_argument("--r", type=float, default=0.5, help="dQ reduction cost of one visit")
+    ap.add_argument("--plot", default=None, help="write a Gantt chart of --plot-schedule (default: the auto pick)")
+    ap.add_argument("--plot-schedule", choices=SCHEDULES, default=None)
+    args = ap.parse_args(argv)
+
+    seqlen_k = args.seqlen if args.seqlen_k is None else args.seqlen_k
+    batch = args.batch if args.batch is not None else max(1, 16384 // args.seqlen)
+    block_m, block_n = args.block if args.block else tile_shape(args.hdim, args.mask)
+    window = tuple(args.window) if args.window else None
+    if args.mask == "window" and window is None:
+        ap.error("--mask window needs --window LEFT RIGHT")
+    nheads_k = args.heads if args.heads_k is None else args.heads_k
+    rows, nondet = _predict_all(args.mask, args.seqlen, seqlen_k, block_m, block_n, args.heads, batch, args.num_sms,
+                                window, nheads_k, args.c, args.r)
+    pick = choose(args.mask, args.seqlen, seqlen_k, block_m, block_n, args.heads, batch, args.num_sms, window,
+                  nheads_k, True, args.c, args.r)
+    print(f"mask={args.mask} seqlen_q={args.seqlen} seqlen_k={seqlen_k} hdim={args.hdim} "
+          f"tile=({block_m},{block_n}) heads={args.heads}/{nheads_k} batch={batch} CTAs={args.num_sms} "
+          f"c={args.c:g} r={args.r:g}")
+    print(f"{'schedule':<14}{'makespan':>12}{'vs best':>9}{'vs non-det':>12}{'stall (CTA-sum)':>18}")
+    best = min(t for _, t, _, _ in rows)
+    for name, t, wait, dead in rows:
+        flag = "  DEADLOCK" if dead else ("  <- auto" if name == pick else "")
+        print(f"{name:<14}{t:>12.1f}{t / best:>9.3f}{t / nondet:>12.3f}{wait:>18.1f}{flag}")
+    print(f"non-deterministic (arrival order, no waits): {nondet:.1f}")
+    print(f"auto: {pick}")
+    if args.plot:
+        name = args.plot_schedule or pick
+        pl = plan(name, args.mask, args.seqlen, seqlen_k, block_m, block_n, args.heads, batch, args.num_sms, window,
+                  nheads_k)
+        gantt(pl, args.plot, args.c, args.r)
+        print(f"wrote {args.plot} ({name})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,10 @@
+"""dash_attn: Hopper attention kernels whose deterministic backward is as fast as the non-deterministic one.
+
+CPU tensors run a pure-PyTorch reference with the same semantics; CUDA tensors need an sm90 GPU and the compiled
+extension dash_attn._C.
+"""
+from .interface import SCHEDULES, flash_attn_func, flash_attn_varlen_func
+
+__version__ = "0.1.0"
+
+__all__ = ["flash_attn_func", "flash_attn_varlen_func", "SCHEDULES", "__version__"]

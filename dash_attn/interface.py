@@ -1,0 +1,376 @@
+"""Public entry points, the torch.library custom ops behind them, and their autograd.
+
+Layering: `flash_attn_func` / `flash_attn_varlen_func` check and normalise the arguments (metadata only, so they trace
+under torch.compile) and call one custom op; the op allocates its outputs and dispatches on the device: CPU tensors run
+the reference math (dash_attn.reference), CUDA tensors the compiled extension dash_attn._C. Fake implementations only
+describe output shapes, and the backward is registered on the forward op, so torch.compile(fullgraph=True) sees two
+opaque ops per attention call. deterministic, schedule and sm_margin travel as op arguments so traced graphs keep them.
+"""
+from __future__ import annotations
+
+import enum
+import functools
+import math
+from typing import Optional, Tuple
+
+import torch
+
+from . import validation
+from .reference import attention_bwd_ref, attention_bwd_ref_varlen, attention_ref, attention_ref_varlen
+from .validation import SCHEDULES
+
+__all__ = ["flash_attn_func", "flash_attn_varlen_func", "SCHEDULES"]
+
+
+class MaskKind(enum.IntEnum):
+    """Mirrors dash::MaskKind in csrc/common/params.h."""
+    FULL = 0
+    CAUSAL = 1
+    WINDOW = 2
+
+
+# Mirrors dash::ScheduleKind in csrc/common/params.h ("auto" never reaches the kernels).
+SCHEDULE_IDS = {"ascending": 0, "descending": 1, "spt": 2, "shift": 3, "shift_causal": 4}
+FALLBACK_SCHEDULE = "descending"
+
+_NOT_BUILT = "dash_attn._C is not built: reinstall on a machine with nvcc and a CUDA build of torch"
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Argument normalisation
+# ----------------------------------------------------------------------------------------------------------------------
+
+def _mask_args(window_left: int, window_right: int) -> Tuple[int, int, int]:
+    """(mask kind, left, right) from a window with causal already folded in; causal is the (-1, 0) window."""
+    if window_left < 0 and window_right < 0:
+        return int(MaskKind.FULL), -1, -1
+    if window_left < 0 and window_right == 0:
+        return int(MaskKind.CAUSAL), -1, 0
+    return int(MaskKind.WINDOW), window_left, window_right
+
+
+def _effective_mask(mask: int, window_left: int, window_right: int, seqlen_q: int, seqlen_k: int):
+    """Drops window sides that cannot mask anything for these lengths (as FlashAttention-3 does), so a window wider
+    than the sequences reaches the full/causal kernels. Left bound: row i needs j >= i + sk - sq - left, void for
+    every row once left >= sk - 1; right bound: j <= i + sk - sq + right, void once right >= sq - 1."""
+    if mask != MaskKind.WINDOW:
+        return mask, window_left, window_right
+    if window_left >= max(seqlen_k - 1, 0):
+        window_left = -1
+    if window_right >= max(seqlen_q - 1, 0):
+        window_right = -1
+    return _mask_args(window_left, window_right)
+
+
+def _resolve_deterministic(deterministic: Optional[bool]) -> bool:
+    if deterministic is None:
+        return torch.are_deterministic_algorithms_enabled()
+    return deterministic
+
+
+def _reference_dtype(dtype: torch.dtype) -> torch.dtype:
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# CUDA extension access (lazy: the package imports and the CPU path works without it)
+# ----------------------------------------------------------------------------------------------------------------------
+
+def _extension():
+    try:
+        from . import _C
+    except ImportError as exc:
+        raise RuntimeError(f"{_NOT_BUILT} ({exc})") from exc
+    return _C
+
+
+@functools.lru_cache(maxsize=None)
+def _supported_head_dims() -> Tuple[int, ...]:
+    return tuple(int(d) for d in _extension().supported_head_dims())
+
+
+@functools.lru_cache(maxsize=None)
+def _num_sms(device_index: int) -> int:
+    return int(_extension().num_sms(device_index))
+
+
+@functools.lru_cache(maxsize=None)
+def _bwd_tile_shape(headdim: int, mask: int) -> Tuple[int, int]:
+    block_m, block_n = _extension().bwd_tile_shape(headdim, mask)
+    return int(block_m), int(block_n)
+
+
+@functools.lru_cache(maxsize=4096)
+def _choose_schedule(mask: int, seqlen_q: int, seqlen_k: int, block_m: int, block_n: int, nheads: int, batch: int,
+                     num_sms: int, window: Optional[Tuple[int, int]], nheads_k: int, deterministic: bool) -> str:
+    """The cost model's pick (cached: the same shapes recur every training step, including under graph capture)."""
+    try:
+        from .schedule import choose
+    except ImportError:
+        # dash_attn.schedule needs the dash_attn._sched module; without it keep the schedule that is safe everywhere.
+        return FALLBACK_SCHEDULE
+    return choose(MaskKind(mask).name.lower(), seqlen_q, seqlen_k, block_m, block_n, nheads, batch, num_sms,
+                  window=window, nheads_k=nheads_k, deterministic=deterministic)
+
+
+def _check_cuda(q: torch.Tensor, mask: int, softcap: float, varlen: bool):
+    validation.check_cuda_device(q.device)
+    ext = _extension()
+    validation.check_cuda_features(q.shape[-1], _supported_head_dims(), mask == MaskKind.WINDOW, softcap, varlen)
+    return ext
+
+
+def _resolve_schedule(schedule: str, q: torch.Tensor, k: torch.Tensor, mask: int, window_left: int,
+                      window_right: int, deterministic: bool, sm_margin: int) -> int:
+    if schedule == "auto":
+        batch, seqlen_q, nheads, headdim = q.shape
+        block_m, block_n = _bwd_tile_shape(headdim, mask)
+        ctas = max(1, _num_sms(q.device.index) - sm_margin)
+        window = (window_left, window_right) if mask == MaskKind.WINDOW else None
+        schedule = _choose_schedule(mask, seqlen_q, k.shape[1], block_m, block_n, nheads, batch, ctas, window,
+                                    k.shape[2], deterministic)
+    return SCHEDULE_IDS[schedule]
+
+
+def _device_guard(device: torch.device):
+    return torch.cuda.device(device)
+
+
+def _launch_fwd(q, k, v, out, lse, softmax_scale, mask, window_left, window_right, softcap) -> None:
+    """CUDA forward into preallocated out/lse; every check runs before the launch."""
+    ext = _check_cuda(q, mask, softcap, varlen=False)
+    if q.numel() == 0:
+        return
+    if k.shape[1] == 0:  # no keys: every row is fully masked
+        out.zero_()
+        lse.fill_(float("-inf"))
+        return
+    with _device_guard(q.device):
+        ext.fwd(q, k, v, out, lse, softmax_scale, mask, window_left, window_right, softcap)
+
+
+def _launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, mask, window_left, window_right, softcap,
+                deterministic, schedule, sm_margin) -> None:
+    """CUDA backward into preallocated dq/dk/dv; "auto" is resolved here, before the launch."""
+    ext = _check_cuda(q, mask, softcap, varlen=False)
+    if q.numel() == 0 or k.numel() == 0:
+        dq.zero_()
+        dk.zero_()
+        dv.zero_()
+        return
+    schedule_id = _resolve_schedule(schedule, q, k, mask, window_left, window_right, deterministic, sm_margin)
+    with _device_guard(q.device):
+        ext.bwd(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, mask, window_left, window_right, softcap,
+                deterministic, schedule_id, sm_margin)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Dense custom ops
+# ----------------------------------------------------------------------------------------------------------------------
+
+def _lse_shape(q: torch.Tensor) -> Tuple[int, int, int]:
+    return (q.shape[0], q.shape[2], q.shape[1])
+
+
+@torch.library.custom_op("dash_attn::fwd", mutates_args=())
+def _fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float, mask: int, window_left: int,
+         window_right: int, softcap: float, deterministic: bool, schedule: str,
+         sm_margin: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    mask, window_left, window_right = _effective_mask(mask, window_left, window_right, q.shape[1], k.shape[1])
+    out = torch.empty_like(q)
+    lse = torch.empty(_lse_shape(q), dtype=torch.float32, device=q.device)
+    if q.device.type == "cpu":
+        ref_out, ref_lse = attention_ref(q, k, v, softmax_scale, False, (window_left, window_right), softcap,
+                                         return_lse=True, compute_dtype=_reference_dtype(q.dtype))
+        out.copy_(ref_out)
+        lse.copy_(ref_lse)
+        return out, lse
+    _launch_fwd(q, k, v, out, lse, softmax_scale, mask, window_left, window_right, softcap)
+    return out, lse
+
+
+@_fwd.register_fake
+def _fwd_fake(q, k, v, softmax_scale, mask, window_left, window_right, softcap, deterministic, schedule, sm_margin):
+    return torch.empty_like(q), q.new_empty(_lse_shape(q), dtype=torch.float32)
+
+
+@torch.library.custom_op("dash_attn::bwd", mutates_args=())
+def _bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
+         softmax_scale: float, mask: int, window_left: int, window_right: int, softcap: float, deterministic: bool,
+         schedule: str, sm_margin: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    mask, window_left, window_right = _effective_mask(mask, window_left, window_right, q.shape[1], k.shape[1])
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    if q.device.type == "cpu":
+        # The reference backward recomputes out and lse in the compute dtype: the saved float32 lse would cap the
+        # accuracy of float64 gradcheck.
+        window = (window_left, window_right)
+        compute_dtype = _reference_dtype(q.dtype)
+        ref_out, ref_lse = attention_ref(q, k, v, softmax_scale, False, window, softcap, return_lse=True,
+                                         compute_dtype=compute_dtype)
+        grads = attention_bwd_ref(dout, q, k, v, ref_out, ref_lse, softmax_scale, False, window, softcap,
+                                  compute_dtype)
+        for dst, src in zip((dq, dk, dv), grads):
+            dst.copy_(src)
+        return dq, dk, dv
+    _launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, mask, window_left, window_right, softcap,
+                deterministic, schedule, sm_margin)
+    return dq, dk, dv
+
+
+@_bwd.register_fake
+def _bwd_fake(dout, q, k, v, out, lse, softmax_scale, mask, window_left, window_right, softcap, deterministic,
+              schedule, sm_margin):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _fwd_setup_context(ctx, inputs, output):
+    q, k, v, *params = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse)
+    ctx.params = params
+    ctx.mark_non_differentiable(lse)
+
+
+def _last_dim_contiguous(t: torch.Tensor) -> torch.Tensor:
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+def _fwd_backward(ctx, dout, dlse):
+    # The gradient of the returned lse is not propagated (FlashAttention-3 does the same); lse is marked
+    # non-differentiable so autograd never asks for it.
+    q, k, v, out, lse = ctx.saved_tensors
+    dq, dk, dv = _bwd(_last_dim_contiguous(dout), q, k, v, out, lse, *ctx.params)
+    return (dq, dk, dv) + (None,) * len(ctx.params)
+
+
+_fwd.register_autograd(_fwd_backward, setup_context=_fwd_setup_context)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Varlen custom ops
+# ----------------------------------------------------------------------------------------------------------------------
+
+def _check_varlen_contents(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) -> None:
+    validation.check_cu_seqlens_values("cu_seqlens_q", cu_seqlens_q, q.shape[0], max_seqlen_q, "max_seqlen_q")
+    validation.check_cu_seqlens_values("cu_seqlens_k", cu_seqlens_k, k.shape[0], max_seqlen_k, "max_seqlen_k")
+
+
+@torch.library.custom_op("dash_attn::varlen_fwd", mutates_args=())
+def _varlen_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float, mask: int,
+                window_left: int, window_right: int, softcap: float, deterministic: bool, schedule: str,
+                sm_margin: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    mask, window_left, window_right = _effective_mask(mask, window_left, window_right, max_seqlen_q, max_seqlen_k)
+    if q.device.type != "cpu":
+        _check_cuda(q, mask, softcap, varlen=True)
+    _check_varlen_contents(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    out = torch.empty_like(q)
+    lse = torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device)
+    ref_out, ref_lse = attention_ref_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, False,
+                                            (window_left, window_right), softcap, return_lse=True,
+                                            compute_dtype=_reference_dtype(q.dtype))
+    out.copy_(ref_out)
+    lse.copy_(ref_lse)
+    return out, lse
+
+
+@_varlen_fwd.register_fake
+def _varlen_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, mask,
+                     window_left, window_right, softcap, deterministic, schedule, sm_margin):
+    return torch.empty_like(q), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
+
+
+@torch.library.custom_op("dash_attn::varlen_bwd", mutates_args=())
+def _varlen_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+                lse: torch.Tensor, cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, max_seqlen_q: int,
+                max_seqlen_k: int, softmax_scale: float, mask: int, window_left: int, window_right: int,
+                softcap: float, deterministic: bool, schedule: str,
+                sm_margin: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    mask, window_left, window_right = _effective_mask(mask, window_left, window_right, max_seqlen_q, max_seqlen_k)
+    if q.device.type != "cpu":
+        _check_cuda(q, mask, softcap, varlen=True)
+    window = (window_left, window_right)
+    compute_dtype = _reference_dtype(q.dtype)
+    ref_out, ref_lse = attention_ref_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, False, window,
+                                            softcap, return_lse=True, compute_dtype=compute_dtype)
+    grads = attention_bwd_ref_varlen(dout, q, k, v, ref_out, ref_lse, cu_seqlens_q, cu_seqlens_k, softmax_scale,
+                                     False, window, softcap, compute_dtype)
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    for dst, src in zip((dq, dk, dv), grads):
+        dst.copy_(src)
+    return dq, dk, dv
+
+
+@_varlen_bwd.register_fake
+def _varlen_bwd_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
+                     mask, window_left, window_right, softcap, deterministic, schedule, sm_margin):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _varlen_fwd_setup_context(ctx, inputs, output):
+    q, k, v, cu_seqlens_q, cu_seqlens_k, *params = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)
+    ctx.params = params
+    ctx.mark_non_differentiable(lse)
+
+
+def _varlen_fwd_backward(ctx, dout, dlse):
+    q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
+    dq, dk, dv = _varlen_bwd(_last_dim_contiguous(dout), q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k,
+                             *ctx.params)
+    return (dq, dk, dv, None, None) + (None,) * len(ctx.params)
+
+
+_varlen_fwd.register_autograd(_varlen_fwd_backward, setup_context=_varlen_fwd_setup_context)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Public API
+# ----------------------------------------------------------------------------------------------------------------------
+
+def _common_args(q, softmax_scale, causal, window_size, softcap, deterministic, schedule, sm_margin):
+    validation.check_softmax_scale(softmax_scale)
+    window_left, window_right = validation.check_window(causal, window_size)
+    softcap = validation.check_softcap(softcap)
+    validation.check_deterministic(deterministic)
+    validation.check_schedule(schedule)
+    validation.check_sm_margin(sm_margin)
+    if softmax_scale is None:
+        softmax_scale = 1.0 / math.sqrt(q.shape[-1])
+    mask, window_left, window_right = _mask_args(window_left, window_right)
+    return (float(softmax_scale), mask, window_left, window_right, softcap, _resolve_deterministic(deterministic),
+            schedule, int(sm_margin))
+
+
+def flash_attn_func(q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, deterministic=None,
+                    schedule="auto", sm_margin=0, return_attn_probs=False):
+    """Scaled dot-product attention with FlashAttention-3's interface.
+
+    q: (batch, seqlen_q, nheads, headdim); k, v: (batch, seqlen_k, nheads_k, headdim), nheads % nheads_k == 0.
+    softmax_scale: default 1/sqrt(headdim). causal: bottom-right aligned (query i sees key j <= i + seqlen_k -
+    seqlen_q). window_size: (left, right), -1 unbounded. softcap > 0: scores = softcap * tanh(scores / softcap).
+    deterministic: bitwise-reproducible backward; None follows torch.are_deterministic_algorithms_enabled().
+    schedule: backward schedule name from SCHEDULES ("auto" = cost model). sm_margin: SMs the backward leaves free.
+    Returns out (like q), or (out, lse) with return_attn_probs, lse float32 (batch, nheads, seqlen_q), natural log.
+    """
+    validation.check_qkv(q, k, v, varlen=False)
+    args = _common_args(q, softmax_scale, causal, window_size, softcap, deterministic, schedule, sm_margin)
+    out, lse = _fwd(q, k, v, *args)
+    return (out, lse) if return_attn_probs else out
+
+
+def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale=None,
+                           causal=False, window_size=(-1, -1), softcap=0.0, deterministic=None, schedule="auto",
+                           sm_margin=0, return_attn_probs=False):
+    """Attention over sequences packed along dim 0 (FlashAttention-3's varlen interface).
+
+    q: (total_q, nheads, headdim); k, v: (total_k, nheads_k, headdim); cu_seqlens_q/k: int32 (batch + 1,) prefix sums
+    of the sequence lengths; max_seqlen_q/k: the longest sequence. Other arguments as in flash_attn_func; each
+    sequence is masked on its own. Returns out, or (out, lse) with lse float32 (nheads, total_q).
+    """
+    validation.check_qkv(q, k, v, varlen=True)
+    validation.check_cu_seqlens_meta(q, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    args = _common_args(q, softmax_scale, causal, window_size, softcap, deterministic, schedule, sm_margin)
+    out, lse = _varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), *args)
+    return (out, lse) if return_attn_probs else out

@@ -1,0 +1,186 @@
+"""Input checks of the public API, run before any kernel launch.
+
+Every user mistake raises ValueError naming the argument and the fix; problems of the environment (no sm90 GPU,
+extension not built) raise RuntimeError; features the CUDA kernels do not implement yet raise NotImplementedError.
+Shape/dtype checks here only read metadata so they also run on the fake tensors torch.compile traces with;
+`check_cu_seqlens_values` reads tensor contents and therefore runs inside the custom op, on real tensors.
+"""
+from __future__ import annotations
+
+import math
+from typing import Sequence, Tuple
+
+import torch
+
+# Backward schedule names accepted by `schedule=`; "auto" is resolved by the cost model before any launch.
+SCHEDULES = ("auto", "ascending", "descending", "spt", "shift", "shift_causal")
+
+KERNEL_DTYPES = (torch.float16, torch.bfloat16)
+# The CPU reference also takes full precision so torch.autograd.gradcheck can run in float64.
+CPU_DTYPES = KERNEL_DTYPES + (torch.float32, torch.float64)
+CPU_MAX_HEADDIM = 256
+HEADDIM_MULTIPLE = 8
+
+
+def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, varlen: bool) -> None:
+    """dtype, device, rank, shape and stride checks shared by the dense and varlen entry points."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"q, k, v must be on one device, got q on {q.device}, k on {k.device}, v on {v.device}: "
+                         "move them with .to(q.device)")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise ValueError(f"q, k, v must share one dtype, got q {q.dtype}, k {k.dtype}, v {v.dtype}: "
+                         "cast them with .to(q.dtype)")
+    allowed = CPU_DTYPES if q.device.type == "cpu" else KERNEL_DTYPES
+    if q.dtype not in allowed:
+        names = ", ".join(str(d) for d in allowed)
+        raise ValueError(f"q has dtype {q.dtype} on {q.device.type}; dash_attn takes {names} there: "
+                         "cast with q.to(torch.bfloat16) (and k, v likewise)")
+
+    rank = 3 if varlen else 4
+    layout = ("(total_q, nheads, headdim) and k/v (total_k, nheads_k, headdim)" if varlen
+              else "(batch, seqlen_q, nheads, headdim) and k/v (batch, seqlen_k, nheads_k, headdim)")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.dim() != rank:
+            raise ValueError(f"{name} must have {rank} dimensions, got shape {tuple(t.shape)}: "
+                             f"the layout is q {layout}")
+    if tuple(k.shape) != tuple(v.shape):
+        raise ValueError(f"k and v must have the same shape, got k {tuple(k.shape)} and v {tuple(v.shape)}")
+    if not varlen and q.shape[0] != k.shape[0]:
+        raise ValueError(f"q and k must have the same batch size, got {q.shape[0]} and {k.shape[0]}")
+    if q.shape[-1] != k.shape[-1]:
+        raise ValueError(f"q and k must have the same head dim, got {q.shape[-1]} and {k.shape[-1]}")
+    nheads, nheads_k = q.shape[-2], k.shape[-2]
+    if nheads_k == 0 or nheads % nheads_k != 0:
+        raise ValueError(f"nheads of q ({nheads}) must be a multiple of nheads of k/v ({nheads_k}) for MQA/GQA: "
+                         "pick a number of key/value heads that divides the number of query heads")
+    if q.device.type == "cpu":
+        headdim = q.shape[-1]
+        if headdim < HEADDIM_MULTIPLE or headdim % HEADDIM_MULTIPLE != 0 or headdim > CPU_MAX_HEADDIM:
+            raise ValueError(f"head dim {headdim} is not supported: use a multiple of {HEADDIM_MULTIPLE} "
+                             f"up to {CPU_MAX_HEADDIM} (pad q, k, v along the last dimension)")
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if t.stride(-1) != 1:
+            raise ValueError(f"{name} must have a contiguous last dimension (stride(-1) == 1), got strides "
+                             f"{tuple(t.stride())}: pass {name}.contiguous()")
+
+
+def check_window(causal: bool, window_size: Sequence[int]) -> Tuple[int, int]:
+    """Returns (window_left, window_right) as ints with causal folded in (causal == window_right 0)."""
+    if not isinstance(causal, bool):
+        raise ValueError(f"causal must be a bool, got {causal!r}")
+    try:
+        left, right = window_size
+    except (TypeError, ValueError):
+        raise ValueError(f"window_size must be a pair (left, right), got {window_size!r}") from None
+    for side, value in (("left", left), ("right", right)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ValueError(f"window_size {side} must be an int, got {value!r}")
+        if value < -1:
+            raise ValueError(f"window_size {side} must be >= -1 (-1 means unbounded), got {value}")
+    if causal and right > 0:
+        raise ValueError(f"causal=True contradicts window_size right = {right} (causal means a right window of 0): "
+                         "drop causal or pass window_size=(left, 0)")
+    if causal:
+        right = 0
+    return int(left), int(right)
+
+
+def _is_finite(x) -> bool:
+    # Comparisons instead of math.isfinite: they also work on the symbolic floats torch.compile may trace with.
+    return x == x and abs(x) != math.inf
+
+
+def check_softcap(softcap: float) -> float:
+    if isinstance(softcap, bool) or not isinstance(softcap, (int, float)) or not _is_finite(softcap) \
+            or softcap < 0:
+        raise ValueError(f"softcap must be a finite number >= 0 (0 turns it off), got {softcap!r}")
+    return float(softcap)
+
+
+def check_softmax_scale(softmax_scale) -> None:
+    if softmax_scale is None:
+        return
+    if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)) \
+            or not _is_finite(softmax_scale):
+        raise ValueError(f"softmax_scale must be a finite float or None (1/sqrt(headdim)), got {softmax_scale!r}")
+
+
+def check_schedule(schedule: str) -> None:
+    if schedule not in SCHEDULES:
+        raise ValueError(f"unknown schedule {schedule!r}: schedule must be one of {', '.join(SCHEDULES)}")
+
+
+def check_sm_margin(sm_margin: int) -> None:
+    if isinstance(sm_margin, bool) or not isinstance(sm_margin, int) or sm_margin < 0:
+        raise ValueError(f"sm_margin must be an int >= 0 (SMs left free for other work), got {sm_margin!r}")
+
+
+def check_deterministic(deterministic) -> None:
+    if deterministic is not None and not isinstance(deterministic, bool):
+        raise ValueError(f"deterministic must be True, False or None (follow "
+                         f"torch.are_deterministic_algorithms_enabled()), got {deterministic!r}")
+
+
+def check_cu_seqlens_meta(q: torch.Tensor, cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
+                          max_seqlen_q: int, max_seqlen_k: int) -> None:
+    """Metadata of the varlen arguments: dtype, rank, device, matching batch sizes, max_seqlen type."""
+    for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+        if not isinstance(cu, torch.Tensor):
+            raise ValueError(f"{name} must be a torch.Tensor of int32, got {type(cu).__name__}")
+        if cu.dtype != torch.int32:
+            raise ValueError(f"{name} must have dtype torch.int32, got {cu.dtype}: pass {name}.to(torch.int32)")
+        if cu.dim() != 1 or cu.shape[0] < 1:
+            raise ValueError(f"{name} must be 1-D of length batch + 1, got shape {tuple(cu.shape)}")
+        if cu.device != q.device:
+            raise ValueError(f"{name} must be on the device of q ({q.device}), got {cu.device}")
+    if cu_seqlens_q.shape[0] != cu_seqlens_k.shape[0]:
+        raise ValueError(f"cu_seqlens_q and cu_seqlens_k must both have length batch + 1, got "
+                         f"{cu_seqlens_q.shape[0]} and {cu_seqlens_k.shape[0]}")
+    for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"{name} must be an int >= 0 (the longest sequence), got {value!r}")
+
+
+def check_cu_seqlens_values(name: str, cu_seqlens: torch.Tensor, total: int, max_seqlen: int,
+                            max_name: str) -> None:
+    """Contents of cu_seqlens: starts at 0, non-decreasing, ends at the packed length, max_seqlen large enough."""
+    values = cu_seqlens.tolist()
+    if values[0] != 0:
+        raise ValueError(f"{name} must start at 0, got {values[0]}")
+    lengths = [b - a for a, b in zip(values[:-1], values[1:])]
+    if any(n < 0 for n in lengths):
+        raise ValueError(f"{name} must be non-decreasing (prefix sums of sequence lengths), got {values}")
+    if values[-1] != total:
+        raise ValueError(f"{name}[-1] must equal the packed length {total} of the tensor, got {values[-1]}")
+    longest = max(lengths, default=0)
+    if max_seqlen < longest:
+        raise ValueError(f"{max_name}={max_seqlen} is smaller than the longest sequence ({longest}) in {name}: "
+                         f"pass {max_name} >= {longest}")
+
+
+def check_cuda_device(device: torch.device) -> None:
+    """The kernels are sm90a binaries: any other GPU must fail loudly before a launch."""
+    major, minor = torch.cuda.get_device_capability(device)
+    if (major, minor) != (9, 0):
+        raise RuntimeError(f"dash_attn kernels need an sm90 (Hopper) GPU, found sm{major}{minor} "
+                           f"({torch.cuda.get_device_name(device)}): run on an H100/H200 or use CPU tensors for the "
+                           "reference path")
+
+
+def check_cuda_features(headdim: int, supported_head_dims: Sequence[int], window: bool, softcap: float,
+                        varlen: bool) -> None:
+    """Features the CUDA kernels do not implement yet: refuse them instead of computing something else."""
+    if headdim not in supported_head_dims:
+        raise ValueError(f"head dim {headdim} has no compiled CUDA kernel; the build has "
+                         f"{sorted(supported_head_dims)}: pad the head dim or rebuild with DASH_ATTN_HDIMS")
+    if window:
+        raise NotImplementedError("sliding-window attention is not implemented in the CUDA kernels yet: use "
+                                  "window_size=(-1, -1) (optionally causal=True) or CPU tensors")
+    if softcap > 0.0:
+        raise NotImplementedError("softcap is not implemented in the CUDA kernels yet: use softcap=0.0 or CPU tensors")
+    if varlen:
+        raise NotImplementedError("flash_attn_varlen_func is not implemented in the CUDA kernels yet: pad to "
+                                  "flash_attn_func or use CPU tensors")

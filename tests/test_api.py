@@ -1,0 +1,476 @@
+"""Public API on the CPU path: argument checks, deterministic=None, results and gradients, varlen, CUDA plumbing."""
+import sys
+import types
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+import dash_attn
+from dash_attn import interface, validation
+from dash_attn.reference import attention_ref, attention_ref_varlen
+
+
+def _qkv(batch=2, seqlen_q=9, seqlen_k=9, nheads=4, nheads_k=2, headdim=16, dtype=torch.float32, seed=0,
+         requires_grad=False):
+    gen = torch.Generator().manual_seed(seed)
+    shapes = [(batch, seqlen_q, nheads, headdim), (batch, seqlen_k, nheads_k, headdim),
+              (batch, seqlen_k, nheads_k, headdim)]
+    return tuple(torch.randn(s, generator=gen).to(dtype).requires_grad_(requires_grad) for s in shapes)
+
+
+def _cu(lengths):
+    return torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32)
+
+
+def _varlen_inputs(lens_q=(3, 0, 6), lens_k=(4, 2, 5), nheads=4, nheads_k=2, headdim=8, dtype=torch.float64,
+                   requires_grad=False):
+    gen = torch.Generator().manual_seed(5)
+    q = torch.randn(sum(lens_q), nheads, headdim, generator=gen, dtype=dtype).requires_grad_(requires_grad)
+    k = torch.randn(sum(lens_k), nheads_k, headdim, generator=gen, dtype=dtype).requires_grad_(requires_grad)
+    v = torch.randn(sum(lens_k), nheads_k, headdim, generator=gen, dtype=dtype).requires_grad_(requires_grad)
+    return q, k, v, _cu(lens_q), _cu(lens_k), max(lens_q), max(lens_k)
+
+
+class _OpRecorder(TorchDispatchMode):
+    """Records the arguments every dash_attn op receives."""
+
+    def __init__(self):
+        super().__init__()
+        self.calls = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func.namespace == "dash_attn":
+            self.calls.append((func._opname, args))
+        return func(*args, **(kwargs or {}))
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Exports
+# ----------------------------------------------------------------------------------------------------------------------
+
+def test_exports():
+    assert dash_attn.SCHEDULES == ("auto", "ascending", "descending", "spt", "shift", "shift_causal")
+    assert isinstance(dash_attn.__version__, str) and dash_attn.__version__
+    assert callable(dash_attn.flash_attn_func) and callable(dash_attn.flash_attn_varlen_func)
+
+
+def test_signatures_follow_flash_attention_3():
+    import inspect
+    dense = list(inspect.signature(dash_attn.flash_attn_func).parameters)
+    assert dense == ["q", "k", "v", "softmax_scale", "causal", "window_size", "softcap", "deterministic", "schedule",
+                     "sm_margin", "return_attn_probs"]
+    varlen = list(inspect.signature(dash_attn.flash_attn_varlen_func).parameters)
+    assert varlen == ["q", "k", "v", "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k"] + dense[3:]
+    defaults = {name: p.default for name, p in inspect.signature(dash_attn.flash_attn_func).parameters.items()}
+    assert defaults["window_size"] == (-1, -1) and defaults["deterministic"] is None and defaults["schedule"] == "auto"
+
+
+def test_schedule_ids_mirror_params_h():
+    assert interface.SCHEDULE_IDS == {"ascending": 0, "descending": 1, "spt": 2, "shift": 3, "shift_causal": 4}
+    assert set(interface.SCHEDULE_IDS) | {"auto"} == set(dash_attn.SCHEDULES)
+    assert [int(m) for m in interface.MaskKind] == [0, 1, 2]
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Validation errors
+# ----------------------------------------------------------------------------------------------------------------------
+
+def _call(q=None, k=None, v=None, **kwargs):
+    dq, dk, dv = _qkv()
+    return dash_attn.flash_attn_func(dq if q is None else q, dk if k is None else k, dv if v is None else v, **kwargs)
+
+
+BAD_ARGUMENTS = [
+    (dict(q=torch.zeros(2, 9, 4, 16, dtype=torch.int32)), "dtype"),
+    (dict(k=torch.zeros(2, 9, 2, 16, dtype=torch.float64)), "dtype"),
+    (dict(q=torch.zeros(9, 4, 16)), "4 dimensions"),
+    (dict(k=torch.zeros(3, 9, 2, 16), v=torch.zeros(3, 9, 2, 16)), "batch"),
+    (dict(q=torch.zeros(2, 9, 4, 24), k=torch.zeros(2, 9, 2, 24)), "same shape"),
+    (dict(q=torch.zeros(2, 9, 4, 24)), "head dim"),
+    (dict(q=torch.zeros(2, 9, 3, 16)), "multiple of nheads"),
+    (dict(q=torch.zeros(2, 9, 4, 12), k=torch.zeros(2, 9, 2, 12), v=torch.zeros(2, 9, 2, 12)), "head dim 12"),
+    (dict(q=torch.zeros(2, 9, 4, 264), k=torch.zeros(2, 9, 2, 264), v=torch.zeros(2, 9, 2, 264)), "head dim 264"),
+    (dict(q=torch.zeros(2, 9, 16, 4).transpose(2, 3)), "contiguous last dimension"),
+    (dict(v=torch.zeros(2, 9, 16, 2).transpose(2, 3)), "v must have a contiguous"),
+    (dict(window_size=(-2, 0)), "window_size left"),
+    (dict(window_size=(3,)), "window_size"),
+    (dict(window_size=(1.5, 0)), "window_size left"),
+    (dict(causal=True, window_size=(4, 2)), "causal"),
+    (dict(causal=1), "causal"),
+    (dict(softcap=-1.0), "softcap"),
+    (dict(softcap=float("nan")), "softcap"),
+    (dict(softmax_scale=float("inf")), "softmax_scale"),
+    (dict(schedule="fastest"), "schedule"),
+    (dict(sm_margin=-1), "sm_margin"),
+    (dict(deterministic="yes"), "deterministic"),
+]
+
+
+@pytest.mark.parametrize("kwargs, message", BAD_ARGUMENTS, ids=[m for _, m in BAD_ARGUMENTS])
+def test_bad_arguments_raise_value_error_naming_them(kwargs, message):
+    with pytest.raises(ValueError, match=message):
+        _call(**kwargs)
+
+
+def test_unknown_schedule_names_the_argument_and_the_choices():
+    with pytest.raises(ValueError) as info:
+        _call(schedule="Descending")
+    text = str(info.value)
+    assert "schedule" in text and all(name in text for name in dash_attn.SCHEDULES)
+
+
+def test_device_mismatch():
+    q, k, v = _qkv()
+    with pytest.raises(ValueError, match="one device"):
+        dash_attn.flash_attn_func(q, k.to("meta"), v)
+
+
+def test_causal_with_compatible_window_is_accepted():
+    q, k, v = _qkv()
+    out = dash_attn.flash_attn_func(q, k, v, causal=True, window_size=(3, 0))
+    torch.testing.assert_close(out, attention_ref(q, k, v, causal=True, window_size=(3, 0)))
+    # (-1, -1) with causal is FlashAttention's default and means plain causal.
+    torch.testing.assert_close(dash_attn.flash_attn_func(q, k, v, causal=True, window_size=(-1, -1)),
+                               attention_ref(q, k, v, causal=True))
+
+
+VARLEN_BAD = [
+    (dict(cu_seqlens_q=_cu([3, 0, 6]).long()), "int32"),
+    (dict(cu_seqlens_q=_cu([3, 0, 6])[None]), "1-D"),
+    (dict(cu_seqlens_k=_cu([4, 7])), "batch \\+ 1"),
+    (dict(max_seqlen_q=-1), "max_seqlen_q"),
+    (dict(max_seqlen_k=2.0), "max_seqlen_k"),
+    (dict(cu_seqlens_q=torch.tensor([1, 3, 3, 9], dtype=torch.int32)), "start at 0"),
+    (dict(cu_seqlens_q=torch.tensor([0, 5, 3, 9], dtype=torch.int32)), "non-decreasing"),
+    (dict(cu_seqlens_k=torch.tensor([0, 4, 6, 10], dtype=torch.int32)), "packed length 11"),
+    (dict(max_seqlen_q=5), "max_seqlen_q=5 is smaller than the longest sequence \\(6\\)"),
+]
+
+
+@pytest.mark.parametrize("overrides, message", VARLEN_BAD, ids=[m for _, m in VARLEN_BAD])
+def test_bad_varlen_arguments(overrides, message):
+    q, k, v, cu_q, cu_k, max_q, max_k = _varlen_inputs()
+    args = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max_q, max_seqlen_k=max_k)
+    args.update(overrides)
+    with pytest.raises(ValueError, match=message):
+        dash_attn.flash_attn_varlen_func(q, k, v, **args)
+
+
+def test_varlen_rank_is_checked():
+    q, k, v, cu_q, cu_k, max_q, max_k = _varlen_inputs()
+    with pytest.raises(ValueError, match="3 dimensions"):
+        dash_attn.flash_attn_varlen_func(q[None], k, v, cu_q, cu_k, max_q, max_k)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# deterministic=None semantics and argument plumbing
+# ----------------------------------------------------------------------------------------------------------------------
+
+@pytest.fixture
+def deterministic_algorithms():
+    previous = torch.are_deterministic_algorithms_enabled()
+    previous_warn = torch.is_deterministic_algorithms_warn_only_enabled()
+    yield
+    torch.use_deterministic_algorithms(previous, warn_only=previous_warn)
+
+
+def _recorded_fwd_args(**kwargs):
+    q, k, v = _qkv(requires_grad=True)
+    with _OpRecorder() as rec:
+        out = dash_attn.flash_attn_func(q, k, v, **kwargs)
+        out.sum().backward()
+    names = [name for name, _ in rec.calls]
+    assert names == ["fwd", "bwd"]
+    fwd_args = dict(zip(["softmax_scale", "mask", "window_left", "window_right", "softcap", "deterministic",
+                         "schedule", "sm_margin"], rec.calls[0][1][3:]))
+    assert rec.calls[1][1][6:] == rec.calls[0][1][3:], "backward must receive the forward's parameters"
+    return fwd_args
+
+
+@pytest.mark.parametrize("global_flag", [False, True])
+def test_deterministic_none_follows_torch_flag(global_flag, deterministic_algorithms):
+    torch.use_deterministic_algorithms(global_flag)
+    assert _recorded_fwd_args()["deterministic"] is global_flag
+    # An explicit value wins over the global flag.
+    assert _recorded_fwd_args(deterministic=not global_flag)["deterministic"] is (not global_flag)
+
+
+def test_arguments_reach_the_ops():
+    args = _recorded_fwd_args(softmax_scale=0.5, causal=True, window_size=(4, -1), softcap=2.0, schedule="shift",
+                              sm_margin=8, deterministic=True)
+    assert args == dict(softmax_scale=0.5, mask=2, window_left=4, window_right=0, softcap=2.0, deterministic=True,
+                        schedule="shift", sm_margin=8)
+    assert _recorded_fwd_args()["softmax_scale"] == pytest.approx(16 ** -0.5)
+    assert _recorded_fwd_args(causal=True)["mask"] == interface.MaskKind.CAUSAL
+
+
+@pytest.mark.parametrize("window, expected", [((-1, -1), (0, -1, -1)), ((-1, 0), (1, -1, 0)), ((3, 0), (2, 3, 0)),
+                                              ((-1, 5), (2, -1, 5))])
+def test_mask_normalisation(window, expected):
+    assert interface._mask_args(*window) == expected
+
+
+@pytest.mark.parametrize("mask_args, seqlens, expected", [
+    ((2, 100, 100), (10, 20), (0, -1, -1)),   # wider than the sequences: full
+    ((2, 19, 0), (10, 20), (1, -1, 0)),       # left bound reaches key 0 for every row: causal
+    ((2, 18, 0), (10, 20), (2, 18, 0)),       # one key short: still a window
+    ((2, 3, 9), (10, 20), (2, 3, -1)),        # right bound past the last key for every row
+    ((1, -1, 0), (10, 20), (1, -1, 0)),
+])
+def test_effective_mask_drops_void_window_sides(mask_args, seqlens, expected):
+    assert interface._effective_mask(*mask_args, *seqlens) == expected
+
+
+def test_void_window_gives_the_same_result():
+    q, k, v = _qkv(seqlen_q=7, seqlen_k=11)
+    torch.testing.assert_close(dash_attn.flash_attn_func(q, k, v, window_size=(50, 50)),
+                               dash_attn.flash_attn_func(q, k, v))
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# CPU results
+# ----------------------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_cpu_forward_matches_reference(dtype):
+    q, k, v = _qkv(seqlen_q=7, seqlen_k=12, dtype=dtype)
+    out, lse = dash_attn.flash_attn_func(q, k, v, causal=True, softcap=3.0, return_attn_probs=True)
+    ref_out, ref_lse = attention_ref(q, k, v, causal=True, softcap=3.0, return_lse=True)
+    assert out.dtype == dtype and out.shape == q.shape
+    assert lse.dtype == torch.float32 and lse.shape == (2, 4, 7)
+    torch.testing.assert_close(out, ref_out, rtol=0, atol=0)
+    torch.testing.assert_close(lse, ref_lse.float(), rtol=0, atol=0)
+
+
+def test_return_attn_probs_false_returns_tensor_and_lse_is_not_differentiable():
+    q, k, v = _qkv(requires_grad=True)
+    assert isinstance(dash_attn.flash_attn_func(q, k, v), torch.Tensor)
+    out, lse = dash_attn.flash_attn_func(q, k, v, return_attn_probs=True)
+    assert out.requires_grad and not lse.requires_grad
+
+
+def test_strided_inputs_with_contiguous_last_dim():
+    gen = torch.Generator().manual_seed(0)
+    qkv = torch.randn(2, 9, 3, 4, 16, generator=gen)
+    q, k, v = qkv.unbind(2)
+    out = dash_attn.flash_attn_func(q, k, v, causal=True)
+    torch.testing.assert_close(out, attention_ref(q.contiguous(), k.contiguous(), v.contiguous(), causal=True))
+
+
+# (seqlen_q, seqlen_k, nheads, nheads_k, causal, window, softcap)
+GRAD_CASES = [
+    pytest.param(5, 5, 2, 2, False, (-1, -1), 0.0, id="full"),
+    pytest.param(7, 4, 2, 1, True, (-1, -1), 0.0, id="causal-sq>sk-gqa"),
+    pytest.param(4, 7, 4, 2, True, (-1, -1), 0.0, id="causal-sq<sk-gqa"),
+    pytest.param(6, 6, 2, 2, False, (1, 2), 0.0, id="window"),
+    pytest.param(5, 6, 2, 2, True, (2, 0), 0.8, id="window-causal-softcap"),
+]
+
+
+@pytest.mark.parametrize("seqlen_q, seqlen_k, nheads, nheads_k, causal, window, softcap", GRAD_CASES)
+def test_gradcheck_through_the_op(seqlen_q, seqlen_k, nheads, nheads_k, causal, window, softcap):
+    q, k, v = _qkv(1, seqlen_q, seqlen_k, nheads, nheads_k, 8, dtype=torch.float64, requires_grad=True)
+
+    def fn(q, k, v):
+        return dash_attn.flash_attn_func(q, k, v, 0.4, causal, window, softcap)
+
+    assert torch.autograd.gradcheck(fn, (q, k, v), eps=1e-6, atol=1e-7, fast_mode=True)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_cpu_backward_matches_reference_autograd(dtype):
+    q, k, v = _qkv(seqlen_q=8, seqlen_k=6, dtype=dtype, requires_grad=True)
+    dout = torch.randn(q.shape, generator=torch.Generator().manual_seed(2)).to(dtype)
+    grads = torch.autograd.grad(dash_attn.flash_attn_func(q, k, v, causal=True), (q, k, v), dout)
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    expected = torch.autograd.grad(attention_ref(q64, k64, v64, causal=True), (q64, k64, v64), dout.double())
+    tol = dict(rtol=1e-2, atol=1e-2) if dtype == torch.bfloat16 else dict(rtol=1e-5, atol=1e-5)
+    for g, e in zip(grads, expected):
+        assert g.dtype == dtype
+        torch.testing.assert_close(g.double(), e, **tol)
+
+
+def test_non_contiguous_grad_output():
+    q, k, v = _qkv(requires_grad=True)
+    out = dash_attn.flash_attn_func(q, k, v)
+    dout = torch.randn(q.shape[:-1] + (32,))[..., ::2]
+    assert dout.stride(-1) != 1
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    expected = torch.autograd.grad(dash_attn.flash_attn_func(q, k, v), (q, k, v), dout.contiguous())
+    for g, e in zip(grads, expected):
+        torch.testing.assert_close(g, e)
+
+
+def test_zero_length_sequences():
+    q, k, v = _qkv(seqlen_q=0)
+    out, lse = dash_attn.flash_attn_func(q, k, v, return_attn_probs=True)
+    assert out.shape == q.shape and lse.shape == (2, 4, 0)
+    q, k, v = _qkv(seqlen_k=0)
+    out, lse = dash_attn.flash_attn_func(q, k, v, return_attn_probs=True)
+    assert torch.all(out == 0) and torch.isneginf(lse).all()
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Varlen
+# ----------------------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("causal, window, softcap", [(False, (-1, -1), 0.0), (True, (-1, -1), 0.0),
+                                                     (False, (2, 1), 0.5)])
+def test_varlen_forward_and_backward_match_dense_per_sequence(causal, window, softcap):
+    q, k, v, cu_q, cu_k, max_q, max_k = _varlen_inputs(requires_grad=True)
+    out, lse = dash_attn.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, causal=causal, window_size=window,
+                                                softcap=softcap, return_attn_probs=True)
+    assert lse.shape == (4, q.shape[0]) and lse.dtype == torch.float32
+    ref = attention_ref_varlen(q, k, v, cu_q, cu_k, causal=causal, window_size=window, softcap=softcap)
+    torch.testing.assert_close(out, ref)
+    dout = torch.randn_like(out)
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    for b in range(len(cu_q) - 1):
+        sq = slice(int(cu_q[b]), int(cu_q[b + 1]))
+        sk = slice(int(cu_k[b]), int(cu_k[b + 1]))
+        dense = dash_attn.flash_attn_func(q[sq][None], k[sk][None], v[sk][None], causal=causal, window_size=window,
+                                          softcap=softcap)
+        torch.testing.assert_close(out[sq], dense[0])
+        if dense.numel() == 0:
+            continue
+        expected = torch.autograd.grad(dense, (q, k, v), dout[sq][None])
+        for g, e, s in zip(grads, expected, (sq, sk, sk)):
+            torch.testing.assert_close(g[s], e[s])
+
+
+def test_varlen_gradcheck():
+    q, k, v, cu_q, cu_k, max_q, max_k = _varlen_inputs(lens_q=(2, 4), lens_k=(3, 2), requires_grad=True)
+
+    def fn(q, k, v):
+        return dash_attn.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, causal=True, softcap=1.0)
+
+    assert torch.autograd.gradcheck(fn, (q, k, v), eps=1e-6, atol=1e-7, fast_mode=True)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# CUDA plumbing, exercised on the CPU with a stand-in extension
+# ----------------------------------------------------------------------------------------------------------------------
+
+def test_missing_extension_error_names_the_fix(monkeypatch):
+    monkeypatch.setitem(sys.modules, "dash_attn._C", None)  # makes `from . import _C` raise ImportError
+    with pytest.raises(RuntimeError, match="dash_attn._C is not built: reinstall on a machine with nvcc"):
+        interface._extension()
+
+
+def test_non_hopper_gpu_is_refused(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA A100")
+    with pytest.raises(RuntimeError, match="need an sm90 \\(Hopper\\) GPU, found sm80"):
+        validation.check_cuda_device(torch.device("cuda", 0))
+
+
+@pytest.mark.parametrize("kwargs, error, message", [
+    (dict(headdim=96), ValueError, "head dim 96"),
+    (dict(window=True), NotImplementedError, "sliding-window"),
+    (dict(softcap=1.0), NotImplementedError, "softcap"),
+    (dict(varlen=True), NotImplementedError, "varlen"),
+])
+def test_cuda_feature_gaps_are_refused(kwargs, error, message):
+    args = dict(headdim=128, supported_head_dims=[64, 128], window=False, softcap=0.0, varlen=False)
+    args.update(kwargs)
+    with pytest.raises(error, match=message):
+        validation.check_cuda_features(**args)
+
+
+def test_cuda_dtypes_exclude_full_precision():
+    q, k, v = (t.to("meta") for t in _qkv())
+    # meta stands in for a non-CPU device: only fp16/bf16 are kernel dtypes.
+    with pytest.raises(ValueError, match="float16"):
+        validation.check_qkv(q, k, v, varlen=False)
+
+
+class _FakeExtension(types.SimpleNamespace):
+    def __init__(self):
+        super().__init__(calls=[])
+
+    def supported_head_dims(self):
+        return [64, 128]
+
+    def bwd_tile_shape(self, headdim, mask):
+        return (64, 128)
+
+    def num_sms(self, index):
+        return 132
+
+    def fwd(self, *args):
+        self.calls.append(("fwd", args))
+
+    def bwd(self, *args):
+        self.calls.append(("bwd", args))
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    """Routes the CUDA launch helpers to a recording stand-in so their argument order can be checked on the CPU."""
+    ext = _FakeExtension()
+    monkeypatch.setattr(interface, "_extension", lambda: ext)
+    monkeypatch.setattr(validation, "check_cuda_device", lambda device: None)
+    monkeypatch.setattr(interface, "_device_guard", lambda device: torch.no_grad())
+    for cached in (interface._supported_head_dims, interface._num_sms, interface._bwd_tile_shape,
+                   interface._choose_schedule):
+        cached.cache_clear()
+    yield ext
+    for cached in (interface._supported_head_dims, interface._num_sms, interface._bwd_tile_shape,
+                   interface._choose_schedule):
+        cached.cache_clear()
+
+
+def _bf16_inputs(headdim=64):
+    q, k, v = _qkv(seqlen_q=10, seqlen_k=12, headdim=headdim, dtype=torch.bfloat16)
+    out, lse = torch.empty_like(q), torch.empty(2, 4, 10)
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    return q, k, v, out, lse, dq, dk, dv
+
+
+def test_launch_fwd_calls_the_binding_in_order(fake_cuda):
+    q, k, v, out, lse, *_ = _bf16_inputs()
+    interface._launch_fwd(q, k, v, out, lse, 0.125, 1, -1, 0, 0.0)
+    name, args = fake_cuda.calls[0]
+    assert name == "fwd" and args[:5] == (q, k, v, out, lse) and args[5:] == (0.125, 1, -1, 0, 0.0)
+
+
+def test_launch_refuses_unsupported_head_dim_before_launch(fake_cuda):
+    q, k, v, out, lse, *_ = _bf16_inputs(headdim=32)
+    with pytest.raises(ValueError, match="head dim 32"):
+        interface._launch_fwd(q, k, v, out, lse, 0.125, 0, -1, -1, 0.0)
+    with pytest.raises(NotImplementedError):
+        interface._launch_fwd(*_bf16_inputs()[:5], 0.125, 2, 3, 0, 0.0)
+    assert fake_cuda.calls == []
+
+
+@pytest.mark.parametrize("schedule, expected", [("ascending", 0), ("descending", 1), ("spt", 2), ("shift", 3),
+                                                ("shift_causal", 4)])
+def test_launch_bwd_passes_schedule_ids(fake_cuda, schedule, expected):
+    q, k, v, out, lse, dq, dk, dv = _bf16_inputs()
+    interface._launch_bwd(out, q, k, v, out, lse, dq, dk, dv, 0.125, 0, -1, -1, 0.0, True, schedule, 4)
+    name, args = fake_cuda.calls[0]
+    assert name == "bwd" and args[9:] == (0.125, 0, -1, -1, 0.0, True, expected, 4)
+
+
+def test_auto_schedule_uses_the_cost_model(fake_cuda, monkeypatch):
+    seen = []
+
+    def choose(mask, seqlen_q, seqlen_k, block_m, block_n, nheads, batch, num_sms, window=None, nheads_k=None,
+               deterministic=True):
+        seen.append((mask, seqlen_q, seqlen_k, block_m, block_n, nheads, batch, num_sms, window, nheads_k,
+                     deterministic))
+        return "shift"
+
+    monkeypatch.setitem(sys.modules, "dash_attn.schedule", types.SimpleNamespace(choose=choose))
+    q, k, v, out, lse, dq, dk, dv = _bf16_inputs()
+    interface._launch_bwd(out, q, k, v, out, lse, dq, dk, dv, 0.125, 1, -1, 0, 0.0, True, "auto", 4)
+    assert seen == [("causal", 10, 12, 64, 128, 4, 2, 128, None, 2, True)]
+    assert fake_cuda.calls[0][1][15] == interface.SCHEDULE_IDS["shift"]
+
+
+def test_auto_schedule_falls_back_without_the_simulator(fake_cuda, monkeypatch):
+    monkeypatch.setitem(sys.modules, "dash_attn.schedule", None)
+    q, k, v, out, lse, dq, dk, dv = _bf16_inputs()
+    interface._launch_bwd(out, q, k, v, out, lse, dq, dk, dv, 0.125, 0, -1, -1, 0.0, True, "auto", 0)
+    assert fake_cuda.calls[0][1][15] == interface.SCHEDULE_IDS[interface.FALLBACK_SCHEDULE]

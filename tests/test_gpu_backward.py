@@ -1,0 +1,220 @@
+"""GPU backward: dQ/dK/dV of the sm90 kernels against the explicit float32 reference backward (marker `gpu`).
+
+Same tolerance scheme as the forward tests: error <= max(2 x error of a plain PyTorch autograd backward in the input
+dtype, a small floor). Gradients go through `flash_attn_func(...)` and autograd, so the registered autograd formula
+is what is tested; the reference is `attention_bwd_ref` fed with the float32 reference forward's out and lse.
+"""
+import math
+import os
+
+import pytest
+import torch
+
+import dash_attn
+from dash_attn.reference import attention_bwd_ref, attention_ref
+
+pytestmark = pytest.mark.gpu
+
+SEED = int(os.environ.get("DASH_TEST_SEED", "0"))
+SCHEDULES = list(dash_attn.SCHEDULES)
+
+
+
+@pytest.fixture(autouse=True)
+def exact_float32_matmul():
+    """The float32 reference must not run its matmuls in TF32."""
+    previous = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("highest")
+    yield
+    torch.set_float32_matmul_precision(previous)
+
+def supported_head_dims():
+    try:
+        from dash_attn import _C
+    except ImportError:
+        return [64, 128, 256]  # only names the tests; they are skipped without the extension
+    return sorted(int(d) for d in _C.supported_head_dims())
+
+
+def main_head_dim():
+    dims = supported_head_dims()
+    return 128 if 128 in dims else dims[-1]
+
+
+def make_inputs(batch, seqlen_q, seqlen_k, nheads, nheads_k, headdim, dtype, seed=SEED):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    shapes = [(batch, seqlen_q, nheads, headdim), (batch, seqlen_k, nheads_k, headdim),
+              (batch, seqlen_k, nheads_k, headdim), (batch, seqlen_q, nheads, headdim)]
+    q, k, v, dout = (torch.randn(s, generator=gen, device="cuda", dtype=dtype) for s in shapes)
+    return q, k, v, dout
+
+
+def tolerance(baseline, ref, dtype, abs_floor=1e-5):
+    base_err = (baseline.float() - ref).abs().max().item() if ref.numel() else 0.0
+    rounding = (ref.to(dtype).float() - ref).abs().max().item() if ref.numel() else 0.0
+    return max(2 * base_err, 2 * rounding + abs_floor)
+
+
+def assert_within(name, got, ref, tol):
+    err = (got.float() - ref).abs().max().item() if ref.numel() else 0.0
+    assert err <= tol, f"{name}: max abs error {err:.3e} > tolerance {tol:.3e}"
+
+
+def poison_allocator(nbytes=1 << 30, small_blocks=256):
+    big = torch.full((nbytes // 4,), float("nan"), device="cuda")
+    small = [torch.full((1 << 17,), float("nan"), device="cuda") for _ in range(small_blocks)]
+    torch.cuda.synchronize()
+    del big, small
+
+
+def reference_grads(q, k, v, dout, causal):
+    """(float32 reference grads, low-precision autograd baseline grads)."""
+    qf, kf, vf = q.float(), k.float(), v.float()
+    out, lse = attention_ref(qf, kf, vf, causal=causal, return_lse=True)
+    ref = attention_bwd_ref(dout.float(), qf, kf, vf, out, lse, causal=causal)
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    base_out = attention_ref(*leaves, causal=causal, upcast=False)
+    base = torch.autograd.grad(base_out, leaves, dout)
+    return ref, base
+
+
+def kernel_grads(q, k, v, dout, causal, schedule, deterministic, sm_margin=0, poison=False):
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    out = dash_attn.flash_attn_func(*leaves, causal=causal, deterministic=deterministic, schedule=schedule,
+                                    sm_margin=sm_margin)
+    if poison:
+        poison_allocator()
+    out.backward(dout)
+    torch.cuda.synchronize()
+    return tuple(t.grad for t in leaves)
+
+
+def check_backward(batch, seqlen_q, seqlen_k, nheads, nheads_k, headdim, dtype, causal, schedule, deterministic,
+                   poison=False, sm_margin=0):
+    q, k, v, dout = make_inputs(batch, seqlen_q, seqlen_k, nheads, nheads_k, headdim, dtype)
+    grads = kernel_grads(q, k, v, dout, causal, schedule, deterministic, sm_margin, poison)
+    ref, base = reference_grads(q, k, v, dout, causal)
+    for name, g, r, b, x in zip(("dq", "dk", "dv"), grads, ref, base, (q, k, v)):
+        assert g.shape == x.shape and g.dtype == dtype, f"{name} has shape {g.shape} / dtype {g.dtype}"
+        assert torch.isfinite(g).all(), f"{name} has NaN/Inf (unwritten or overflowed elements)"
+        assert_within(name, g, r, tolerance(b, r, dtype))
+
+
+# Ragged last tiles, odd KV-tile counts, seqlen_q != seqlen_k both ways (bottom-right causal, masked rows).
+BWD_SEQLENS = [(1, 1), (17, 17), (113, 257), (257, 113), (1023, 1023)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("seqlen_q, seqlen_k", BWD_SEQLENS, ids=[f"{a}x{b}" for a, b in BWD_SEQLENS])
+@pytest.mark.parametrize("group", [1, 2, 8])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_backward_schedule_mask_gqa_shapes(seqlen_q, seqlen_k, group, causal, schedule):
+    """Every schedule x mask x GQA ratio x odd shape, deterministic mode, bf16, the main head dim."""
+    check_backward(2, seqlen_q, seqlen_k, 8, 8 // group, main_head_dim(), torch.bfloat16, causal, schedule, True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("seqlen_q, seqlen_k", [(17, 17), (113, 257), (1023, 1023)],
+                         ids=["17x17", "113x257", "1023x1023"])
+@pytest.mark.parametrize("deterministic", [True, False], ids=["det", "nondet"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("headdim", supported_head_dims())
+def test_backward_head_dims_dtypes_modes(seqlen_q, seqlen_k, deterministic, causal, dtype, headdim):
+    check_backward(2, seqlen_q, seqlen_k, 4, 2, headdim, dtype, causal, "auto", deterministic)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("seqlen_q, seqlen_k", [(4097, 4097), (4097, 1023), (1023, 4097)],
+                         ids=["4097x4097", "4097x1023", "1023x4097"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("schedule", ["auto", "descending", "shift", "shift_causal"])
+def test_backward_long(seqlen_q, seqlen_k, causal, schedule):
+    check_backward(1, seqlen_q, seqlen_k, 4, 2, main_head_dim(), torch.bfloat16, causal, schedule, True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("deterministic", [True, False], ids=["det", "nondet"])
+@pytest.mark.parametrize("headdim", supported_head_dims())
+def test_backward_poisoned_outputs(causal, deterministic, headdim):
+    """dq/dk/dv and the kernel workspace come from a cache full of NaN: every element must still be written."""
+    check_backward(2, 1023, 1023, 4, 2, headdim, torch.bfloat16, causal, "auto", deterministic, poison=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("sm_margin", [0, 4, 18])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_backward_sm_margin(sm_margin, causal):
+    check_backward(2, 1023, 1023, 8, 2, main_head_dim(), torch.bfloat16, causal, "auto", True, sm_margin=sm_margin)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("schedule", ["descending", "shift"])
+def test_autograd_matches_direct_op_call(schedule):
+    """The registered autograd formula calls the backward op with the forward's arguments: bitwise the same."""
+    q, k, v, dout = make_inputs(2, 513, 513, 8, 2, main_head_dim(), torch.bfloat16)
+    grads = kernel_grads(q, k, v, dout, True, schedule, True)
+    scale = 1.0 / math.sqrt(q.shape[-1])  # the expression flash_attn_func uses, so the float is the same
+    out, lse = torch.ops.dash_attn.fwd(q, k, v, scale, 1, -1, 0, 0.0, True, schedule, 0)
+    direct = torch.ops.dash_attn.bwd(dout, q, k, v, out, lse, scale, 1, -1, 0, 0.0, True, schedule, 0)
+    for g, d in zip(grads, direct):
+        assert torch.equal(g, d)
+
+
+@pytest.mark.gpu
+def test_torch_compile_fullgraph_matches_eager():
+    torch._dynamo.reset()
+    q, k, v, dout = make_inputs(2, 513, 513, 8, 2, main_head_dim(), torch.bfloat16)
+
+    def step(q, k, v):
+        return dash_attn.flash_attn_func(q, k, v, causal=True, deterministic=True)
+
+    eager = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    step(*eager).backward(dout)
+    compiled = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    out = torch.compile(step, fullgraph=True)(*compiled)
+    out.backward(dout)
+    assert torch.equal(out, step(q, k, v))
+    for e, c in zip(eager, compiled):
+        assert torch.equal(e.grad, c.grad)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("deterministic", [True, False], ids=["det", "nondet"])
+def test_cuda_graph_capture_of_forward_backward(deterministic):
+    headdim = main_head_dim()
+    q, k, v, dout = make_inputs(2, 513, 513, 8, 2, headdim, torch.bfloat16)
+    static = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    static_dout = dout.clone()
+
+    def step():
+        out = dash_attn.flash_attn_func(*static, causal=True, deterministic=deterministic)
+        return (out,) + torch.autograd.grad(out, static, static_dout)
+
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):  # warm-up outside capture: imports, schedule choice, allocator pools
+        for _ in range(3):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = step()
+
+    new_q, new_k, new_v, new_dout = make_inputs(2, 513, 513, 8, 2, headdim, torch.bfloat16, seed=SEED + 1)
+    with torch.no_grad():
+        for dst, src in zip(static + [static_dout], (new_q, new_k, new_v, new_dout)):
+            dst.copy_(src)
+    graph.replay()
+    torch.cuda.synchronize()
+
+    leaves = [t.detach().clone().requires_grad_() for t in (new_q, new_k, new_v)]
+    out = dash_attn.flash_attn_func(*leaves, causal=True, deterministic=deterministic)
+    expected = (out,) + torch.autograd.grad(out, leaves, new_dout)
+    for name, c, e in zip(("out", "dq", "dk", "dv"), captured, expected):
+        if deterministic or name == "out":
+            assert torch.equal(c, e), f"{name} from the replayed graph differs from eager"
+        else:
+            torch.testing.assert_close(c, e, rtol=2e-2, atol=2e-2)

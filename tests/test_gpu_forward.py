@@ -1,0 +1,186 @@
+"""GPU forward: O and LSE of the sm90 kernels against the float32 reference (marker `gpu`, H200 only).
+
+Tolerance scheme (shared by the backward tests): a quantity passes when its max abs error against the float32
+reference is at most max(2 x the error of a plain PyTorch implementation in the input dtype, a small floor). The
+floor is twice the rounding error of the reference into the output dtype plus a tiny absolute term, so a kernel is
+never asked to be more exact than storing the exact answer in fp16/bf16.
+"""
+import os
+
+import pytest
+import torch
+
+import dash_attn
+from dash_attn.reference import attention_ref
+
+pytestmark = pytest.mark.gpu
+
+DTYPES = [torch.float16, torch.bfloat16]
+SEED = int(os.environ.get("DASH_TEST_SEED", "0"))
+
+
+
+@pytest.fixture(autouse=True)
+def exact_float32_matmul():
+    """The float32 reference must not run its matmuls in TF32."""
+    previous = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("highest")
+    yield
+    torch.set_float32_matmul_precision(previous)
+
+def supported_head_dims():
+    try:
+        from dash_attn import _C
+    except ImportError:
+        return [64, 128, 256]  # only names the tests; they are skipped without the extension
+    return sorted(int(d) for d in _C.supported_head_dims())
+
+
+def make_qkv(batch, seqlen_q, seqlen_k, nheads, nheads_k, headdim, dtype, seed=SEED, requires_grad=False):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    shapes = [(batch, seqlen_q, nheads, headdim), (batch, seqlen_k, nheads_k, headdim),
+              (batch, seqlen_k, nheads_k, headdim)]
+    return tuple(torch.randn(s, generator=gen, device="cuda", dtype=dtype).requires_grad_(requires_grad)
+                 for s in shapes)
+
+
+def tolerance(baseline, ref, dtype, abs_floor=1e-5):
+    base_err = (baseline.float() - ref).abs().max().item() if ref.numel() else 0.0
+    rounding = (ref.to(dtype).float() - ref).abs().max().item() if ref.numel() else 0.0
+    return max(2 * base_err, 2 * rounding + abs_floor)
+
+
+def assert_within(name, got, ref, tol):
+    err = (got.float() - ref).abs().max().item() if ref.numel() else 0.0
+    assert err <= tol, f"{name}: max abs error {err:.3e} > tolerance {tol:.3e}"
+
+
+def poison_allocator(nbytes=1 << 30, small_blocks=256):
+    """Leaves NaN in freed blocks of the caching allocator (large and small pools), so torch.empty in the op returns
+    memory full of NaN: any output element the kernel fails to write shows up."""
+    big = torch.full((nbytes // 4,), float("nan"), device="cuda")
+    small = [torch.full((1 << 17,), float("nan"), device="cuda") for _ in range(small_blocks)]  # 512 KiB each
+    torch.cuda.synchronize()
+    del big, small
+
+
+def finite_lse_rows_match(lse, ref_lse):
+    """Rows that see no key must give lse = -inf exactly (the API's documented value); the others must be finite."""
+    masked = torch.isneginf(ref_lse)
+    assert torch.equal(torch.isneginf(lse), masked), "lse must be -inf exactly on the rows that see no key"
+    assert torch.isfinite(lse[~masked]).all(), "lse must be finite on every row that sees a key"
+
+
+def check_forward(batch, seqlen_q, seqlen_k, nheads, nheads_k, headdim, dtype, causal, poison=False, seed=SEED):
+    q, k, v = make_qkv(batch, seqlen_q, seqlen_k, nheads, nheads_k, headdim, dtype, seed)
+    if poison:
+        poison_allocator()
+    out, lse = dash_attn.flash_attn_func(q, k, v, causal=causal, return_attn_probs=True)
+    torch.cuda.synchronize()
+    assert out.shape == q.shape and out.dtype == dtype
+    assert lse.shape == (batch, nheads, seqlen_q) and lse.dtype == torch.float32
+
+    ref_out, ref_lse = attention_ref(q.float(), k.float(), v.float(), causal=causal, return_lse=True)
+    base_out, base_lse = attention_ref(q, k, v, causal=causal, upcast=False, return_lse=True)
+    assert torch.isfinite(out).all(), "output has NaN/Inf (unwritten or overflowed elements)"
+    assert_within("out", out, ref_out, tolerance(base_out, ref_out, dtype))
+
+    finite_lse_rows_match(lse, ref_lse)
+    seen = torch.isfinite(ref_lse)
+    base_lse = torch.where(seen, base_lse.float(), ref_lse)
+    lse_tol = tolerance(base_lse[seen], ref_lse[seen], torch.float32, abs_floor=1e-3)
+    assert_within("lse", lse[seen], ref_lse[seen], lse_tol)
+    if not seen.all():
+        rows = ~seen.transpose(1, 2)  # (batch, seqlen_q, nheads)
+        assert torch.all(out[rows] == 0), "rows that see no key must output 0"
+
+
+# Odd lengths around the tile sizes, seqlen_q == seqlen_k and both ways unequal (bottom-right causal).
+SEQLENS = [(1, 1), (17, 17), (113, 113), (1023, 1023), (4097, 4097), (113, 1023), (1023, 113), (1, 4097),
+           (4097, 17)]
+
+
+def _batch_heads(seqlen_q, seqlen_k):
+    # Keep the float32 reference (batch x heads x seqlen_q x seqlen_k scores) small for the long cases.
+    return (1, 2) if max(seqlen_q, seqlen_k) > 2048 else (2, 4)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("seqlen_q, seqlen_k", SEQLENS, ids=[f"{a}x{b}" for a, b in SEQLENS])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
+@pytest.mark.parametrize("headdim", supported_head_dims())
+def test_forward_odd_shapes(seqlen_q, seqlen_k, causal, dtype, headdim):
+    batch, nheads = _batch_heads(seqlen_q, seqlen_k)
+    check_forward(batch, seqlen_q, seqlen_k, nheads, nheads, headdim, dtype, causal)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("group", [1, 2, 8])
+@pytest.mark.parametrize("seqlen_q, seqlen_k", [(113, 113), (257, 1023), (1023, 257)])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
+@pytest.mark.parametrize("headdim", supported_head_dims())
+def test_forward_gqa(group, seqlen_q, seqlen_k, causal, dtype, headdim):
+    check_forward(2, seqlen_q, seqlen_k, 8, 8 // group, headdim, dtype, causal)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("seqlen_q, seqlen_k", [(17, 17), (1023, 113), (113, 1023), (4097, 4097)])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("headdim", supported_head_dims())
+def test_forward_poisoned_outputs(seqlen_q, seqlen_k, causal, headdim):
+    batch, nheads = _batch_heads(seqlen_q, seqlen_k)
+    check_forward(batch, seqlen_q, seqlen_k, nheads, nheads // 2, headdim, torch.bfloat16, causal, poison=True)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_forward_bitwise_reproducible(causal):
+    headdim = supported_head_dims()[-1]
+    q, k, v = make_qkv(2, 1023, 1023, 8, 2, headdim, torch.bfloat16)
+    out0, lse0 = dash_attn.flash_attn_func(q, k, v, causal=causal, return_attn_probs=True)
+    for _ in range(20):
+        out, lse = dash_attn.flash_attn_func(q, k, v, causal=causal, return_attn_probs=True)
+        assert torch.equal(out, out0) and torch.equal(lse, lse0)
+
+
+@pytest.mark.gpu
+def test_forward_strided_inputs():
+    """q/k/v as views of one packed qkv tensor (row stride != nheads * headdim) must work like contiguous ones."""
+    headdim = supported_head_dims()[0]
+    gen = torch.Generator(device="cuda").manual_seed(SEED)
+    qkv = torch.randn(2, 113, 3, 4, headdim, generator=gen, device="cuda", dtype=torch.bfloat16)
+    q, k, v = qkv.unbind(2)
+    out = dash_attn.flash_attn_func(q, k, v, causal=True)
+    expected = dash_attn.flash_attn_func(q.contiguous(), k.contiguous(), v.contiguous(), causal=True)
+    assert torch.equal(out, expected)
+
+
+@pytest.mark.gpu
+def test_forward_softmax_scale():
+    headdim = supported_head_dims()[0]
+    q, k, v = make_qkv(2, 113, 113, 4, 4, headdim, torch.bfloat16)
+    out = dash_attn.flash_attn_func(q, k, v, softmax_scale=0.05)
+    ref = attention_ref(q.float(), k.float(), v.float(), softmax_scale=0.05)
+    base = attention_ref(q, k, v, softmax_scale=0.05, upcast=False)
+    assert_within("out", out, ref, tolerance(base, ref, torch.bfloat16))
+
+
+@pytest.mark.gpu
+def test_unsupported_features_are_refused_on_cuda():
+    headdim = supported_head_dims()[0]
+    q, k, v = make_qkv(1, 64, 64, 2, 2, headdim, torch.bfloat16)
+    with pytest.raises(NotImplementedError, match="softcap"):
+        dash_attn.flash_attn_func(q, k, v, softcap=5.0)
+    with pytest.raises(NotImplementedError, match="window"):
+        dash_attn.flash_attn_func(q, k, v, window_size=(8, 8))
+    with pytest.raises(ValueError, match="dtype"):
+        dash_attn.flash_attn_func(q.float(), k.float(), v.float())
+    cu = torch.tensor([0, 64], dtype=torch.int32, device="cuda")
+    with pytest.raises(NotImplementedError, match="varlen"):
+        dash_attn.flash_attn_varlen_func(q[0], k[0], v[0], cu, cu, 64, 64)
+    unsupported = next(d for d in range(8, 264, 8) if d not in supported_head_dims())
+    q, k, v = make_qkv(1, 64, 64, 2, 2, unsupported, torch.bfloat16)
+    with pytest.raises(ValueError, match=f"head dim {unsupported}"):
+        dash_attn.flash_attn_func(q, k, v)

@@ -10,6 +10,8 @@ Environment knobs:
   DASH_ATTN_HDIMS            head dims to compile, e.g. "64,128" (default 64,128,256)
   DASH_ATTN_DTYPES           "fp16,bf16" (default both)
   DASH_ATTN_SKIP_CUDA_BUILD  "1" skips dash_attn._C even where it could be built
+  DASH_ATTN_DEBUG_SPIN       "1" turns an over-long semaphore spin into a trap that prints the tile coordinates
+  DASH_ATTN_LINEINFO         "1" adds -lineinfo (sanitizer/profiler source lines)
   CUTLASS_DIR                CUTLASS checkout/install whose include/ holds cute/ and cutlass/ (else the
                              nvidia-cutlass==4.2.0.0 wheel is located without importing it; see third_party/)
 """
@@ -103,8 +105,9 @@ def cuda_extension():
         "-U__CUDA_NO_BFLOAT16_OPERATORS__", "-U__CUDA_NO_BFLOAT16_CONVERSIONS__",
         "-U__CUDA_NO_HALF2_OPERATORS__",
         "--threads", os.environ.get("NVCC_THREADS", "2"),
-        "-lineinfo",
     ] + defines
+    if os.environ.get("DASH_ATTN_LINEINFO", "0") == "1":
+        nvcc_flags.append("-lineinfo")  # for compute-sanitizer / ncu source views; makes the .so much larger
     if os.environ.get("DASH_ATTN_DEBUG_SPIN", "0") == "1":
         nvcc_flags.append("-DDASH_BWD_SPIN_TRAP")
     return CUDAExtension(

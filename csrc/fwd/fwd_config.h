@@ -1,0 +1,126 @@
+// Compile-time configuration of the sm90 forward kernel: one named tile config per head dim, and the CuTe types
+// (MMAs, shared-memory layouts, pipelines) derived from it. Everything else in csrc/fwd reads its sizes from here.
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cute/atom/mma_traits_sm90_gmma.hpp>
+#include <cutlass/cutlass.h>
+#include <cutlass/numeric_types.h>
+#include <cutlass/pipeline/sm90_pipeline.hpp>
+
+#include "common/params.h"
+
+namespace dash::fwd {
+
+// Tile of one CTA: kBlockM query rows (one consumer warpgroup per 64 rows) against kBlockN keys per mainloop step.
+// kStages is the depth of each of the K and V shared-memory rings. kPingPong: consumer warpgroups take turns issuing
+// their GEMMs (see WarpGroupTurns), so one warpgroup's softmax overlaps another's tensor-core work. Register budgets are per thread after
+// setmaxnreg; producer * 128 + consumer * kNumConsumerThreads must fit the 64K-register file.
+template <int kHeadDim>
+struct FwdTileConfig;
+
+// Small head dim: the QK^T GEMM is short, so a taller tile (3 consumer warpgroups) amortises the K/V loads.
+template <>
+struct FwdTileConfig<64> {
+  static constexpr int kBlockM = 192;
+  static constexpr int kBlockN = 128;
+  static constexpr int kStages = 2;
+  static constexpr int kProducerRegs = 24;
+  static constexpr int kConsumerRegs = 160;
+  static constexpr bool kPingPong = true;
+};
+
+template <>
+struct FwdTileConfig<128> {
+  static constexpr int kBlockM = 128;
+  static constexpr int kBlockN = 128;
+  static constexpr int kStages = 2;
+  static constexpr int kProducerRegs = 24;
+  static constexpr int kConsumerRegs = 240;
+  static constexpr bool kPingPong = true;
+};
+
+// Large head dim: the O accumulator alone takes 128 registers per consumer thread, and Q + 2 stages of K and V take
+// 224 KB of shared memory, so the key tile is narrow. The GEMMs are long enough relative to the softmax that the
+// issue turns are left off.
+template <>
+struct FwdTileConfig<256> {
+  static constexpr int kBlockM = 128;
+  static constexpr int kBlockN = 80;
+  static constexpr int kStages = 2;
+  static constexpr int kProducerRegs = 24;
+  static constexpr int kConsumerRegs = 240;
+  static constexpr bool kPingPong = false;
+};
+
+template <int kHeadDim_, class Element_, MaskKind kMask_>
+struct FwdKernelTraits {
+  using Element = Element_;
+  using Tile = FwdTileConfig<kHeadDim_>;
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr MaskKind kMask = kMask_;
+  static constexpr bool kCausal = kMask_ == MaskKind::kCausal;
+  static constexpr int kBlockM = Tile::kBlockM;
+  static constexpr int kBlockN = Tile::kBlockN;
+  static constexpr int kStages = Tile::kStages;
+
+  static constexpr int kRowsPerWarpGroup = 64;  // M of one WGMMA instruction
+  static constexpr int kNumConsumerWarpGroups = kBlockM / kRowsPerWarpGroup;
+  static constexpr int kNumConsumerThreads = kNumConsumerWarpGroups * cutlass::NumThreadsPerWarpGroup;
+  static constexpr int kNumThreads = kNumConsumerThreads + cutlass::NumThreadsPerWarpGroup;
+  static_assert(kBlockM % kRowsPerWarpGroup == 0);
+  static_assert(kNumConsumerWarpGroups * cutlass::NumThreadsPerWarpGroup * Tile::kConsumerRegs +
+                        cutlass::NumThreadsPerWarpGroup * Tile::kProducerRegs <=
+                    64 * 1024,
+                "register split exceeds the register file");
+
+  using TileShapeQK = cute::Shape<cute::Int<kBlockM>, cute::Int<kBlockN>, cute::Int<kHeadDim>>;  // S = Q K^T
+  using TileShapePV = cute::Shape<cute::Int<kBlockM>, cute::Int<kHeadDim>, cute::Int<kBlockN>>;  // O = P V
+  using AtomLayout = cute::Layout<cute::Shape<cute::Int<kNumConsumerWarpGroups>, cute::_1, cute::_1>>;
+
+  // Both operands of S come from shared memory; P comes from registers (the softmax output never leaves them) and V
+  // is read transposed (MN-major) from the same buffer the TMA filled.
+  using TiledMmaQK = decltype(cute::make_tiled_mma(
+      cute::GMMA::ss_op_selector<Element, Element, float, TileShapeQK>(), AtomLayout{}));
+  using TiledMmaPV = decltype(cute::make_tiled_mma(
+      cute::GMMA::rs_op_selector<Element, Element, float, TileShapePV, cute::GMMA::Major::K,
+                                 cute::GMMA::Major::MN>(),
+      AtomLayout{}));
+
+  // Rows of Q, K and V are headdim * 2 bytes, a multiple of 128 B for every supported head dim, so all three use the
+  // widest (128-byte) swizzle atom, which is what the K-major GMMA descriptors read fastest.
+  static_assert(kHeadDim * sizeof(Element) % 128 == 0);
+  using SmemAtomQ = cute::GMMA::Layout_K_SW128_Atom<Element>;
+  using SmemAtomKV = cute::GMMA::Layout_K_SW128_Atom<Element>;
+  using SmemLayoutQ = decltype(cute::tile_to_shape(SmemAtomQ{}, cute::make_shape(cute::Int<kBlockM>{},
+                                                                                  cute::Int<kHeadDim>{})));
+  using SmemLayoutKV = decltype(cute::tile_to_shape(
+      SmemAtomKV{}, cute::make_shape(cute::Int<kBlockN>{}, cute::Int<kHeadDim>{}, cute::Int<kStages>{})));
+  // V^T as the B operand of P V: (headdim, keys, stage) view of the K-major V buffer, i.e. MN-major.
+  using SmemLayoutVt = decltype(cute::composition(
+      SmemLayoutKV{}, cute::make_ordered_layout(cute::make_shape(cute::Int<kHeadDim>{}, cute::Int<kBlockN>{},
+                                                                 cute::Int<kStages>{}),
+                                                cute::Step<cute::_2, cute::_1, cute::_3>{})));
+
+  using PipelineKV = cutlass::PipelineTmaAsync<kStages>;
+  using PipelineState = typename PipelineKV::PipelineState;
+
+  static constexpr uint32_t kTmaBytesQ = kBlockM * kHeadDim * sizeof(Element);
+  static constexpr uint32_t kTmaBytesKV = kBlockN * kHeadDim * sizeof(Element);
+
+  struct SharedStorage {
+    // 128-byte swizzled GMMA layouts repeat every 1 KB, so each buffer starts on a 1 KB boundary.
+    cute::array_aligned<Element, cute::cosize_v<SmemLayoutQ>, 1024> q;
+    cute::array_aligned<Element, cute::cosize_v<SmemLayoutKV>, 1024> k;
+    cute::array_aligned<Element, cute::cosize_v<SmemLayoutKV>, 1024> v;
+    typename PipelineKV::SharedStorage pipeline_k;
+    typename PipelineKV::SharedStorage pipeline_v;
+    uint64_t barrier_q;
+  };
+  static constexpr int kSharedStorageBytes = sizeof(SharedStorage);
+  // Architectural limit of dynamic shared memory per block on sm90 (the launch opts in to all of it).
+  static constexpr int kSm90MaxSharedBytesPerBlock = 227 * 1024;
+  static_assert(kSharedStorageBytes <= kSm90MaxSharedBytesPerBlock, "tile config does not fit sm90 shared memory");
+};
+
+}  // namespace dash::fwd

@@ -1,0 +1,78 @@
+// C ABI entry of the forward: picks the instantiation for (head dim, dtype, mask). Only the instantiations enabled
+// at build time (DASH_ENABLE_HDIM_*, DASH_ENABLE_FP16/BF16, set from DASH_ATTN_HDIMS/DTYPES) are referenced, so a
+// restricted build links; anything else returns -1.
+#include <cuda_runtime.h>
+#include <cutlass/numeric_types.h>
+
+#include "common/params.h"
+
+namespace dash::fwd {
+// Defined in fwd/fwd_launch.h and explicitly instantiated by csrc/instantiations/fwd_*.cu; declared here only so
+// this TU does not compile any kernel.
+template <int kHeadDim, class Element, dash::MaskKind kMask>
+void run_fwd_(const dash::FwdParams&, cudaStream_t);
+}  // namespace dash::fwd
+
+namespace {
+
+template <int kHeadDim, class Element>
+int dispatch_mask(const dash::FwdParams& p, cudaStream_t stream) {
+  switch (p.shape.mask) {
+    case dash::MaskKind::kFull:
+      dash::fwd::run_fwd_<kHeadDim, Element, dash::MaskKind::kFull>(p, stream);
+      return 0;
+    case dash::MaskKind::kCausal:
+      dash::fwd::run_fwd_<kHeadDim, Element, dash::MaskKind::kCausal>(p, stream);
+      return 0;
+    default:
+      return -1;  // sliding window: not implemented in the forward yet
+  }
+}
+
+template <int kHeadDim>
+int dispatch_dtype(const dash::FwdParams& p, cudaStream_t stream) {
+  switch (p.shape.dtype) {
+#ifdef DASH_ENABLE_FP16
+    case dash::DType::kFloat16:
+      return dispatch_mask<kHeadDim, cutlass::half_t>(p, stream);
+#endif
+#ifdef DASH_ENABLE_BF16
+    case dash::DType::kBFloat16:
+      return dispatch_mask<kHeadDim, cutlass::bfloat16_t>(p, stream);
+#endif
+    default:
+      return -1;
+  }
+}
+
+int dispatch_headdim(const dash::FwdParams& p, cudaStream_t stream) {
+  switch (p.shape.headdim) {
+#ifdef DASH_ENABLE_HDIM_64
+    case 64:
+      return dispatch_dtype<64>(p, stream);
+#endif
+#ifdef DASH_ENABLE_HDIM_128
+    case 128:
+      return dispatch_dtype<128>(p, stream);
+#endif
+#ifdef DASH_ENABLE_HDIM_256
+    case 256:
+      return dispatch_dtype<256>(p, stream);
+#endif
+    default:
+      return -1;
+  }
+}
+
+}  // namespace
+
+extern "C" int dash_fwd(const dash::FwdParams* params, void* stream) {
+  if (params == nullptr) { return -1; }
+  dash::AttnShape const& s = params->shape;
+  if (s.softcap != 0.f || s.mask == dash::MaskKind::kWindow) { return -1; }
+  if (s.nheads_k <= 0 || s.nheads % s.nheads_k != 0) { return -1; }
+  if (params->lse == nullptr || params->o == nullptr) { return -1; }
+  int const status = dispatch_headdim(*params, static_cast<cudaStream_t>(stream));
+  if (status != 0) { return status; }
+  return static_cast<int>(cudaGetLastError());
+}

@@ -1,0 +1,111 @@
+// Warp-specialised persistent forward kernel. Warpgroup 0 is the producer: it gives registers back with setmaxnreg
+// and one of its warps issues all TMA loads; warpgroups 1.. are consumers that take the freed registers and own 64
+// query rows each. Both sides walk the same static tile sequence, so they agree on every tile without talking.
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cutlass/arch/barrier.h>
+#include <cutlass/arch/reg_reconfig.h>
+#include <cutlass/cutlass.h>
+
+#include "fwd/fwd_config.h"
+#include "fwd/fwd_epilogue.h"
+#include "fwd/fwd_mainloop.h"
+#include "fwd/fwd_tile_scheduler.h"
+
+namespace dash::fwd {
+
+template <class Traits>
+struct FwdKernel {
+  using Mainloop = FwdMainloop<Traits>;
+  using Epilogue = FwdEpilogue<Traits>;
+  using Scheduler = FwdTileScheduler<Traits::kCausal ? TileOrder::kHeavyFirst : TileOrder::kHeadMajor>;
+  using SharedStorage = typename Traits::SharedStorage;
+  using PipelineKV = typename Traits::PipelineKV;
+  using PipelineState = typename Traits::PipelineState;
+
+  struct Params {
+    typename Mainloop::Params mainloop;
+    typename Epilogue::Params epilogue;
+    typename Scheduler::Params scheduler;
+  };
+
+  // Rows per consumer thread in the accumulator (two per 64-row warpgroup tile).
+  static constexpr int kRowsPerThread = 2;
+
+  CUTLASS_DEVICE static void run(Params const& params, char* smem_raw) {
+    using namespace cute;
+    SharedStorage& smem = *reinterpret_cast<SharedStorage*>(smem_raw);
+    int const warp_group = cutlass::canonical_warp_group_idx();
+    int const warp_in_group = cutlass::canonical_warp_idx_sync() % cutlass::NumWarpsPerWarpGroup;
+
+    if (threadIdx.x == 0) {
+      Mainloop::prefetch_descriptors(params.mainloop);
+      cutlass::arch::ClusterTransactionBarrier::init(&smem.barrier_q, 1);
+    }
+
+    typename PipelineKV::Params pipe_params;
+    pipe_params.transaction_bytes = Traits::kTmaBytesKV;
+    pipe_params.role = warp_group == 0 ? PipelineKV::ThreadCategory::Producer : PipelineKV::ThreadCategory::Consumer;
+    pipe_params.is_leader = threadIdx.x == 0;
+    pipe_params.num_consumers = Traits::kNumConsumerThreads;
+    PipelineKV pipeline_k(smem.pipeline_k, pipe_params, Shape<_1, _1, _1>{});
+    PipelineKV pipeline_v(smem.pipeline_v, pipe_params, Shape<_1, _1, _1>{});
+    cutlass::arch::fence_barrier_init();
+    __syncthreads();
+
+    if (warp_group == 0) {
+      cutlass::arch::warpgroup_reg_dealloc<Traits::Tile::kProducerRegs>();
+      if (warp_in_group != 0) { return; }
+      PipelineState write_k = cutlass::make_producer_start_state<PipelineKV>();
+      PipelineState write_v = cutlass::make_producer_start_state<PipelineKV>();
+      bool first_tile = true;
+      auto const& sched = params.scheduler;
+      for (int item = Scheduler::first_item(); Scheduler::valid(sched, item); item = Scheduler::next_item(item)) {
+        auto const tile = Scheduler::decode(sched, item);
+        int const n_blocks = Mainloop::n_block_max(params.mainloop, tile.m_block);
+        if (n_blocks <= 0) { continue; }
+        Mainloop::load(params.mainloop, smem, pipeline_k, pipeline_v, write_k, write_v, tile.m_block, tile.head,
+                       tile.batch, n_blocks, first_tile);
+        first_tile = false;
+      }
+      if (!first_tile) { Mainloop::load_tail(); }
+    } else {
+      cutlass::arch::warpgroup_reg_alloc<Traits::Tile::kConsumerRegs>();
+      int const thread_idx = threadIdx.x - cutlass::NumThreadsPerWarpGroup;
+      int const consumer_wg = thread_idx / cutlass::NumThreadsPerWarpGroup;
+      WarpGroupTurns<Traits>::init(consumer_wg);
+      PipelineState read_k;
+      PipelineState read_v;
+      uint32_t q_phase = 0;
+      typename Traits::TiledMmaPV mma_pv;
+      Tensor tOrO = partition_fragment_C(mma_pv, select<0, 1>(typename Traits::TileShapePV{}));
+      OnlineSoftmax<kRowsPerThread> softmax;
+      auto const& sched = params.scheduler;
+      for (int item = Scheduler::first_item(); Scheduler::valid(sched, item); item = Scheduler::next_item(item)) {
+        auto const tile = Scheduler::decode(sched, item);
+        int const n_blocks = Mainloop::n_block_max(params.mainloop, tile.m_block);
+        if (n_blocks > 0) {
+          Mainloop::mma(params.mainloop, smem, pipeline_k, pipeline_v, read_k, read_v, q_phase, thread_idx,
+                        tile.m_block, n_blocks, tOrO, softmax);
+          q_phase ^= 1;
+        } else {
+          // Every key is masked for these rows: O = 0 and LSE = -inf.
+          clear(tOrO);
+          softmax.reset();
+        }
+        Epilogue::store(params.epilogue, tOrO, softmax, thread_idx, tile.m_block, tile.head, tile.batch);
+      }
+      WarpGroupTurns<Traits>::finish(consumer_wg);
+    }
+  }
+};
+
+template <class Traits>
+__global__ void __launch_bounds__(Traits::kNumThreads, 1)
+    fwd_kernel(CUTE_GRID_CONSTANT typename FwdKernel<Traits>::Params const params) {
+  extern __shared__ __align__(1024) char smem_raw[];
+  FwdKernel<Traits>::run(params, smem_raw);
+}
+
+}  // namespace dash::fwd

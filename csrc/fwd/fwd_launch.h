@@ -1,0 +1,45 @@
+// Host launch template of the forward: builds the TMA descriptors and kernel parameters, sizes the persistent grid
+// from the SM count, and launches. The generated TUs in csrc/instantiations/ instantiate run_fwd_ once each.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include "common/params.h"
+#include "fwd/fwd_config.h"
+#include "fwd/fwd_kernel.h"
+
+namespace dash::fwd {
+
+inline int device_sm_count() {
+  int device = 0;
+  int sms = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) { return 1; }
+  if (cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device) != cudaSuccess) { return 1; }
+  return sms;
+}
+
+// Errors are reported through the CUDA error state (the caller reads cudaGetLastError()).
+template <int kHeadDim, class Element, dash::MaskKind kMask>
+void run_fwd_(const dash::FwdParams& params, cudaStream_t stream) {
+  using Traits = FwdKernelTraits<kHeadDim, Element, kMask>;
+  using Kernel = FwdKernel<Traits>;
+  AttnShape const& s = params.shape;
+  if (s.batch <= 0 || s.seqlen_q <= 0 || s.nheads <= 0) { return; }
+
+  typename Kernel::Params kernel_params{
+      Kernel::Mainloop::make_params(params),
+      Kernel::Epilogue::make_params(params),
+      Kernel::Scheduler::make_params(s.seqlen_q, Traits::kBlockM, s.nheads, s.batch),
+  };
+  int const num_sms = params.num_sms > 0 ? params.num_sms : device_sm_count();
+  int const grid = Kernel::Scheduler::grid_size(kernel_params.scheduler, num_sms);
+
+  auto kernel = fwd_kernel<Traits>;
+  constexpr int kSmemBytes = Traits::kSharedStorageBytes;
+  if (cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes) != cudaSuccess) {
+    return;
+  }
+  kernel<<<grid, Traits::kNumThreads, kSmemBytes, stream>>>(kernel_params);
+}
+
+}  // namespace dash::fwd

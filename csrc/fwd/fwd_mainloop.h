@@ -1,0 +1,453 @@
+// Forward mainloop: the producer warp streams Q once per tile and K/V tile by tile through two TMA/mbarrier rings; the
+// consumer warpgroups compute S = Q K^T with WGMMA, run the online softmax on the accumulator registers and add
+// P V into the O accumulator. Key tiles are walked from the last one down so that the tiles that need masking
+// (ragged seqlen_k, causal diagonal) come first and the steady state runs mask-free.
+#pragma once
+
+#include <algorithm>
+#include <cmath>
+
+#include <cute/tensor.hpp>
+#include <cutlass/arch/barrier.h>
+#include <cutlass/numeric_conversion.h>
+
+#include "fwd/fwd_config.h"
+
+namespace dash::fwd {
+
+// Named barrier ids used by this kernel (CUTLASS offsets them past its reserved ids). kTurnFirst + w is the
+// issue-turn barrier of consumer warpgroup w.
+enum class FwdNamedBarrier : uint32_t { kQueryEmpty = 0, kTurnFirst = 1 };
+
+// Round-robin issue turns of the consumer warpgroups (when the tile config asks for them): warpgroup w issues its
+// GEMMs only after warpgroup w - 1 has issued its own for the same step, so the tensor cores work on one warpgroup's
+// GEMMs while the others run their softmax. Every warpgroup takes the same number of turns (same tiles, same key
+// tiles); the last warpgroup pre-arrives on the first one's barrier, and finish() consumes that extra arrival.
+template <class Traits>
+struct WarpGroupTurns {
+  static constexpr int kNum = Traits::kNumConsumerWarpGroups;
+  static constexpr bool kEnabled = Traits::Tile::kPingPong && kNum > 1;
+  static constexpr uint32_t kThreads = 2 * cutlass::NumThreadsPerWarpGroup;  // the waiter and its predecessor
+
+  CUTLASS_DEVICE static uint32_t barrier(int wg) {
+    return static_cast<uint32_t>(FwdNamedBarrier::kTurnFirst) + static_cast<uint32_t>(wg);
+  }
+  CUTLASS_DEVICE static void init(int wg) {
+    if constexpr (kEnabled) {
+      if (wg == kNum - 1) { cutlass::arch::NamedBarrier::arrive(kThreads, barrier(0)); }
+    }
+  }
+  CUTLASS_DEVICE static void begin(int wg) {
+    if constexpr (kEnabled) { cutlass::arch::NamedBarrier::arrive_and_wait(kThreads, barrier(wg)); }
+  }
+  CUTLASS_DEVICE static void end(int wg) {
+    if constexpr (kEnabled) { cutlass::arch::NamedBarrier::arrive(kThreads, barrier((wg + 1) % kNum)); }
+  }
+  CUTLASS_DEVICE static void finish(int wg) {
+    if constexpr (kEnabled) {
+      if (wg == 0) { cutlass::arch::NamedBarrier::arrive_and_wait(kThreads, barrier(0)); }
+    }
+  }
+};
+
+// --- Register layout helpers ---------------------------------------------------------------------------------------
+
+// A WGMMA accumulator fragment is ((2 cols, 2 rows, N/8 col groups), MMA_M, MMA_N). View it as (rows, cols) so that
+// softmax code can loop over the rows a thread owns and the columns of each row.
+template <class Layout>
+CUTLASS_DEVICE constexpr auto acc_to_rowcol(Layout const& acc) {
+  using namespace cute;
+  auto v = get<0>(acc);
+  return make_layout(make_layout(get<1>(v), get<1>(acc)), make_layout(get<0>(v), get<2>(v), get<2>(acc)));
+}
+
+// The same registers, read as the A operand of the register-sourced P V WGMMA: one k-block of 16 keys is two of the
+// accumulator's 8-column groups, so the column-group mode splits into (2, N/16).
+template <class Layout>
+CUTLASS_DEVICE constexpr auto acc_to_operand_a(Layout const& acc) {
+  using namespace cute;
+  auto v = logical_divide(get<0>(acc), Shape<Underscore, Underscore, _2>{});
+  return make_layout(make_layout(get<0>(v), get<1>(v), get<2, 0>(v)), get<1>(acc),
+                     coalesce(make_layout(get<2, 1>(v), get<2>(acc))));
+}
+
+// Issue one warpgroup GEMM C (+)= A B over all k-blocks as one commit group. kWait >= 0 waits until at most kWait
+// groups are in flight; kWait < 0 returns with the GEMM still running (the caller waits later).
+template <int kWait, class TiledMma, class TA, class TB, class TC>
+CUTLASS_DEVICE void warpgroup_gemm(TiledMma& tiled_mma, TA const& tA, TB const& tB, TC& tC, bool zero_init) {
+  using namespace cute;
+  // A is either GMMA shared-memory descriptors (QK^T) or register values (P V); only the latter need fencing.
+  constexpr bool kRegisterA = !is_same_v<typename TA::iterator, GMMA::DescriptorIterator>;
+  if constexpr (kRegisterA) { warpgroup_fence_operand(const_cast<TA&>(tA)); }
+  warpgroup_fence_operand(tC);
+  warpgroup_arrive();
+  tiled_mma.accumulate_ = zero_init ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One;
+  CUTLASS_PRAGMA_UNROLL
+  for (int k = 0; k < size<2>(tA); ++k) {
+    gemm(tiled_mma, tA(_, _, k), tB(_, _, k), tC);
+    tiled_mma.accumulate_ = GMMA::ScaleOut::One;
+  }
+  warpgroup_commit_batch();
+  if constexpr (kWait >= 0) { warpgroup_wait<kWait>(); }
+  warpgroup_fence_operand(tC);
+  if constexpr (kRegisterA) { warpgroup_fence_operand(const_cast<TA&>(tA)); }
+}
+
+// Float fragment -> Element fragment of the same layout (packed conversions).
+template <class To, class TensorFrom, class TensorTo>
+CUTLASS_DEVICE void convert_fragment(TensorFrom const& from, TensorTo& to) {
+  using From = typename TensorFrom::value_type;
+  constexpr int kN = decltype(cute::size(from))::value;
+  static_assert(decltype(cute::size(to))::value == kN);
+  cutlass::NumericArrayConverter<To, From, kN> convert;
+  *reinterpret_cast<cutlass::Array<To, kN>*>(to.data()) =
+      convert(*reinterpret_cast<cutlass::Array<From, kN> const*>(from.data()));
+}
+
+// --- Online softmax ------------------------------------------------------------------------------------------------
+
+// Running row max and row sum for the kRows query rows a consumer thread holds. Scores stay raw (unscaled) in the
+// accumulator; exponentials are taken in base 2 with the scale folded into one FFMA. The four threads of a quad share
+// a row: the max is reduced across them every step, the sum only once at the end (each thread keeps a partial sum).
+template <int kRows>
+struct OnlineSoftmax {
+  float row_max[kRows];
+  float row_sum[kRows];
+
+  CUTLASS_DEVICE void reset() {
+    CUTLASS_PRAGMA_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      row_max[r] = -INFINITY;
+      row_sum[r] = 0.f;
+    }
+  }
+
+  CUTLASS_DEVICE static float quad_max(float x) {
+    x = fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 1));
+    return fmaxf(x, __shfl_xor_sync(0xffffffffu, x, 2));
+  }
+  CUTLASS_DEVICE static float quad_sum(float x) {
+    x += __shfl_xor_sync(0xffffffffu, x, 1);
+    return x + __shfl_xor_sync(0xffffffffu, x, 2);
+  }
+
+  // Turns scores (rows, cols) into unnormalised probabilities in place; returns per row the factor by which the
+  // previous O accumulator must be multiplied.
+  template <class TensorS>
+  CUTLASS_DEVICE cute::array<float, kRows> step(TensorS& s, float scale_log2) {
+    static_assert(decltype(cute::size<0>(s))::value == kRows, "softmax rows must match the accumulator rows");
+    cute::array<float, kRows> correction;
+    CUTLASS_PRAGMA_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      float const old_max = row_max[r];
+      float m = old_max;
+      CUTLASS_PRAGMA_UNROLL
+      for (int c = 0; c < cute::size<1>(s); ++c) { m = fmaxf(m, s(r, c)); }
+      m = quad_max(m);
+      row_max[r] = m;
+      // A row that has seen only masked keys keeps max -inf; subtracting 0 instead keeps exp2(-inf) = 0, not NaN.
+      float const max_scaled = m == -INFINITY ? 0.f : m * scale_log2;
+      correction[r] = old_max == -INFINITY ? 0.f : exp2f(old_max * scale_log2 - max_scaled);
+      float sum = 0.f;
+      CUTLASS_PRAGMA_UNROLL
+      for (int c = 0; c < cute::size<1>(s); ++c) {
+        s(r, c) = exp2f(s(r, c) * scale_log2 - max_scaled);
+        sum += s(r, c);
+      }
+      row_sum[r] = row_sum[r] * correction[r] + sum;
+    }
+    return correction;
+  }
+
+  template <class TensorO>
+  CUTLASS_DEVICE static void rescale(TensorO& o, cute::array<float, kRows> const& factor) {
+    CUTLASS_PRAGMA_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int c = 0; c < cute::size<1>(o); ++c) { o(r, c) *= factor[r]; }
+    }
+  }
+
+  // Normalises O by the row sums and returns the natural-log LSE per row (-inf, with O = 0, for rows that saw no
+  // key).
+  template <class TensorO>
+  CUTLASS_DEVICE cute::array<float, kRows> finalize(TensorO& o, float softmax_scale) {
+    cute::array<float, kRows> lse;
+    cute::array<float, kRows> inv_sum;
+    CUTLASS_PRAGMA_UNROLL
+    for (int r = 0; r < kRows; ++r) {
+      float const sum = quad_sum(row_sum[r]);
+      bool const empty = sum == 0.f || sum != sum;
+      inv_sum[r] = empty ? 0.f : 1.f / sum;
+      lse[r] = empty ? -INFINITY : row_max[r] * softmax_scale + logf(sum);
+    }
+    rescale(o, inv_sum);
+    return lse;
+  }
+};
+
+// --- Mainloop ------------------------------------------------------------------------------------------------------
+
+template <class Traits>
+struct FwdMainloop {
+  using Element = typename Traits::Element;
+  static constexpr int kBlockM = Traits::kBlockM;
+  static constexpr int kBlockN = Traits::kBlockN;
+  static constexpr int kHeadDim = Traits::kHeadDim;
+  static constexpr bool kCausal = Traits::kCausal;
+  using SharedStorage = typename Traits::SharedStorage;
+  using PipelineKV = typename Traits::PipelineKV;
+  using PipelineState = typename Traits::PipelineState;
+
+  // Global tensors as (seqlen, headdim, heads, batch); headdim is the contiguous mode.
+  using ShapeQKV = cute::Shape<int32_t, int32_t, int32_t, int32_t>;
+  using StrideQKV = cute::Stride<int64_t, cute::_1, int64_t, int64_t>;
+
+  template <class SmemLayout, class TileShape>
+  static auto make_tma(Element const* ptr, ShapeQKV const& shape, StrideQKV const& stride, SmemLayout smem,
+                       TileShape tile) {
+    auto tensor = cute::make_tensor(cute::make_gmem_ptr(ptr), shape, stride);
+    return cute::make_tma_copy(cute::SM90_TMA_LOAD{}, tensor, smem, tile, cute::_1{});
+  }
+  using TileQ = cute::Shape<cute::Int<kBlockM>, cute::Int<kHeadDim>>;
+  using TileKV = cute::Shape<cute::Int<kBlockN>, cute::Int<kHeadDim>>;
+  using TmaQ = decltype(make_tma(nullptr, ShapeQKV{}, StrideQKV{}, typename Traits::SmemLayoutQ{}, TileQ{}));
+  using TmaKV = decltype(make_tma(nullptr, ShapeQKV{}, StrideQKV{},
+                                  cute::take<0, 2>(typename Traits::SmemLayoutKV{}), TileKV{}));
+
+  struct Params {
+    TmaQ tma_q;
+    TmaKV tma_k;
+    TmaKV tma_v;
+    ShapeQKV shape_q;
+    ShapeQKV shape_k;
+    int32_t seqlen_q;
+    int32_t seqlen_k;
+    int32_t head_ratio;  // nheads / nheads_k
+    float scale_log2;    // softmax_scale * log2(e)
+  };
+
+  static Params make_params(FwdParams const& p) {
+    AttnShape const& s = p.shape;
+    // A zero-length sequence has no tiles to load, but the tensor map still needs a non-empty extent.
+    ShapeQKV shape_q{std::max(s.seqlen_q, 1), s.headdim, s.nheads, s.batch};
+    ShapeQKV shape_k{std::max(s.seqlen_k, 1), s.headdim, s.nheads_k, s.batch};
+    auto stride = [](TensorStrides const& t) { return StrideQKV{t.row, cute::_1{}, t.head, t.batch}; };
+    auto const* q = static_cast<Element const*>(p.q);
+    auto const* k = static_cast<Element const*>(p.k);
+    auto const* v = static_cast<Element const*>(p.v);
+    auto kv_smem = cute::take<0, 2>(typename Traits::SmemLayoutKV{});
+    return {make_tma(q, shape_q, stride(p.q_stride), typename Traits::SmemLayoutQ{}, TileQ{}),
+            make_tma(k, shape_k, stride(p.k_stride), kv_smem, TileKV{}),
+            make_tma(v, shape_k, stride(p.v_stride), kv_smem, TileKV{}),
+            shape_q,
+            shape_k,
+            s.seqlen_q,
+            s.seqlen_k,
+            s.nheads / s.nheads_k,
+            s.softmax_scale * static_cast<float>(M_LOG2E)};
+  }
+
+  CUTLASS_DEVICE static void prefetch_descriptors(Params const& p) {
+    cute::prefetch_tma_descriptor(p.tma_q.get_tma_descriptor());
+    cute::prefetch_tma_descriptor(p.tma_k.get_tma_descriptor());
+    cute::prefetch_tma_descriptor(p.tma_v.get_tma_descriptor());
+  }
+
+  // Number of key tiles query tile m_block sees (tiles [0, n_block_max)); 0 means the whole tile is masked.
+  CUTLASS_DEVICE static int n_block_max(Params const& p, int m_block) {
+    int last_col = p.seqlen_k;
+    if constexpr (kCausal) {
+      // Bottom-right alignment: row i sees keys j <= i + seqlen_k - seqlen_q.
+      last_col = min(last_col, (m_block + 1) * kBlockM + p.seqlen_k - p.seqlen_q);
+    }
+    return last_col <= 0 ? 0 : (last_col + kBlockN - 1) / kBlockN;
+  }
+
+  // Producer: one warp; lane 0 issues every TMA and carries the expect-tx arrivals (it is the pipelines' leader).
+  // Load order per tile: K[last], Q, then (K[n], V[n+1]) pairs walking down, then V[0]; the consumer uses them in
+  // the same order. Q is rewritten only after the consumers signal that the previous tile's QK^T GEMMs are done.
+  CUTLASS_DEVICE static void load(Params const& p, SharedStorage& smem, PipelineKV& pipeline_k,
+                                  PipelineKV& pipeline_v, PipelineState& write_k, PipelineState& write_v,
+                                  int m_block, int head, int batch, int n_blocks, bool first_tile) {
+    using namespace cute;
+    bool const issuer = cutlass::canonical_lane_idx() == 0;
+    int const head_k = head / p.head_ratio;
+    Tensor mQ = p.tma_q.get_tma_tensor(p.shape_q);
+    Tensor mK = p.tma_k.get_tma_tensor(p.shape_k);
+    Tensor mV = p.tma_v.get_tma_tensor(p.shape_k);
+    Tensor gQ = local_tile(mQ(_, _, head, batch), TileQ{}, make_coord(m_block, _0{}));  // (M, D)
+    Tensor gK = local_tile(mK(_, _, head_k, batch), TileKV{}, make_coord(_, _0{}));     // (N, D, n)
+    Tensor gV = local_tile(mV(_, _, head_k, batch), TileKV{}, make_coord(_, _0{}));     // (N, D, n)
+    Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), typename Traits::SmemLayoutQ{});
+    Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), typename Traits::SmemLayoutKV{});
+    Tensor sV = make_tensor(make_smem_ptr(smem.v.data()), typename Traits::SmemLayoutKV{});
+    auto q_parts = tma_partition(p.tma_q, _0{}, Layout<_1>{}, group_modes<0, 2>(sQ), group_modes<0, 2>(gQ));
+    auto k_parts = tma_partition(p.tma_k, _0{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
+    auto v_parts = tma_partition(p.tma_v, _0{}, Layout<_1>{}, group_modes<0, 2>(sV), group_modes<0, 2>(gV));
+    Tensor tQgQ = get<0>(q_parts);  // (TMA, ...) source and destination views
+    Tensor tQsQ = get<1>(q_parts);
+    Tensor tKgK = get<0>(k_parts);  // (TMA, n)
+    Tensor tKsK = get<1>(k_parts);  // (TMA, stage)
+    Tensor tVgV = get<0>(v_parts);
+    Tensor tVsV = get<1>(v_parts);
+
+    auto load_k = [&](int n_block) {
+      pipeline_k.producer_acquire(write_k);
+      if (issuer) {
+        copy(p.tma_k.with(*pipeline_k.producer_get_barrier(write_k)), tKgK(_, n_block), tKsK(_, write_k.index()));
+      }
+      ++write_k;
+    };
+    auto load_v = [&](int n_block) {
+      pipeline_v.producer_acquire(write_v);
+      if (issuer) {
+        copy(p.tma_v.with(*pipeline_v.producer_get_barrier(write_v)), tVgV(_, n_block), tVsV(_, write_v.index()));
+      }
+      ++write_v;
+    };
+
+    int n_block = n_blocks - 1;
+    load_k(n_block);
+    if (!first_tile) {
+      cutlass::arch::NamedBarrier::arrive_and_wait(Traits::kNumConsumerThreads + cutlass::NumThreadsPerWarp,
+                                                   static_cast<uint32_t>(FwdNamedBarrier::kQueryEmpty));
+    }
+    if (issuer) {
+      cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&smem.barrier_q, Traits::kTmaBytesQ);
+      copy(p.tma_q.with(smem.barrier_q), tQgQ, tQsQ);
+    }
+    for (; n_block > 0; --n_block) {
+      load_k(n_block - 1);
+      load_v(n_block);
+    }
+    load_v(0);
+  }
+
+  // Called once by the producer after its last tile: matches the consumers' query-empty arrival of that tile so
+  // that every arrival on the named barrier has its wait.
+  CUTLASS_DEVICE static void load_tail() {
+    cutlass::arch::NamedBarrier::arrive_and_wait(Traits::kNumConsumerThreads + cutlass::NumThreadsPerWarp,
+                                                 static_cast<uint32_t>(FwdNamedBarrier::kQueryEmpty));
+  }
+
+  // Scores of key tile n_block that are outside the mask become -inf. Only the last key tile can be ragged; the
+  // causal limit moves with the row.
+  template <class TensorS, class TensorC>
+  CUTLASS_DEVICE static void apply_mask(Params const& p, TensorS& s, TensorC const& coord, int m_block,
+                                        int n_block) {
+    using namespace cute;
+    int const col_limit_k = p.seqlen_k - n_block * kBlockN;
+    CUTLASS_PRAGMA_UNROLL
+    for (int r = 0; r < size<0>(s); ++r) {
+      int col_limit = col_limit_k;
+      if constexpr (kCausal) {
+        int const row = m_block * kBlockM + get<0>(coord(r, 0));
+        col_limit = min(col_limit, row + 1 + p.seqlen_k - p.seqlen_q - n_block * kBlockN);
+      }
+      CUTLASS_PRAGMA_UNROLL
+      for (int c = 0; c < size<1>(s); ++c) {
+        if (get<1>(coord(r, c)) >= col_limit) { s(r, c) = -INFINITY; }
+      }
+    }
+  }
+
+  CUTLASS_DEVICE static bool needs_mask(Params const& p, int m_block, int n_block) {
+    bool const ragged = (n_block + 1) * kBlockN > p.seqlen_k;
+    bool const diagonal = kCausal && (n_block + 1) * kBlockN - 1 > m_block * kBlockM + p.seqlen_k - p.seqlen_q;
+    return ragged || diagonal;
+  }
+
+  // Consumer: computes the unnormalised O tile (accumulator tOrO, cleared here) and the softmax statistics for one
+  // query tile with n_blocks > 0 key tiles. Overlap inside each warpgroup: the QK^T GEMM of tile n and the PV GEMM
+  // of tile n+1 are in flight together while the previous softmax result is converted.
+  template <class FragO, class Softmax>
+  CUTLASS_DEVICE static void mma(Params const& p, SharedStorage& smem, PipelineKV& pipeline_k,
+                                 PipelineKV& pipeline_v, PipelineState& read_k, PipelineState& read_v,
+                                 uint32_t q_phase, int thread_idx, int m_block, int n_blocks, FragO& tOrO,
+                                 Softmax& softmax) {
+    using namespace cute;
+    typename Traits::TiledMmaQK mma_qk;
+    typename Traits::TiledMmaPV mma_pv;
+    auto thr_qk = mma_qk.get_thread_slice(thread_idx);
+    auto thr_pv = mma_pv.get_thread_slice(thread_idx);
+
+    Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), typename Traits::SmemLayoutQ{});
+    Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), typename Traits::SmemLayoutKV{});
+    Tensor sVt = make_tensor(make_smem_ptr(smem.v.data()), typename Traits::SmemLayoutVt{});
+    Tensor tSrQ = thr_qk.partition_fragment_A(sQ);
+    Tensor tSrK = thr_qk.partition_fragment_B(sK);
+    Tensor tOrV = thr_pv.partition_fragment_B(sVt);
+
+    Tensor tSrS = partition_fragment_C(mma_qk, select<0, 1>(typename Traits::TileShapeQK{}));
+    Tensor tOrP = make_tensor<Element>(acc_to_operand_a(tSrS.layout()));
+    Tensor s_rc = make_tensor(tSrS.data(), acc_to_rowcol(tSrS.layout()));
+    Tensor o_rc = make_tensor(tOrO.data(), acc_to_rowcol(tOrO.layout()));
+    Tensor cS = make_identity_tensor(select<0, 1>(typename Traits::TileShapeQK{}));
+    Tensor tScS = thr_qk.partition_C(cS);
+    Tensor coord_rc = make_tensor(tScS.data(), acc_to_rowcol(tScS.layout()));
+
+    clear(tOrO);
+    softmax.reset();
+
+    auto convert_p = [&]() {
+      Tensor p_flat = make_tensor(tOrP.data(), tSrS.layout());
+      convert_fragment<Element>(tSrS, p_flat);
+    };
+
+    cutlass::arch::ClusterTransactionBarrier::wait(&smem.barrier_q, q_phase);
+
+    using Turns = WarpGroupTurns<Traits>;
+    int const wg = thread_idx / cutlass::NumThreadsPerWarpGroup;
+    int n_block = n_blocks - 1;
+    pipeline_k.consumer_wait(read_k);
+    Turns::begin(wg);
+    warpgroup_gemm<-1>(mma_qk, tSrQ, tSrK(_, _, _, read_k.index()), tSrS, /*zero_init=*/true);
+    Turns::end(wg);
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(tSrS);
+    pipeline_k.consumer_release(read_k);
+    ++read_k;
+    if (needs_mask(p, m_block, n_block)) { apply_mask(p, s_rc, coord_rc, m_block, n_block); }
+    softmax.step(s_rc, p.scale_log2);
+    convert_p();
+
+    for (--n_block; n_block >= 0; --n_block) {
+      pipeline_k.consumer_wait(read_k);
+      pipeline_v.consumer_wait(read_v);
+      Turns::begin(wg);
+      warpgroup_gemm<-1>(mma_qk, tSrQ, tSrK(_, _, _, read_k.index()), tSrS, /*zero_init=*/true);
+      warpgroup_gemm<-1>(mma_pv, tOrP, tOrV(_, _, _, read_v.index()), tOrO, /*zero_init=*/false);
+      Turns::end(wg);
+      warpgroup_wait<1>();
+      warpgroup_fence_operand(tSrS);
+      pipeline_k.consumer_release(read_k);
+      ++read_k;
+      if (needs_mask(p, m_block, n_block)) { apply_mask(p, s_rc, coord_rc, m_block, n_block); }
+      auto const correction = softmax.step(s_rc, p.scale_log2);
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(tOrO);
+      warpgroup_fence_operand(tOrP);
+      pipeline_v.consumer_release(read_v);
+      ++read_v;
+      Softmax::rescale(o_rc, correction);
+      convert_p();
+    }
+
+    // Every QK^T GEMM of this tile has completed: the producer may overwrite Q with the next tile's.
+    cutlass::arch::NamedBarrier::arrive(Traits::kNumConsumerThreads + cutlass::NumThreadsPerWarp,
+                                        static_cast<uint32_t>(FwdNamedBarrier::kQueryEmpty));
+
+    pipeline_v.consumer_wait(read_v);
+    Turns::begin(wg);
+    warpgroup_gemm<-1>(mma_pv, tOrP, tOrV(_, _, _, read_v.index()), tOrO, /*zero_init=*/false);
+    Turns::end(wg);
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(tOrO);
+    warpgroup_fence_operand(tOrP);
+    pipeline_v.consumer_release(read_v);
+    ++read_v;
+  }
+};
+
+}  // namespace dash::fwd

@@ -11,7 +11,7 @@ NVCC_FLAGS = -std=c++17 -O3 --use_fast_math -gencode arch=compute_90a,code=sm_90
 	-DDASH_ENABLE_$(shell echo $(CHECK_DTYPE) | tr a-z A-Z)
 export CPLUS_INCLUDE_PATH := /usr/local/cuda/include/cccl:$(CPLUS_INCLUDE_PATH)
 
-.PHONY: deps install dev gen test test-gpu check-kernels demo bench clean
+.PHONY: deps install dev gen test test-gpu check-kernels prebuild demo bench clean
 
 # Test/runtime dependencies; torch only when missing (a CPU machine gets the CPU build, a GPU node keeps its own).
 deps:
@@ -43,6 +43,24 @@ check-kernels:
 	    csrc/instantiations/bwd_hdim$(CHECK_HDIM)_$(CHECK_DTYPE)_*.cu; do \
 	  echo "== $$f"; $(NVCC) $(NVCC_FLAGS) -Xptxas -v -c $$f -o build/check/$$(basename $$f .cu).o 2>&1 \
 	    | $(PYTHON) csrc/tools/check_spills.py || exit 1; done
+
+# Kernel objects (torch-free) for DASH_ATTN_PREBUILT_DIR=build/prebuilt: compile on a CPU machine, link on the GPU node.
+PREBUILD_HDIMS ?= 64 128
+PREBUILD_DTYPES ?= bf16 fp16
+PREBUILD_DEFS = $(foreach h,$(PREBUILD_HDIMS),-DDASH_ENABLE_HDIM_$(h)) \
+	$(foreach d,$(PREBUILD_DTYPES),-DDASH_ENABLE_$(shell echo $(d) | tr a-z A-Z))
+PREBUILD_SRCS = csrc/fwd/fwd_dispatch.cu csrc/bwd/bwd_dispatch.cu \
+	$(foreach h,$(PREBUILD_HDIMS),$(foreach d,$(PREBUILD_DTYPES),$(foreach m,full causal,$(foreach dir,fwd bwd,\
+	csrc/instantiations/$(dir)_hdim$(h)_$(d)_$(m).cu))))
+PREBUILD_OBJS = $(patsubst %.cu,build/prebuilt/%.o,$(notdir $(PREBUILD_SRCS)))
+vpath %.cu csrc/fwd csrc/bwd csrc/instantiations
+
+prebuild: $(PREBUILD_OBJS)
+
+build/prebuilt/%.o: %.cu
+	@mkdir -p build/prebuilt
+	$(NVCC) -std=c++17 -O3 --use_fast_math -gencode arch=compute_90a,code=sm_90a --expt-relaxed-constexpr \
+	  --expt-extended-lambda -Icsrc -I$(CUTLASS_INC) $(PREBUILD_DEFS) -Xcompiler -fPIC -c $< -o $@
 
 demo:
 	$(PYTHON) -m dash_attn demo $(DEMO_ARGS)

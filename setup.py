@@ -12,6 +12,7 @@ Environment knobs:
   DASH_ATTN_SKIP_CUDA_BUILD  "1" skips dash_attn._C even where it could be built
   DASH_ATTN_DEBUG_SPIN       "1" turns an over-long semaphore spin into a trap that prints the tile coordinates
   DASH_ATTN_LINEINFO         "1" adds -lineinfo (sanitizer/profiler source lines)
+  DASH_ATTN_PREBUILT_DIR     folder of kernel objects from `make prebuild` to link instead of compiling them
   CUTLASS_DIR                CUTLASS checkout/install whose include/ holds cute/ and cutlass/ (else the
                              nvidia-cutlass==4.2.0.0 wheel is located without importing it; see third_party/)
 """
@@ -87,6 +88,26 @@ def cuda_build_blocker():
     return None
 
 
+def _split_prebuilt(sources):
+    """Kernel objects compiled elsewhere (`make prebuild` on a CPU machine) replace their .cu sources.
+
+    The kernel TUs include no torch header, so they can be compiled on any machine with nvcc; only the binding TU
+    needs the target's torch. This keeps GPU-node builds to seconds.
+    """
+    directory = os.environ.get("DASH_ATTN_PREBUILT_DIR")
+    if not directory:
+        return sources, []
+    kept, objects = [], []
+    for src in sources:
+        obj = pathlib.Path(directory) / (pathlib.Path(src).stem + ".o")
+        if src.endswith(".cu") and obj.is_file():
+            objects.append(str(obj.resolve()))
+        else:
+            kept.append(src)
+    print(f"dash_attn: linking {len(objects)} prebuilt kernel objects from {directory}")
+    return kept, objects
+
+
 def cuda_extension():
     from torch.utils.cpp_extension import CUDAExtension
 
@@ -110,9 +131,11 @@ def cuda_extension():
         nvcc_flags.append("-lineinfo")  # for compute-sanitizer / ncu source views; makes the .so much larger
     if os.environ.get("DASH_ATTN_DEBUG_SPIN", "0") == "1":
         nvcc_flags.append("-DDASH_BWD_SPIN_TRAP")
+    sources, prebuilt = _split_prebuilt(sources)
     return CUDAExtension(
         "dash_attn._C",
         sources,
+        extra_objects=prebuilt,
         include_dirs=[str(CSRC), cutlass_include_dir()],
         extra_compile_args={"cxx": ["-O3", "-std=c++17"] + defines, "nvcc": nvcc_flags},
     )

@@ -1,0 +1,127 @@
+// Tile configuration of the sm90 backward kernel, one named struct per head dimension.
+//
+// The CTA has three warpgroups: warpgroup 0 holds the producer warp (TMA loads) and the dQ-writer warp; warpgroups 1
+// and 2 are the consumers that issue WGMMA. Every GEMM of a step is shared by the two consumer warpgroups; the
+// *WarpGroups fields say how they split each GEMM's (M, N) so that every warpgroup gets one 64-row WGMMA slice.
+//
+// GEMMs of one step (Q_i: kBlockM x d, K_j/V_j: kBlockN x d):
+//   S^T  = K_j Q_i^T    (kBlockN x kBlockM, reduction over d)        -> "SdP" split
+//   dP^T = V_j dO_i^T   (same shape)                                  -> "SdP" split
+//   dV  += P^T dO_i     (kBlockN x d, reduction over kBlockM)         -> "dKV" split
+//   dK  += dS^T Q_i     (same shape)                                  -> "dKV" split
+//   dQ_i = dS K_j       (kBlockM x d, reduction over kBlockN)         -> "dQ" split
+// Computing S and dP transposed keeps each KV row's P and dS in the warpgroup that accumulates that row of dK/dV.
+#pragma once
+#include <cstddef>
+#include <cstdint>
+
+#include "common/params.h"
+
+namespace dash::bwd {
+
+struct BwdTileConfig {
+  int32_t block_m;
+  int32_t block_n;
+  int32_t stages;  // depth of the Q/dO/LSE/D pipeline
+};
+
+// (warpgroups along M, warpgroups along N) of one GEMM; the product is the number of consumer warpgroups.
+template <int kM, int kN>
+struct WarpGroupSplit {
+  static constexpr int kAlongM = kM;
+  static constexpr int kAlongN = kN;
+};
+
+template <int kHeadDim>
+struct BwdConfig;
+
+// hdim 128: 64 x 128 tiles (what FA3 uses for causal); 2 stages fit in 192 KB of shared memory.
+template <>
+struct BwdConfig<128> {
+  static constexpr int kBlockM = 64;
+  static constexpr int kBlockN = 128;
+  static constexpr int kStages = 2;
+  using SdPSplit = WarpGroupSplit<2, 1>;  // each warpgroup owns 64 KV rows of S^T
+  using dKVSplit = WarpGroupSplit<2, 1>;  // ... and the same 64 KV rows of dK/dV
+  using dQSplit = WarpGroupSplit<1, 2>;   // dQ (64 x 128): each warpgroup owns 64 columns of d
+};
+
+// hdim 64: 128 x 128 tiles.
+template <>
+struct BwdConfig<64> {
+  static constexpr int kBlockM = 128;
+  static constexpr int kBlockN = 128;
+  static constexpr int kStages = 2;
+  using SdPSplit = WarpGroupSplit<2, 1>;
+  using dKVSplit = WarpGroupSplit<2, 1>;
+  using dQSplit = WarpGroupSplit<2, 1>;  // dQ (128 x 64): each warpgroup owns 64 query rows
+};
+
+// hdim 256: 64 x 64 tiles, one stage (a second stage of Q and dO would not fit next to K, V and the dQ staging).
+template <>
+struct BwdConfig<256> {
+  static constexpr int kBlockM = 64;
+  static constexpr int kBlockN = 64;
+  static constexpr int kStages = 1;
+  using SdPSplit = WarpGroupSplit<1, 2>;  // S^T (64 x 64): each warpgroup owns 32 query columns
+  using dKVSplit = WarpGroupSplit<1, 2>;  // dK/dV (64 x 256): each warpgroup owns 128 columns of d
+  using dQSplit = WarpGroupSplit<1, 2>;
+};
+
+// Run-time view of the same table, for the host (workspace sizing, dash_bwd_tile_shape).
+inline BwdTileConfig bwd_tile_config(int32_t headdim) {
+  switch (headdim) {
+    case 64: return {BwdConfig<64>::kBlockM, BwdConfig<64>::kBlockN, BwdConfig<64>::kStages};
+    case 128: return {BwdConfig<128>::kBlockM, BwdConfig<128>::kBlockN, BwdConfig<128>::kStages};
+    case 256: return {BwdConfig<256>::kBlockM, BwdConfig<256>::kBlockN, BwdConfig<256>::kStages};
+    default: return {0, 0, 0};
+  }
+}
+
+// Workspace of one backward call (dash_bwd_workspace_bytes), byte offsets from the workspace base, each region
+// 128-byte aligned:
+//   dq_accum   fp32 (batch, nheads, seqlen_q rounded up to kBlockM, d), tiles in the dQ writer's permuted order
+//   lse_log2   fp32 (batch, nheads, seqlen_q_rounded)
+//   dsum       fp32 (batch, nheads, seqlen_q_rounded)   D = rowsum(dO * O)
+//   semaphores int32 (batch, nheads, num_m_blocks)      dQ accumulation position per Q tile (deterministic mode)
+struct BwdWorkspaceLayout {
+  int32_t num_m_blocks = 0;
+  int32_t seqlen_q_rounded = 0;
+  size_t dq_accum = 0, lse_log2 = 0, dsum = 0, semaphores = 0, total = 0;
+};
+
+inline BwdWorkspaceLayout bwd_workspace_layout(const AttnShape& s) {
+  auto align = [](size_t x) { return (x + 127) / 128 * 128; };
+  BwdWorkspaceLayout w;
+  const BwdTileConfig cfg = bwd_tile_config(s.headdim);
+  if (cfg.block_m == 0) return w;
+  w.num_m_blocks = (s.seqlen_q + cfg.block_m - 1) / cfg.block_m;
+  w.seqlen_q_rounded = w.num_m_blocks * cfg.block_m;
+  const size_t bh = size_t(s.batch) * size_t(s.nheads);
+  size_t off = 0;
+  w.dq_accum = off;
+  off = align(off + bh * w.seqlen_q_rounded * size_t(s.headdim) * sizeof(float));
+  w.lse_log2 = off;
+  off = align(off + bh * w.seqlen_q_rounded * sizeof(float));
+  w.dsum = off;
+  off = align(off + bh * w.seqlen_q_rounded * sizeof(float));
+  w.semaphores = off;
+  off = align(off + bh * w.num_m_blocks * sizeof(int32_t));
+  w.total = off;
+  return w;
+}
+
+// Thread roles of the CTA.
+struct BwdThreads {
+  static constexpr int kNumMmaWarpGroups = 2;
+  static constexpr int kNumMmaThreads = 128 * kNumMmaWarpGroups;
+  static constexpr int kNumThreads = 128 + kNumMmaThreads;  // producer warpgroup + consumers
+  static constexpr int kProducerWarp = 0;                    // warp 0: TMA loads
+  static constexpr int kDqWriterWarp = 1;                    // warp 1: dQ bulk reduce-add
+  // setmaxnreg budgets: 128 * (kProducerRegs + 2 * kConsumerRegs) must fit the 64K register file. Keep it below
+  // the full file: a build with 32 + 2 * 240 (exactly 64K) hung on the H200, 24 + 2 * 240 runs.
+  static constexpr int kProducerRegs = 24;
+  static constexpr int kConsumerRegs = 240;
+};
+
+}  // namespace dash::bwd

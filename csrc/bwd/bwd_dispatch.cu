@@ -1,0 +1,96 @@
+// C ABI of the backward (common/params.h): picks the (hdim, dtype, mask) instantiation. The kernels themselves live
+// in csrc/instantiations/bwd_*.cu; this TU only declares the launch template, so it compiles in seconds.
+// Build-time subsets: DASH_ENABLE_HDIM_{64,128,256} and DASH_ENABLE_{FP16,BF16}; anything not built returns -1.
+#include <cuda_runtime.h>
+
+#include <cutlass/numeric_types.h>
+
+#include "bwd/bwd_config.h"
+#include "common/params.h"
+
+namespace dash::bwd {
+template <int kHeadDim, class Element, dash::MaskKind kMask>
+void run_bwd_(const dash::BwdParams&, cudaStream_t);
+}  // namespace dash::bwd
+
+namespace {
+
+template <int kHeadDim, class Element>
+int run_masked(const dash::BwdParams& p, cudaStream_t stream) {
+  switch (p.shape.mask) {
+    case dash::MaskKind::kFull:
+      dash::bwd::run_bwd_<kHeadDim, Element, dash::MaskKind::kFull>(p, stream);
+      break;
+    case dash::MaskKind::kCausal:
+      dash::bwd::run_bwd_<kHeadDim, Element, dash::MaskKind::kCausal>(p, stream);
+      break;
+    default:
+      return -1;  // sliding windows: not instantiated yet
+  }
+  return static_cast<int>(cudaGetLastError());
+}
+
+template <int kHeadDim>
+int run_typed(const dash::BwdParams& p, cudaStream_t stream) {
+  switch (p.shape.dtype) {
+#ifdef DASH_ENABLE_FP16
+    case dash::DType::kFloat16:
+      return run_masked<kHeadDim, cutlass::half_t>(p, stream);
+#endif
+#ifdef DASH_ENABLE_BF16
+    case dash::DType::kBFloat16:
+      return run_masked<kHeadDim, cutlass::bfloat16_t>(p, stream);
+#endif
+    default:
+      return -1;
+  }
+}
+
+bool strides_even(const dash::TensorStrides& s) { return s.row % 2 == 0 && s.head % 2 == 0 && s.batch % 2 == 0; }
+
+}  // namespace
+
+extern "C" {
+
+size_t dash_bwd_workspace_bytes(const dash::BwdParams* params) {
+  if (params == nullptr) return 0;
+  return dash::bwd::bwd_workspace_layout(params->shape).total;
+}
+
+void dash_bwd_tile_shape(int32_t headdim, int32_t /*mask: same tiles for every mask*/, int32_t* block_m,
+                         int32_t* block_n) {
+  const dash::bwd::BwdTileConfig cfg = dash::bwd::bwd_tile_config(headdim);
+  if (block_m != nullptr) *block_m = cfg.block_m;
+  if (block_n != nullptr) *block_n = cfg.block_n;
+}
+
+int dash_bwd(const dash::BwdParams* params, void* stream) {
+  if (params == nullptr) return -1;
+  const dash::BwdParams& p = *params;
+  const dash::AttnShape& s = p.shape;
+  if (s.softcap != 0.f || p.schedule == dash::ScheduleKind::kAuto) return -1;
+  if (s.batch <= 0 || s.nheads <= 0 || s.nheads_k <= 0 || s.nheads % s.nheads_k != 0) return -1;
+  if (s.seqlen_q < 0 || s.seqlen_k < 0 || p.num_sms <= 0) return -1;
+  if (p.workspace_bytes < dash::bwd::bwd_workspace_layout(s).total) return -1;
+  // dK/dV/dQ are written two elements at a time.
+  if (!strides_even(p.dq_stride) || !strides_even(p.dk_stride) || !strides_even(p.dv_stride)) return -1;
+  auto st = static_cast<cudaStream_t>(stream);
+  switch (s.headdim) {
+#ifdef DASH_ENABLE_HDIM_64
+    case 64:
+      return run_typed<64>(p, st);
+#endif
+#ifdef DASH_ENABLE_HDIM_128
+    case 128:
+      return run_typed<128>(p, st);
+#endif
+#ifdef DASH_ENABLE_HDIM_256
+    case 256:
+      return run_typed<256>(p, st);
+#endif
+    default:
+      return -1;
+  }
+}
+
+}  // extern "C"

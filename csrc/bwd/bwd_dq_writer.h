@@ -1,0 +1,99 @@
+// dQ writer: one thread of a dedicated warp adds each partial dQ tile, staged in shared memory by the consumers, into
+// the fp32 accumulator with a bulk reduce-add (cp.reduce.async.bulk .add.f32), in the CTA's visit order.
+//
+// Staging layout: consumer thread `tid` (0..kNumMmaThreads-1) puts its accumulator elements 4c..4c+3 at float4 slot
+// c * kNumMmaThreads + tid (conflict-free stores). The accumulator tile (batch, head, m_block) is a contiguous
+// kBlockM x d block of floats in that same permuted order, so one 1-D bulk reduce adds the whole tile; the
+// postprocess undoes the permutation.
+//
+// Deterministic mode: the add into tile (b, h, m) is the visit's wait_target-th add of that tile. Spin (acquire) until
+// the tile's semaphore equals wait_target, add, wait until the reduce has fully COMPLETED (not merely finished reading
+// shared memory), fence, then release wait_target + 1. Releasing earlier would let the next CTA's add race with ours
+// and silently change the summation order.
+#pragma once
+#include <cstdio>
+
+#include "bwd/bwd_mainloop.h"
+
+// log2 of the spin count after which the debug build traps (DASH_BWD_SPIN_TRAP).
+#ifndef DASH_BWD_SPIN_TRAP_LOG2
+#define DASH_BWD_SPIN_TRAP_LOG2 26
+#endif
+
+namespace dash::bwd {
+
+CUTLASS_DEVICE void bulk_reduce_add_f32(float* gmem, const float* smem, uint32_t bytes) {
+  const uint32_t s = cute::cast_smem_ptr_to_uint(smem);
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n"
+               :
+               : "l"(gmem), "r"(s), "r"(bytes)
+               : "memory");
+}
+CUTLASS_DEVICE void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
+// Source shared memory may be reused.
+CUTLASS_DEVICE void bulk_wait_read_all() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
+// Writes to global memory have been performed.
+CUTLASS_DEVICE void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
+
+CUTLASS_DEVICE int32_t ld_acquire_gpu(const int32_t* p) {
+  int32_t v;
+  asm volatile("ld.acquire.gpu.global.s32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+CUTLASS_DEVICE void st_release_gpu(int32_t* p, int32_t v) {
+  asm volatile("st.release.gpu.global.s32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
+}
+
+struct SpinSite {
+  int32_t batch, head, m_block, n_block, wait_target;
+};
+
+CUTLASS_DEVICE void spin_until(const int32_t* sem, int32_t target, const SpinSite& site) {
+#ifdef DASH_BWD_SPIN_TRAP
+  uint64_t spins = 0;
+#endif
+  int32_t observed;
+  // `observed` is only reported by the debug trap.
+  while ((observed = ld_acquire_gpu(sem)) != target) {
+#ifdef DASH_BWD_SPIN_TRAP
+    if (++spins == (uint64_t(1) << DASH_BWD_SPIN_TRAP_LOG2)) {
+      printf("dash_bwd: dQ semaphore spin timeout: batch %d head %d m_block %d n_block %d wait_target %d observed %d\n",
+             site.batch, site.head, site.m_block, site.n_block, site.wait_target, observed);
+      __trap();
+    }
+#endif
+  }
+  (void)site;
+  (void)observed;
+}
+
+// Runs on a single thread; takes each staged partial dQ with its visit record, in visit order, until the end record.
+template <class T>
+CUTLASS_DEVICE void dq_writer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<T>& ss) {
+  const int nheads = get<2>(p.shape_q);
+  for (uint32_t dq_count = 0;; ++dq_count) {
+    wait_barrier(ss.dq_full, dq_count & 1, WaitSite::kDqFull);
+    const VisitRecord rec = ss.dq_rec;
+    if (rec.flags & VisitRecord::kEnd) break;
+    const int64_t tile_index = (int64_t(rec.batch) * nheads + rec.head) * p.num_m_blocks + rec.m_block;
+    float* gdq = p.dq_accum + tile_index * T::kDqElems;
+    int32_t* sem = p.semaphores + tile_index;
+    if (p.deterministic) {
+      spin_until(sem, rec.wait_target, SpinSite{rec.batch, rec.head, rec.m_block, rec.n_block, rec.wait_target});
+    }
+    bulk_reduce_add_f32(gdq, ss.dq.data(), T::kDqBytes);
+    bulk_commit();
+    bulk_wait_read_all();
+    reinterpret_cast<Barrier&>(ss.dq_empty).arrive();  // consumers may stage the next partial dQ
+    if (p.deterministic) {
+      bulk_wait_all();
+      // Order the async-proxy writes of the reduce before the generic release that publishes them.
+      asm volatile("fence.proxy.async.global;\n" ::: "memory");
+      __threadfence();
+      st_release_gpu(sem, rec.wait_target + 1);
+    }
+  }
+  bulk_wait_all();  // the CTA must not exit while a reduce still reads its shared memory
+}
+
+}  // namespace dash::bwd

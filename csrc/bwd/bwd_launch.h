@@ -1,0 +1,94 @@
+// Launch template of the backward: preprocess -> persistent main kernel -> postprocess, all on the caller's stream.
+// Instantiated once per (hdim, dtype, mask) by csrc/instantiations/bwd_*.cu; the schedule and the deterministic flag
+// are run-time parameters of the one kernel.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <algorithm>
+
+#include "bwd/bwd_config.h"
+#include "bwd/bwd_kernel.h"
+#include "bwd/bwd_postprocess.h"
+#include "bwd/bwd_preprocess.h"
+
+namespace dash::bwd {
+
+// Persistent grid size: one CTA per usable SM, never more CTAs than work units.
+inline int32_t bwd_num_ctas(const BwdParams& params, const sched::Problem& prob) {
+  const int32_t usable = std::max(1, params.num_sms - params.sm_margin);
+  // Upper bound on work units for every schedule (a paired schedule has fewer units; its surplus CTAs get no items).
+  const int64_t units = sched::num_kv_heads_total(prob) * sched::num_n_blocks(prob);
+  return static_cast<int32_t>(std::max<int64_t>(1, std::min<int64_t>(usable, units)));
+}
+
+template <int kHeadDim, class Element, MaskKind kMask>
+void run_bwd_(const BwdParams& params, cudaStream_t stream) {
+  using T = BwdTraits<kHeadDim, Element, kMask>;
+  const AttnShape& s = params.shape;
+  const BwdWorkspaceLayout ws = bwd_workspace_layout(s);
+  char* base = static_cast<char*>(params.workspace);
+  float* dq_accum = reinterpret_cast<float*>(base + ws.dq_accum);
+  float* lse_log2 = reinterpret_cast<float*>(base + ws.lse_log2);
+  float* dsum = reinterpret_cast<float*>(base + ws.dsum);
+  int32_t* semaphores = reinterpret_cast<int32_t*>(base + ws.semaphores);
+  const dim3 tile_grid(ws.num_m_blocks, s.nheads, s.batch);
+
+  PreprocessParams pre{params.o, params.dout, params.lse,
+                       params.o_stride.row, params.o_stride.head, params.o_stride.batch,
+                       params.do_stride.row, params.do_stride.head, params.do_stride.batch,
+                       lse_log2, dsum, dq_accum, semaphores,
+                       s.seqlen_q, ws.seqlen_q_rounded, s.nheads, ws.num_m_blocks};
+  if (ws.num_m_blocks > 0) {
+    bwd_preprocess_kernel<kHeadDim, T::kBlockM, Element><<<tile_grid, kPreprocessThreads, 0, stream>>>(pre);
+  }
+
+  sched::Problem prob{s.batch, s.nheads, s.nheads_k, s.seqlen_q, s.seqlen_k, T::kBlockM, T::kBlockN,
+                      kMask, s.window_left, s.window_right, 0};
+  prob.num_ctas = bwd_num_ctas(params, prob);
+
+  auto make_qkv = [](const void* ptr, int32_t seqlen, int32_t heads, int32_t batch, const TensorStrides& st) {
+    return make_tensor(make_gmem_ptr(static_cast<Element const*>(ptr)),
+                       make_shape(seqlen, int32_t(kHeadDim), heads, batch),
+                       make_stride(st.row, _1{}, st.head, st.batch));
+  };
+  auto mQ = make_qkv(params.q, s.seqlen_q, s.nheads, s.batch, params.q_stride);
+  auto mdO = make_qkv(params.dout, s.seqlen_q, s.nheads, s.batch, params.do_stride);
+  auto mK = make_qkv(params.k, s.seqlen_k, s.nheads_k, s.batch, params.k_stride);
+  auto mV = make_qkv(params.v, s.seqlen_k, s.nheads_k, s.batch, params.v_stride);
+  using BM = typename T::BM;
+  using BN = typename T::BN;
+  using HD = typename T::HD;
+
+  BwdKernelParams<T> p{
+      make_tma_copy(SM90_TMA_LOAD{}, mQ, take<0, 2>(typename T::SmemLayoutQ{}), Shape<BM, HD>{}, _1{}),
+      make_tma_copy(SM90_TMA_LOAD{}, mdO, take<0, 2>(typename T::SmemLayoutQ{}), Shape<BM, HD>{}, _1{}),
+      make_tma_copy(SM90_TMA_LOAD{}, mK, typename T::SmemLayoutK{}, Shape<BN, HD>{}, _1{}),
+      make_tma_copy(SM90_TMA_LOAD{}, mV, typename T::SmemLayoutK{}, Shape<BN, HD>{}, _1{}),
+      mQ.shape(),
+      mK.shape(),
+      ScheduleRef{prob, params.schedule},
+      params.deterministic,
+      ws.seqlen_q_rounded,
+      ws.num_m_blocks,
+      s.softmax_scale,
+      s.softmax_scale * float(M_LOG2E),
+      lse_log2,
+      dsum,
+      dq_accum,
+      semaphores,
+      params.dk,
+      params.dv,
+      params.dk_stride.row, params.dk_stride.head, params.dk_stride.batch,
+      params.dv_stride.row, params.dv_stride.head, params.dv_stride.batch};
+
+  constexpr size_t smem = bwd_smem_bytes<T>();
+  auto kernel = bwd_main_kernel<T>;
+  cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
+  kernel<<<prob.num_ctas, BwdThreads::kNumThreads, smem, stream>>>(p);
+
+  PostprocessParams post{dq_accum, params.dq, params.dq_stride.row, params.dq_stride.head, params.dq_stride.batch,
+                         s.seqlen_q, s.nheads, ws.num_m_blocks, s.softmax_scale};
+  if (ws.num_m_blocks > 0) bwd_postprocess_kernel<T><<<tile_grid, T::kNumMmaThreads, 0, stream>>>(post);
+}
+
+}  // namespace dash::bwd

@@ -1,0 +1,491 @@
+// Main loop of the sm90 backward: kernel traits (shared-memory layouts, WGMMA tilings, TMA types), the shared
+// storage, the producer warp's load loop and the consumer warpgroups' compute loop.
+//
+// One CTA owns one KV tile (K_j, V_j resident in shared memory) at a time and visits Q tiles in the order the schedule
+// gives. The producer streams Q_i, dO_i, LSE_i, D_i through a kStages-deep mbarrier pipeline; the consumers compute
+// S^T, dP^T, P, dS, accumulate dK/dV in registers, compute the partial dQ_i and hand it to the dQ-writer warp through
+// a shared-memory staging buffer (see bwd_dq_writer.h).
+#pragma once
+
+#include <cute/tensor.hpp>
+#include <cutlass/arch/barrier.h>
+#include <cutlass/arch/reg_reconfig.h>
+#include <cutlass/cutlass.h>
+#include <cutlass/gemm/collective/builders/sm90_common.inl>
+#include <cutlass/numeric_conversion.h>
+#include <cutlass/numeric_types.h>
+
+#include "bwd/bwd_config.h"
+#include "bwd/bwd_tile_scheduler.h"
+#include "common/params.h"
+
+namespace dash::bwd {
+
+using namespace cute;
+
+template <int kHeadDim_, class Element_, MaskKind kMask_>
+struct BwdTraits {
+  using Element = Element_;
+  using Cfg = BwdConfig<kHeadDim_>;
+  static constexpr int kHeadDim = kHeadDim_;
+  static constexpr int kBlockM = Cfg::kBlockM;
+  static constexpr int kBlockN = Cfg::kBlockN;
+  static constexpr int kStages = Cfg::kStages;
+  static constexpr MaskKind kMask = kMask_;
+  static constexpr int kNumMmaThreads = BwdThreads::kNumMmaThreads;
+  using BM = Int<kBlockM>;
+  using BN = Int<kBlockN>;
+  using HD = Int<kHeadDim>;
+
+  // WGMMA tilings; each atom is one warpgroup, laid out over (M, N) as the config says.
+  template <class Split>
+  using AtomLayout = Layout<Shape<Int<Split::kAlongM>, Int<Split::kAlongN>, _1>>;
+  using TiledMmaSdP = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<Element, Element, float,
+                           Shape<Int<kBlockN / Cfg::SdPSplit::kAlongM>, Int<kBlockM / Cfg::SdPSplit::kAlongN>, HD>,
+                           GMMA::Major::K, GMMA::Major::K>(),
+      AtomLayout<typename Cfg::SdPSplit>{}));
+  using TiledMmadKV = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<Element, Element, float,
+                           Shape<Int<kBlockN / Cfg::dKVSplit::kAlongM>, Int<kHeadDim / Cfg::dKVSplit::kAlongN>, BM>,
+                           GMMA::Major::K, GMMA::Major::MN>(),
+      AtomLayout<typename Cfg::dKVSplit>{}));
+  using TiledMmadQ = decltype(make_tiled_mma(
+      GMMA::ss_op_selector<Element, Element, float,
+                           Shape<Int<kBlockM / Cfg::dQSplit::kAlongM>, Int<kHeadDim / Cfg::dQSplit::kAlongN>, BN>,
+                           GMMA::Major::MN, GMMA::Major::MN>(),
+      AtomLayout<typename Cfg::dQSplit>{}));
+
+  // Shared-memory layouts. Q/dO/K/V are stored row-major (d contiguous, K-major for S^T and dP^T); the transposed
+  // views used as MN-major operands of dK/dV and dQ alias the same bytes. P^T and dS^T are stored (kBlockN, kBlockM)
+  // with kBlockM contiguous: K-major A operand of dK/dV, and (via the transposed view) MN-major A operand of dQ.
+  using SmemAtomQ = decltype(cutlass::gemm::collective::detail::ss_smem_selector<GMMA::Major::K, Element, BM, HD>());
+  using SmemAtomK = decltype(cutlass::gemm::collective::detail::ss_smem_selector<GMMA::Major::K, Element, BN, HD>());
+  using SmemAtomPt = decltype(cutlass::gemm::collective::detail::ss_smem_selector<GMMA::Major::K, Element, BN, BM>());
+  using SmemLayoutQ = decltype(tile_to_shape(SmemAtomQ{}, Shape<BM, HD, Int<kStages>>{}));
+  using SmemLayoutK = decltype(tile_to_shape(SmemAtomK{}, Shape<BN, HD>{}));
+  using SmemLayoutPt = decltype(tile_to_shape(SmemAtomPt{}, Shape<BN, BM>{}));
+  using SmemLayoutQt = decltype(composition(
+      SmemLayoutQ{}, make_layout(Shape<HD, BM, Int<kStages>>{}, Stride<BM, _1, Int<kBlockM * kHeadDim>>{})));
+  using SmemLayoutKt = decltype(composition(SmemLayoutK{}, make_layout(Shape<HD, BN>{}, Stride<BN, _1>{})));
+  // dS^T is double-buffered so a warpgroup can store step t+1's dS while the other still reads step t's in its dQ
+  // GEMM.
+  static constexpr int kDsBuffers = 2;
+  using SmemLayoutdSt = decltype(tile_to_shape(SmemAtomPt{}, Shape<BN, BM, Int<kDsBuffers>>{}));
+  using SmemLayoutdS = decltype(composition(
+      SmemLayoutdSt{}, make_layout(Shape<BM, BN, Int<kDsBuffers>>{}, Stride<BN, _1, Int<kBlockN * kBlockM>>{})));
+  static constexpr int kPtElems = kBlockN * kBlockM;
+  // P^T rows are read only by the warpgroup that wrote them unless the dK/dV GEMMs split d across warpgroups.
+  static constexpr bool kPtShared = Cfg::dKVSplit::kAlongN > 1;
+
+  // Global tensors as TMA sees them: (seqlen, d, head, batch).
+  using ShapeQKV = cute::Shape<int32_t, int32_t, int32_t, int32_t>;
+  using StrideQKV = cute::Stride<int64_t, _1, int64_t, int64_t>;
+  using TmaQ = decltype(make_tma_copy(SM90_TMA_LOAD{},
+                                      make_tensor(make_gmem_ptr(static_cast<Element const*>(nullptr)), ShapeQKV{},
+                                                  StrideQKV{}),
+                                      take<0, 2>(SmemLayoutQ{}), Shape<BM, HD>{}, _1{}));
+  using TmaK = decltype(make_tma_copy(SM90_TMA_LOAD{},
+                                      make_tensor(make_gmem_ptr(static_cast<Element const*>(nullptr)), ShapeQKV{},
+                                                  StrideQKV{}),
+                                      SmemLayoutK{}, Shape<BN, HD>{}, _1{}));
+
+  static constexpr uint32_t kQBytes = kBlockM * kHeadDim * sizeof(Element);
+  static constexpr uint32_t kKBytes = kBlockN * kHeadDim * sizeof(Element);
+  static constexpr uint32_t kRowStatBytes = kBlockM * sizeof(float);
+  // Partial dQ tile, fp32, in the consumers' register order (see bwd_dq_writer.h).
+  static constexpr int kDqElems = kBlockM * kHeadDim;
+  static constexpr uint32_t kDqBytes = kDqElems * sizeof(float);
+  static constexpr int kDqPerThread = kDqElems / kNumMmaThreads;
+  static_assert(kDqPerThread % 4 == 0, "dQ staging moves float4 chunks");
+};
+
+// One pipeline step as the producer decoded it from the schedule. Consumers and the dQ writer read these records
+// instead of evaluating the schedule themselves: the schedule arithmetic (64-bit divisions, five schedule kinds)
+// stays in the producer warp and out of the consumers' register budget.
+struct VisitRecord {
+  enum Flags : int32_t { kFirst = 1, kLast = 2, kEmptyTile = 4, kEnd = 8 };
+  int32_t batch, head_k, n_block;  // the KV tile
+  int32_t head, m_block, wait_target;
+  int32_t flags;
+};
+
+template <class T>
+struct BwdSharedStorage {
+  using Element = typename T::Element;
+  // 1024-byte alignment: the 128-byte swizzle pattern repeats every 1024 bytes and TMA/WGMMA assume it starts there.
+  alignas(1024) cute::array_aligned<Element, cute::cosize_v<typename T::SmemLayoutQ>, 1024> q;
+  alignas(1024) cute::array_aligned<Element, cute::cosize_v<typename T::SmemLayoutQ>, 1024> dout;
+  alignas(1024) cute::array_aligned<Element, cute::cosize_v<typename T::SmemLayoutK>, 1024> k;
+  alignas(1024) cute::array_aligned<Element, cute::cosize_v<typename T::SmemLayoutK>, 1024> v;
+  alignas(1024) cute::array_aligned<Element, cute::cosize_v<typename T::SmemLayoutPt>, 1024> pt;
+  alignas(1024) cute::array_aligned<Element, cute::cosize_v<typename T::SmemLayoutdSt>, 1024> dst;
+  alignas(1024) cute::array_aligned<float, T::kDqElems, 1024> dq;
+  alignas(128) float lse[T::kStages][T::kBlockM];
+  alignas(128) float dsum[T::kStages][T::kBlockM];
+  VisitRecord rec[T::kStages];  // travels with the Q/dO stage
+  VisitRecord dq_rec;            // travels with the staged partial dQ
+  alignas(8) uint64_t q_full[T::kStages];
+  alignas(8) uint64_t q_empty[T::kStages];
+  alignas(8) uint64_t kv_full;
+  alignas(8) uint64_t kv_empty;
+  alignas(8) uint64_t dq_full;
+  alignas(8) uint64_t dq_empty;
+};
+
+// Kernel parameters (passed as __grid_constant__, TMA descriptors inside).
+template <class T>
+struct BwdKernelParams {
+  typename T::TmaQ tma_q;
+  typename T::TmaQ tma_do;
+  typename T::TmaK tma_k;
+  typename T::TmaK tma_v;
+  typename T::ShapeQKV shape_q;
+  typename T::ShapeQKV shape_k;
+  ScheduleRef sched;
+  bool deterministic;
+  int32_t seqlen_q_rounded;
+  int32_t num_m_blocks;
+  float scale;       // softmax scale (dK and, in the postprocess, dQ)
+  float scale_log2;  // softmax scale * log2(e)
+  const float* lse_log2;
+  const float* dsum;
+  float* dq_accum;
+  int32_t* semaphores;
+  void* dk;
+  void* dv;
+  int64_t dk_row, dk_head, dk_batch;
+  int64_t dv_row, dv_head, dv_batch;
+};
+
+using Barrier = cutlass::arch::ClusterBarrier;
+using TxBarrier = cutlass::arch::ClusterTransactionBarrier;
+
+// log2 of the mbarrier polls after which the debug build traps (each poll may itself block for a while).
+#ifndef DASH_BWD_WAIT_TRAP_LOG2
+#define DASH_BWD_WAIT_TRAP_LOG2 22
+#endif
+
+// Where a thread waits on an mbarrier; reported by the debug trap.
+enum class WaitSite : int { kQFull, kQEmpty, kKvFull, kKvEmpty, kDqFull, kDqEmpty };
+
+// mbarrier phase wait. With DASH_BWD_SPIN_TRAP an over-long wait prints the site and traps instead of hanging.
+CUTLASS_DEVICE void wait_barrier(uint64_t& bar, uint32_t phase, WaitSite site) {
+#ifdef DASH_BWD_SPIN_TRAP
+  uint32_t polls = 0;
+  while (!reinterpret_cast<Barrier&>(bar).try_wait(phase)) {
+    if (++polls == (1u << DASH_BWD_WAIT_TRAP_LOG2)) {
+      printf("dash_bwd: mbarrier wait timeout: site %d phase %u block %d thread %d\n", int(site), phase, blockIdx.x,
+             threadIdx.x);
+      __trap();
+    }
+  }
+#else
+  (void)site;
+  reinterpret_cast<Barrier&>(bar).wait(phase);
+#endif
+}
+
+// Issue the WGMMAs of one GEMM (every k-block) as one commit group; waits for completion only when kWait >= 0.
+template <bool kZeroInit, int kWait, class TiledMma, class TA, class TB, class TC>
+CUTLASS_DEVICE void wgmma_gemm(TiledMma& tiled_mma, TA const& tCrA, TB const& tCrB, TC& tCrC) {
+  warpgroup_fence_operand(tCrC);
+  warpgroup_arrive();
+  if constexpr (kZeroInit) tiled_mma.accumulate_ = GMMA::ScaleOut::Zero;
+  CUTLASS_PRAGMA_UNROLL
+  for (int k = 0; k < size<2>(tCrA); ++k) {
+    cute::gemm(tiled_mma, tCrA(_, _, k), tCrB(_, _, k), tCrC);
+    tiled_mma.accumulate_ = GMMA::ScaleOut::One;
+  }
+  warpgroup_commit_batch();
+  if constexpr (kWait >= 0) {
+    warpgroup_wait<kWait>();
+    warpgroup_fence_operand(tCrC);
+  }
+}
+
+// Register fragment of fp32 accumulators converted to `To`, same layout.
+template <class To, class Engine, class Layout>
+CUTLASS_DEVICE auto convert_fragment(Tensor<Engine, Layout> const& t) {
+  constexpr int N = decltype(size(t))::value;
+  Tensor out = make_tensor<To>(t.layout());
+  *reinterpret_cast<cutlass::Array<To, N>*>(out.data()) = cutlass::NumericArrayConverter<To, float, N>{}(
+      *reinterpret_cast<cutlass::Array<float, N> const*>(t.data()));
+  return out;
+}
+
+// ----------------------------------------------------------------------------------------------------------------
+// Producer warp: walks the schedule; per KV tile loads K_j, V_j once, per visit loads Q_i, dO_i, LSE_i, D_i into
+// the next stage together with the visit's record. Tiles without visits and the end of the work travel as records
+// without data. Runs ahead of the consumers by up to kStages steps; the empty barriers throttle it.
+// The 32 lanes evaluate 32 visits of the schedule at once (it is 64-bit integer arithmetic, slow on one thread);
+// lane 0 issues the barriers and copies in visit order.
+template <class T>
+CUTLASS_DEVICE void producer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<T>& ss) {
+  Tensor mQ = p.tma_q.get_tma_tensor(p.shape_q);
+  Tensor mdO = p.tma_do.get_tma_tensor(p.shape_q);
+  Tensor mK = p.tma_k.get_tma_tensor(p.shape_k);
+  Tensor mV = p.tma_v.get_tma_tensor(p.shape_k);
+  Tensor sQ = make_tensor(make_smem_ptr(ss.q.data()), typename T::SmemLayoutQ{});
+  Tensor sdO = make_tensor(make_smem_ptr(ss.dout.data()), typename T::SmemLayoutQ{});
+  Tensor sK = make_tensor(make_smem_ptr(ss.k.data()), typename T::SmemLayoutK{});
+  Tensor sV = make_tensor(make_smem_ptr(ss.v.data()), typename T::SmemLayoutK{});
+  const int nheads = get<2>(p.shape_q);
+  const int lane = threadIdx.x % 32;
+  const bool leader = lane == 0;
+
+  uint32_t kv_count = 0;
+  uint32_t q_count = 0;
+  // Leader only: claims the next stage and publishes its record; the caller then issues the stage's loads (if any).
+  auto next_stage = [&](const VisitRecord& rec, uint32_t tx_bytes) {
+    const int stage = q_count % T::kStages;
+    const uint32_t phase = (q_count / T::kStages) & 1;
+    ++q_count;
+    wait_barrier(ss.q_empty[stage], phase ^ 1, WaitSite::kQEmpty);
+    ss.rec[stage] = rec;  // published by the arrive below (mbarrier arrive has release semantics)
+    reinterpret_cast<TxBarrier&>(ss.q_full[stage]).arrive_and_expect_tx(tx_bytes);
+    return stage;
+  };
+
+  const int64_t num_items = p.sched.num_items(blockIdx.x);
+  for (int64_t it = 0; it < num_items; ++it) {
+    const KvTileRef tile = p.sched.item(blockIdx.x, it);
+    const int32_t nv = p.sched.num_visits(tile);
+    if (nv == 0) {
+      if (leader) next_stage(VisitRecord{tile.batch, tile.head_k, tile.n_block, 0, 0, 0, VisitRecord::kEmptyTile}, 0);
+      __syncwarp();
+      continue;
+    }
+
+    if (leader) {
+      wait_barrier(ss.kv_empty, (kv_count & 1) ^ 1, WaitSite::kKvEmpty);
+      reinterpret_cast<TxBarrier&>(ss.kv_full).arrive_and_expect_tx(2 * T::kKBytes);
+      Tensor gK = local_tile(mK(_, _, tile.head_k, tile.batch), Shape<typename T::BN, typename T::HD>{},
+                             make_coord(tile.n_block, _0{}));
+      Tensor gV = local_tile(mV(_, _, tile.head_k, tile.batch), Shape<typename T::BN, typename T::HD>{},
+                             make_coord(tile.n_block, _0{}));
+      auto [tKgK, tKsK] = tma_partition(p.tma_k, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
+      auto [tVgV, tVsV] = tma_partition(p.tma_v, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sV), group_modes<0, 2>(gV));
+      copy(p.tma_k.with(ss.kv_full), tKgK, tKsK);
+      copy(p.tma_v.with(ss.kv_full), tVgV, tVsV);
+    }
+    ++kv_count;
+
+    for (int32_t t0 = 0; t0 < nv; t0 += 32) {
+      VisitRef mine{0, 0, 0};
+      if (t0 + lane < nv) mine = p.sched.visit(tile, t0 + lane);
+      const int32_t count = min(32, nv - t0);
+      for (int32_t j = 0; j < count; ++j) {
+        const int32_t head = __shfl_sync(0xffffffffu, mine.head, j);
+        const int32_t m_block = __shfl_sync(0xffffffffu, mine.m_block, j);
+        const int32_t wait_target = __shfl_sync(0xffffffffu, mine.wait_target, j);
+        if (!leader) continue;
+        const int32_t t = t0 + j;
+        const int32_t flags = (t == 0 ? VisitRecord::kFirst : 0) | (t == nv - 1 ? VisitRecord::kLast : 0);
+        const int stage = next_stage(
+            VisitRecord{tile.batch, tile.head_k, tile.n_block, head, m_block, wait_target, flags},
+            2 * T::kQBytes + 2 * T::kRowStatBytes);
+        Tensor gQ = local_tile(mQ(_, _, head, tile.batch), Shape<typename T::BM, typename T::HD>{},
+                               make_coord(m_block, _0{}));
+        Tensor gdO = local_tile(mdO(_, _, head, tile.batch), Shape<typename T::BM, typename T::HD>{},
+                                make_coord(m_block, _0{}));
+        Tensor sQs = sQ(_, _, stage);
+        Tensor sdOs = sdO(_, _, stage);
+        auto [tQgQ, tQsQ] =
+            tma_partition(p.tma_q, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sQs), group_modes<0, 2>(gQ));
+        auto [tOgO, tOsO] =
+            tma_partition(p.tma_do, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sdOs), group_modes<0, 2>(gdO));
+        copy(p.tma_q.with(ss.q_full[stage]), tQgQ, tQsQ);
+        copy(p.tma_do.with(ss.q_full[stage]), tOgO, tOsO);
+        const int64_t row0 = (int64_t(tile.batch) * nheads + head) * p.seqlen_q_rounded +
+                             int64_t(m_block) * T::kBlockM;
+        SM90_BULK_COPY_G2S::copy(p.lse_log2 + row0, &ss.q_full[stage], ss.lse[stage], T::kRowStatBytes);
+        SM90_BULK_COPY_G2S::copy(p.dsum + row0, &ss.q_full[stage], ss.dsum[stage], T::kRowStatBytes);
+      }
+      __syncwarp();
+    }
+  }
+  if (leader) next_stage(VisitRecord{0, 0, 0, 0, 0, 0, VisitRecord::kEnd}, 0);
+}
+
+// ----------------------------------------------------------------------------------------------------------------
+// Consumer warpgroups: one step per record until the end record; dK/dV of each tile go out through `store_dkdv`.
+template <class T, class StoreDkDv>
+CUTLASS_DEVICE void consumer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<T>& ss, StoreDkDv&& store_dkdv) {
+  using Element = typename T::Element;
+  using BM = typename T::BM;
+  using BN = typename T::BN;
+  using HD = typename T::HD;
+  const int tid = threadIdx.x - 128;  // 0 .. kNumMmaThreads-1
+  constexpr uint32_t kMmaBarrier = 1;  // named barrier of the two consumer warpgroups
+  const uint32_t wg_barrier = 2 + tid / 128;  // named barrier of this consumer warpgroup
+
+  typename T::TiledMmaSdP mma_sdp;
+  typename T::TiledMmadKV mma_dkv;
+  typename T::TiledMmadQ mma_dq;
+  auto thr_sdp = mma_sdp.get_thread_slice(tid);
+  auto thr_dkv = mma_dkv.get_thread_slice(tid);
+  auto thr_dq = mma_dq.get_thread_slice(tid);
+
+  Tensor sQ = make_tensor(make_smem_ptr(ss.q.data()), typename T::SmemLayoutQ{});
+  Tensor sdO = make_tensor(make_smem_ptr(ss.dout.data()), typename T::SmemLayoutQ{});
+  Tensor sK = make_tensor(make_smem_ptr(ss.k.data()), typename T::SmemLayoutK{});
+  Tensor sV = make_tensor(make_smem_ptr(ss.v.data()), typename T::SmemLayoutK{});
+  Tensor sPt = make_tensor(make_smem_ptr(ss.pt.data()), typename T::SmemLayoutPt{});
+  Tensor sdSt = make_tensor(make_smem_ptr(ss.dst.data()), typename T::SmemLayoutdSt{});
+  Tensor sQt = make_tensor(make_smem_ptr(ss.q.data()), typename T::SmemLayoutQt{});
+  Tensor sdOt = make_tensor(make_smem_ptr(ss.dout.data()), typename T::SmemLayoutQt{});
+  Tensor sKt = make_tensor(make_smem_ptr(ss.k.data()), typename T::SmemLayoutKt{});
+  Tensor sdS = make_tensor(make_smem_ptr(ss.dst.data()), typename T::SmemLayoutdS{});
+
+  Tensor tSrK = thr_sdp.partition_fragment_A(sK);
+  Tensor tSrQ = thr_sdp.partition_fragment_B(sQ);
+  Tensor tSrV = thr_sdp.partition_fragment_A(sV);
+  Tensor tSrdO = thr_sdp.partition_fragment_B(sdO);
+  Tensor tdVrPt = thr_dkv.partition_fragment_A(sPt);
+  Tensor tdVrdOt = thr_dkv.partition_fragment_B(sdOt);
+  Tensor tdKrdSt = thr_dkv.partition_fragment_A(sdSt);
+  Tensor tdKrQt = thr_dkv.partition_fragment_B(sQt);
+  Tensor tdQrdS = thr_dq.partition_fragment_A(sdS);
+  Tensor tdQrKt = thr_dq.partition_fragment_B(sKt);
+
+  // Coordinates (kv row n, query row m) of each S^T accumulator element.
+  Tensor tScS = thr_sdp.partition_C(make_identity_tensor(Shape<BN, BM>{}));
+  // P^T and dS^T leave the accumulators through stmatrix (8x8 tiles, one address per four tiles).
+  auto r2s = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma_sdp);
+  auto r2s_thr = r2s.get_thread_slice(tid);
+  Tensor tPsPt = r2s_thr.partition_D(sPt);
+  Tensor tPsdSt = r2s_thr.partition_D(sdSt);
+
+  const int seqlen_q = get<0>(p.shape_q);
+  const int seqlen_k = get<0>(p.shape_k);
+  const int causal_offset = seqlen_k - seqlen_q;  // bottom-right aligned diagonal
+
+  Tensor tdVrdV = partition_fragment_C(mma_dkv, Shape<BN, HD>{});
+  Tensor tdKrdK = partition_fragment_C(mma_dkv, Shape<BN, HD>{});
+  uint32_t kv_count = 0;
+  uint32_t dq_count = 0;
+  uint32_t ds_count = 0;
+  // The dK GEMM of step t still runs while step t+1 starts; its Q/dO stage is released once it has completed.
+  int unreleased_stage = -1;
+  for (uint32_t q_count = 0;; ++q_count) {
+    const int stage = q_count % T::kStages;
+    wait_barrier(ss.q_full[stage], (q_count / T::kStages) & 1, WaitSite::kQFull);
+    const VisitRecord rec = ss.rec[stage];
+    if (rec.flags & VisitRecord::kEnd) break;
+    const KvTileRef tile{rec.batch, rec.head_k, rec.n_block};
+    if (rec.flags & VisitRecord::kEmptyTile) {
+      reinterpret_cast<Barrier&>(ss.q_empty[stage]).arrive();
+      clear(tdVrdV);
+      clear(tdKrdK);
+      store_dkdv(tile, tdKrdK, tdVrdV, thr_dkv);
+      continue;
+    }
+    if (rec.flags & VisitRecord::kFirst) {
+      clear(tdVrdV);
+      clear(tdKrdK);
+      wait_barrier(ss.kv_full, kv_count & 1, WaitSite::kKvFull);
+      ++kv_count;
+    }
+
+    Tensor tSrS = partition_fragment_C(mma_sdp, Shape<BN, BM>{});
+    Tensor tdPrdP = partition_fragment_C(mma_sdp, Shape<BN, BM>{});
+    wgmma_gemm<true, -1>(mma_sdp, tSrK, tSrQ(_, _, _, stage), tSrS);
+    wgmma_gemm<true, -1>(mma_sdp, tSrV, tSrdO(_, _, _, stage), tdPrdP);
+
+    // P = exp2(S * scale * log2e - LSE_log2), computed while the dP GEMM runs; masked entries and rows without
+    // keys (LSE_log2 = +inf) give 0.
+    warpgroup_wait<1>();  // S done, and with it the previous step's dK GEMM (groups complete in order)
+    warpgroup_fence_operand(tSrS);
+    warpgroup_fence_operand(tdKrdK);
+    if (unreleased_stage >= 0) {
+      reinterpret_cast<Barrier&>(ss.q_empty[unreleased_stage]).arrive();
+      unreleased_stage = -1;
+    }
+    const int n0 = rec.n_block * T::kBlockN;
+    const int m0 = rec.m_block * T::kBlockM;
+    const bool need_mask = (n0 + T::kBlockN > seqlen_k) ||
+                           (T::kMask == MaskKind::kCausal && n0 + T::kBlockN - 1 > m0 + causal_offset);
+    float const* lse = ss.lse[stage];
+    float const* dsum = ss.dsum[stage];
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < size(tSrS); ++i) {
+      const int m = get<1>(tScS(i));
+      bool masked = false;
+      if (need_mask) {
+        const int col = n0 + get<0>(tScS(i));
+        masked = col >= seqlen_k || (T::kMask == MaskKind::kCausal && col > m0 + m + causal_offset);
+      }
+      tSrS(i) = masked ? 0.f : exp2f(fmaf(tSrS(i), p.scale_log2, -lse[m]));
+    }
+
+    // P^T to shared memory, then dV += P^T dO runs while dS is computed.
+    if constexpr (T::kPtShared) cutlass::arch::NamedBarrier::sync(T::kNumMmaThreads, kMmaBarrier);
+    {
+      Tensor rP = convert_fragment<Element>(tSrS);
+      cute::copy(r2s, r2s_thr.retile_S(rP), tPsPt);
+    }
+    cutlass::arch::fence_view_async_shared();  // generic-proxy stores read next by WGMMA (async proxy)
+    if constexpr (T::kPtShared) {
+      cutlass::arch::NamedBarrier::sync(T::kNumMmaThreads, kMmaBarrier);
+    } else {
+      cutlass::arch::NamedBarrier::sync(128, wg_barrier);
+    }
+    wgmma_gemm<false, -1>(mma_dkv, tdVrPt, tdVrdOt(_, _, _, stage), tdVrdV);
+
+    warpgroup_wait<1>();  // dP done (dV may still run)
+    warpgroup_fence_operand(tdPrdP);
+    const int ds_buf = ds_count++ % T::kDsBuffers;
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < size(tSrS); ++i) tdPrdP(i) = tSrS(i) * (tdPrdP(i) - dsum[get<1>(tScS(i))]);
+    {
+      Tensor rdS = convert_fragment<Element>(tdPrdP);
+      cute::copy(r2s, r2s_thr.retile_S(rdS), tPsdSt(_, _, _, ds_buf));
+    }
+    cutlass::arch::fence_view_async_shared();
+    // dK (when d is split) and dQ need every warpgroup's rows of dS.
+    cutlass::arch::NamedBarrier::sync(T::kNumMmaThreads, kMmaBarrier);
+
+    // dQ first so that its hand-off to the writer overlaps the dK GEMM.
+    Tensor tdQrdQ = partition_fragment_C(mma_dq, Shape<BM, HD>{});
+    wgmma_gemm<true, -1>(mma_dq, tdQrdS(_, _, _, ds_buf), tdQrKt, tdQrdQ);
+    wgmma_gemm<false, -1>(mma_dkv, tdKrdSt(_, _, _, ds_buf), tdKrQt(_, _, _, stage), tdKrdK);
+    warpgroup_wait<1>();  // dV and dQ done; dK may still run
+    warpgroup_fence_operand(tdVrdV);
+    warpgroup_fence_operand(tdQrdQ);
+
+    // Hand the partial dQ to the writer warp once it has finished reading the previous one.
+    wait_barrier(ss.dq_empty, (dq_count & 1) ^ 1, WaitSite::kDqEmpty);
+    ++dq_count;
+    float4* sdq = reinterpret_cast<float4*>(ss.dq.data());
+    CUTLASS_PRAGMA_UNROLL
+    for (int c = 0; c < T::kDqPerThread / 4; ++c) {
+      sdq[c * T::kNumMmaThreads + tid] =
+          make_float4(tdQrdQ(4 * c), tdQrdQ(4 * c + 1), tdQrdQ(4 * c + 2), tdQrdQ(4 * c + 3));
+    }
+    if (tid == 0) ss.dq_rec = rec;
+    cutlass::arch::fence_view_async_shared();  // the bulk reduce reads sdq through the async proxy
+    reinterpret_cast<Barrier&>(ss.dq_full).arrive();
+
+    if (rec.flags & VisitRecord::kLast) {
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(tdKrdK);
+      reinterpret_cast<Barrier&>(ss.q_empty[stage]).arrive();
+      reinterpret_cast<Barrier&>(ss.kv_empty).arrive();  // the tile's last dQ GEMM has read K
+      store_dkdv(tile, tdKrdK, tdVrdV, thr_dkv);
+    } else if constexpr (T::kStages == 1) {
+      // The next step reuses this stage: release it now rather than after the next S GEMM.
+      warpgroup_wait<0>();
+      warpgroup_fence_operand(tdKrdK);
+      reinterpret_cast<Barrier&>(ss.q_empty[stage]).arrive();
+    } else {
+      unreleased_stage = stage;
+    }
+  }
+  // Tell the writer there is nothing more.
+  wait_barrier(ss.dq_empty, (dq_count & 1) ^ 1, WaitSite::kDqEmpty);
+  if (tid == 0) ss.dq_rec.flags = VisitRecord::kEnd;
+  reinterpret_cast<Barrier&>(ss.dq_full).arrive();
+}
+
+}  // namespace dash::bwd

@@ -1,0 +1,72 @@
+// Backward preprocess, one CTA per (m_block, head, batch): D_i = rowsum(dO_i * O_i) in fp32, LSE converted to the
+// log2 domain, and this Q tile's fp32 dQ accumulator tile and semaphore zeroed.
+// Padded rows (>= seqlen_q) and rows that saw no key in the forward (LSE = -inf) get LSE_log2 = +inf and D = 0, so
+// the main loop's exp2(S*scale*log2e - LSE_log2) is exactly 0 for them without a branch.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include <cutlass/numeric_conversion.h>
+
+namespace dash::bwd {
+
+struct PreprocessParams {
+  const void* o;
+  const void* dout;
+  const float* lse;  // (batch, nheads, seqlen_q), natural log
+  int64_t o_row, o_head, o_batch;
+  int64_t do_row, do_head, do_batch;
+  float* lse_log2;  // (batch, nheads, seqlen_q_rounded)
+  float* dsum;      // (batch, nheads, seqlen_q_rounded)
+  float* dq_accum;  // (batch, nheads, num_m_blocks, kBlockM * d)
+  int32_t* semaphores;
+  int32_t seqlen_q, seqlen_q_rounded, nheads, num_m_blocks;
+};
+
+constexpr int kPreprocessThreads = 256;
+
+template <int kHeadDim, int kBlockM, class Element>
+__global__ void __launch_bounds__(kPreprocessThreads) bwd_preprocess_kernel(const PreprocessParams p) {
+  constexpr int kVec = 16 / sizeof(Element);                 // elements per 16-byte load
+  constexpr int kThreadsPerRow = kHeadDim / kVec;
+  constexpr int kRowsPerPass = kPreprocessThreads / kThreadsPerRow;
+  static_assert(kThreadsPerRow <= 32 && kPreprocessThreads % kThreadsPerRow == 0, "row must fit in one warp");
+  const int m_block = blockIdx.x, head = blockIdx.y, batch = blockIdx.z;
+  const int64_t bh = int64_t(batch) * p.nheads + head;
+
+  const int sub = threadIdx.x % kThreadsPerRow;
+  for (int r = threadIdx.x / kThreadsPerRow; r < kBlockM; r += kRowsPerPass) {
+    const int row = m_block * kBlockM + r;
+    float dot = 0.f;
+    if (row < p.seqlen_q) {
+      const Element* o = static_cast<const Element*>(p.o) + batch * p.o_batch + head * p.o_head + row * p.o_row;
+      const Element* d = static_cast<const Element*>(p.dout) + batch * p.do_batch + head * p.do_head + row * p.do_row;
+      const uint4 ov = reinterpret_cast<const uint4*>(o)[sub];
+      const uint4 dv = reinterpret_cast<const uint4*>(d)[sub];
+      const Element* oe = reinterpret_cast<const Element*>(&ov);
+      const Element* de = reinterpret_cast<const Element*>(&dv);
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) dot += float(oe[i]) * float(de[i]);
+    }
+#pragma unroll
+    for (int off = kThreadsPerRow / 2; off > 0; off /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, off);
+    if (sub == 0) {
+      const int64_t idx = bh * p.seqlen_q_rounded + row;
+      float lse2 = INFINITY;
+      if (row < p.seqlen_q) {
+        const float lse = p.lse[bh * p.seqlen_q + row];
+        if (lse != -INFINITY) lse2 = lse * float(M_LOG2E);
+      }
+      p.lse_log2[idx] = lse2;
+      p.dsum[idx] = row < p.seqlen_q ? dot : 0.f;
+    }
+  }
+
+  float4* acc = reinterpret_cast<float4*>(p.dq_accum + (bh * p.num_m_blocks + m_block) * int64_t(kBlockM) * kHeadDim);
+  for (int i = threadIdx.x; i < kBlockM * kHeadDim / 4; i += kPreprocessThreads) acc[i] = make_float4(0.f, 0.f, 0.f, 0.f);
+  if (threadIdx.x == 0) p.semaphores[bh * p.num_m_blocks + m_block] = 0;
+}
+
+}  // namespace dash::bwd

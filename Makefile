@@ -36,11 +36,11 @@ test: deps
 test-gpu:
 	timeout 900 $(PYTHON) -m pytest -q -m gpu
 
-# Compile the kernel TUs of one (hdim, dtype) without a GPU and fail on register spills.
+# Compile the kernel TUs of one (hdim, dtype) without a GPU and fail on register spills or stack frames.
+CHECK_DIRECTIONS ?= fwd bwd
 check-kernels:
 	@mkdir -p build/check
-	@set -o pipefail; for f in csrc/instantiations/fwd_hdim$(CHECK_HDIM)_$(CHECK_DTYPE)_*.cu \
-	    csrc/instantiations/bwd_hdim$(CHECK_HDIM)_$(CHECK_DTYPE)_*.cu; do \
+	@set -o pipefail; for f in $(foreach d,$(CHECK_DIRECTIONS),csrc/instantiations/$(d)_hdim$(CHECK_HDIM)_$(CHECK_DTYPE)_*.cu); do \
 	  echo "== $$f"; $(NVCC) $(NVCC_FLAGS) -Xptxas -v -c $$f -o build/check/$$(basename $$f .cu).o 2>&1 \
 	    | $(PYTHON) csrc/tools/check_spills.py || exit 1; done
 

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 import dash_attn
+from gpu_common import exact_float32_matmul, supported_head_dims, main_head_dim, tolerance, assert_within, poison_allocator  # noqa: F401 (fixture imported by name)
 from dash_attn.reference import attention_bwd_ref, attention_ref
 
 pytestmark = pytest.mark.gpu
@@ -19,52 +20,12 @@ SEED = int(os.environ.get("DASH_TEST_SEED", "0"))
 SCHEDULES = list(dash_attn.SCHEDULES)
 
 
-
-@pytest.fixture(autouse=True)
-def exact_float32_matmul():
-    """The float32 reference must not run its matmuls in TF32."""
-    previous = torch.get_float32_matmul_precision()
-    torch.set_float32_matmul_precision("highest")
-    yield
-    torch.set_float32_matmul_precision(previous)
-
-def supported_head_dims():
-    try:
-        from dash_attn import _C
-    except ImportError:
-        return [64, 128, 256]  # only names the tests; they are skipped without the extension
-    return sorted(int(d) for d in _C.supported_head_dims())
-
-
-def main_head_dim():
-    dims = supported_head_dims()
-    return 128 if 128 in dims else dims[-1]
-
-
 def make_inputs(batch, seqlen_q, seqlen_k, nheads, nheads_k, headdim, dtype, seed=SEED):
     gen = torch.Generator(device="cuda").manual_seed(seed)
     shapes = [(batch, seqlen_q, nheads, headdim), (batch, seqlen_k, nheads_k, headdim),
               (batch, seqlen_k, nheads_k, headdim), (batch, seqlen_q, nheads, headdim)]
     q, k, v, dout = (torch.randn(s, generator=gen, device="cuda", dtype=dtype) for s in shapes)
     return q, k, v, dout
-
-
-def tolerance(baseline, ref, dtype, abs_floor=1e-5):
-    base_err = (baseline.float() - ref).abs().max().item() if ref.numel() else 0.0
-    rounding = (ref.to(dtype).float() - ref).abs().max().item() if ref.numel() else 0.0
-    return max(2 * base_err, 2 * rounding + abs_floor)
-
-
-def assert_within(name, got, ref, tol):
-    err = (got.float() - ref).abs().max().item() if ref.numel() else 0.0
-    assert err <= tol, f"{name}: max abs error {err:.3e} > tolerance {tol:.3e}"
-
-
-def poison_allocator(nbytes=1 << 30, small_blocks=256):
-    big = torch.full((nbytes // 4,), float("nan"), device="cuda")
-    small = [torch.full((1 << 17,), float("nan"), device="cuda") for _ in range(small_blocks)]
-    torch.cuda.synchronize()
-    del big, small
 
 
 def reference_grads(q, k, v, dout, causal):

@@ -9,33 +9,19 @@ import pytest
 import torch
 
 import dash_attn
+from gpu_common import main_head_dim, supported_head_dims
 
 pytestmark = pytest.mark.gpu
 
 SEED = int(os.environ.get("DASH_TEST_SEED", "0"))
 REPEATS = int(os.environ.get("DASH_DET_REPEATS", "1000"))
 EXPLICIT_SCHEDULES = [s for s in dash_attn.SCHEDULES if s != "auto"]
-# Schedules whose per-tile accumulation order is a function of the problem alone; shift and shift_causal take the
-# order in which tiles arrive on the persistent grid, which depends on how many SMs it has.
 # Only these orders are a function of the KV index alone (tests/test_schedule_invariance.py proves it on the CPU);
 # spt/shift/shift_causal order by wave, and waves depend on the grid size.
 SM_INDEPENDENT_SCHEDULES = ["ascending", "descending"]
 MASKS = {"full": 0, "causal": 1}
 # Modest but tile-rich: several Q and KV tiles per head, ragged last tiles, GQA (dK/dV reduced across 4 heads).
 SHAPE = dict(batch=2, seqlen=1013, nheads=8, nheads_k=2)
-
-
-def supported_head_dims():
-    try:
-        from dash_attn import _C
-    except ImportError:
-        return [64, 128, 256]
-    return sorted(int(d) for d in _C.supported_head_dims())
-
-
-def main_head_dim():
-    dims = supported_head_dims()
-    return 128 if 128 in dims else dims[-1]
 
 
 class Problem:

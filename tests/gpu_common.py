@@ -1,0 +1,48 @@
+"""Helpers shared by the GPU test modules (tolerances, poisoning, what the extension was built with).
+
+The tolerance scheme is described in test_gpu_forward.py's docstring.
+"""
+import pytest
+import torch
+
+
+@pytest.fixture(autouse=True)
+def exact_float32_matmul():
+    """The float32 reference must not run its matmuls in TF32."""
+    previous = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("highest")
+    yield
+    torch.set_float32_matmul_precision(previous)
+
+
+def supported_head_dims():
+    try:
+        from dash_attn import _C
+    except ImportError:
+        return [64, 128, 256]  # only names the tests; they are skipped without the extension
+    return sorted(int(d) for d in _C.supported_head_dims())
+
+
+def main_head_dim():
+    dims = supported_head_dims()
+    return 128 if 128 in dims else dims[-1]
+
+
+def tolerance(baseline, ref, dtype, abs_floor=1e-5):
+    base_err = (baseline.float() - ref).abs().max().item() if ref.numel() else 0.0
+    rounding = (ref.to(dtype).float() - ref).abs().max().item() if ref.numel() else 0.0
+    return max(2 * base_err, 2 * rounding + abs_floor)
+
+
+def assert_within(name, got, ref, tol):
+    err = (got.float() - ref).abs().max().item() if ref.numel() else 0.0
+    assert err <= tol, f"{name}: max abs error {err:.3e} > tolerance {tol:.3e}"
+
+
+def poison_allocator(nbytes=1 << 30, small_blocks=256):
+    """Leaves NaN in freed blocks of the caching allocator (large and small pools), so torch.empty in the op returns
+    memory full of NaN: any output element the kernel fails to write shows up."""
+    big = torch.full((nbytes // 4,), float("nan"), device="cuda")
+    small = [torch.full((1 << 17,), float("nan"), device="cuda") for _ in range(small_blocks)]  # 512 KiB each
+    torch.cuda.synchronize()
+    del big, small

@@ -38,9 +38,11 @@ test-gpu:
 
 # Compile the kernel TUs of one (hdim, dtype) without a GPU and fail on register spills or stack frames.
 CHECK_DIRECTIONS ?= fwd bwd
+CHECK_MASKS ?= full causal
 check-kernels:
 	@mkdir -p build/check
-	@set -o pipefail; for f in $(foreach d,$(CHECK_DIRECTIONS),csrc/instantiations/$(d)_hdim$(CHECK_HDIM)_$(CHECK_DTYPE)_*.cu); do \
+	@set -o pipefail; for f in $(foreach d,$(CHECK_DIRECTIONS),$(foreach m,$(CHECK_MASKS),\
+	    csrc/instantiations/$(d)_hdim$(CHECK_HDIM)_$(CHECK_DTYPE)_$(m).cu)); do \
 	  echo "== $$f"; $(NVCC) $(NVCC_FLAGS) -Xptxas -v -c $$f -o build/check/$$(basename $$f .cu).o 2>&1 \
 	    | $(PYTHON) csrc/tools/check_spills.py || exit 1; done
 

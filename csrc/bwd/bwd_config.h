@@ -32,6 +32,15 @@ struct WarpGroupSplit {
   static constexpr int kAlongN = kN;
 };
 
+// Where the A operands (P^T of the dV GEMM, dS^T of the dK GEMM) come from. Register-sourced WGMMAs take a
+// warpgroup's own P^T / dS^T straight from the S^T / dP^T accumulators: P^T then needs no round trip through shared
+// memory, and the GEMM reads only B from shared memory. dS^T goes to shared memory regardless (the dQ GEMM needs every
+// warpgroup's rows), so kPtRegisters keeps dK shared-memory-sourced: the dK GEMM outlives its step, and holding dS^T
+// in registers until then costs 16 registers per thread that the consumers do not have to spare (spills).
+// Register sources need each warpgroup to own the same KV rows in the SdP and dKV GEMMs and the whole query extent of
+// its S^T rows (SdPSplit = dKVSplit = <2, 1>).
+enum class DkvOperandA { kSharedMemory, kPtRegisters, kRegisters };
+
 template <int kHeadDim>
 struct BwdConfig;
 
@@ -44,6 +53,7 @@ struct BwdConfig<128> {
   using SdPSplit = WarpGroupSplit<2, 1>;  // each warpgroup owns 64 KV rows of S^T
   using dKVSplit = WarpGroupSplit<2, 1>;  // ... and the same 64 KV rows of dK/dV
   using dQSplit = WarpGroupSplit<1, 2>;   // dQ (64 x 128): each warpgroup owns 64 columns of d
+  static constexpr DkvOperandA kDkvA = DkvOperandA::kPtRegisters;
 };
 
 // hdim 64: 128 x 128 tiles.
@@ -55,6 +65,7 @@ struct BwdConfig<64> {
   using SdPSplit = WarpGroupSplit<2, 1>;
   using dKVSplit = WarpGroupSplit<2, 1>;
   using dQSplit = WarpGroupSplit<2, 1>;  // dQ (128 x 64): each warpgroup owns 64 query rows
+  static constexpr DkvOperandA kDkvA = DkvOperandA::kSharedMemory;
 };
 
 // hdim 256: 64 x 64 tiles, one stage (a second stage of Q and dO would not fit next to K, V and the dQ staging).
@@ -66,6 +77,7 @@ struct BwdConfig<256> {
   using SdPSplit = WarpGroupSplit<1, 2>;  // S^T (64 x 64): each warpgroup owns 32 query columns
   using dKVSplit = WarpGroupSplit<1, 2>;  // dK/dV (64 x 256): each warpgroup owns 128 columns of d
   using dQSplit = WarpGroupSplit<1, 2>;
+  static constexpr DkvOperandA kDkvA = DkvOperandA::kSharedMemory;  // P^T rows are shared across warpgroups
 };
 
 // Run-time view of the same table, for the host (workspace sizing, dash_bwd_tile_shape).

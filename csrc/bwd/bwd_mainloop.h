@@ -45,11 +45,20 @@ struct BwdTraits {
                            Shape<Int<kBlockN / Cfg::SdPSplit::kAlongM>, Int<kBlockM / Cfg::SdPSplit::kAlongN>, HD>,
                            GMMA::Major::K, GMMA::Major::K>(),
       AtomLayout<typename Cfg::SdPSplit>{}));
-  using TiledMmadKV = decltype(make_tiled_mma(
-      GMMA::ss_op_selector<Element, Element, float,
-                           Shape<Int<kBlockN / Cfg::dKVSplit::kAlongM>, Int<kHeadDim / Cfg::dKVSplit::kAlongN>, BM>,
-                           GMMA::Major::K, GMMA::Major::MN>(),
-      AtomLayout<typename Cfg::dKVSplit>{}));
+  static constexpr bool kDvFromRegs = Cfg::kDkvA != DkvOperandA::kSharedMemory;
+  static constexpr bool kDkFromRegs = Cfg::kDkvA == DkvOperandA::kRegisters;
+  static_assert(!kDvFromRegs || (Cfg::SdPSplit::kAlongN == 1 && Cfg::dKVSplit::kAlongN == 1 &&
+                                  Cfg::SdPSplit::kAlongM == Cfg::dKVSplit::kAlongM),
+                "register-sourced dK/dV GEMMs need each warpgroup's S^T rows to be its dK/dV rows");
+  using TileShapedKV = Shape<Int<kBlockN / Cfg::dKVSplit::kAlongM>, Int<kHeadDim / Cfg::dKVSplit::kAlongN>, BM>;
+  using MmaOpdKVrs =
+      decltype(GMMA::rs_op_selector<Element, Element, float, TileShapedKV, GMMA::Major::K, GMMA::Major::MN>());
+  using MmaOpdKVss =
+      decltype(GMMA::ss_op_selector<Element, Element, float, TileShapedKV, GMMA::Major::K, GMMA::Major::MN>());
+  using TiledMmadV = decltype(make_tiled_mma(std::conditional_t<kDvFromRegs, MmaOpdKVrs, MmaOpdKVss>{},
+                                             AtomLayout<typename Cfg::dKVSplit>{}));
+  using TiledMmadK = decltype(make_tiled_mma(std::conditional_t<kDkFromRegs, MmaOpdKVrs, MmaOpdKVss>{},
+                                             AtomLayout<typename Cfg::dKVSplit>{}));
   using TiledMmadQ = decltype(make_tiled_mma(
       GMMA::ss_op_selector<Element, Element, float,
                            Shape<Int<kBlockM / Cfg::dQSplit::kAlongM>, Int<kHeadDim / Cfg::dQSplit::kAlongN>, BN>,
@@ -187,11 +196,14 @@ CUTLASS_DEVICE void wait_barrier(uint64_t& bar, uint32_t phase, WaitSite site) {
 }
 
 // Issue the WGMMAs of one GEMM (every k-block) as one commit group; waits for completion only when kWait >= 0.
-template <bool kZeroInit, int kWait, class TiledMma, class TA, class TB, class TC>
-CUTLASS_DEVICE void wgmma_gemm(TiledMma& tiled_mma, TA const& tCrA, TB const& tCrB, TC& tCrC) {
+// `zero_init` (run time) overwrites the accumulator instead of adding to it: the dK/dV accumulators start a KV tile
+// this way rather than by a clear(), because a non-WGMMA write of accumulator registers inside a data-dependent
+// branch makes ptxas serialise every WGMMA of the kernel (C7515/C7518).
+template <int kWait, class TiledMma, class TA, class TB, class TC>
+CUTLASS_DEVICE void wgmma_gemm(TiledMma& tiled_mma, TA const& tCrA, TB const& tCrB, TC& tCrC, bool zero_init) {
   warpgroup_fence_operand(tCrC);
   warpgroup_arrive();
-  if constexpr (kZeroInit) tiled_mma.accumulate_ = GMMA::ScaleOut::Zero;
+  tiled_mma.accumulate_ = zero_init ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One;
   CUTLASS_PRAGMA_UNROLL
   for (int k = 0; k < size<2>(tCrA); ++k) {
     cute::gemm(tiled_mma, tCrA(_, _, k), tCrB(_, _, k), tCrC);
@@ -202,6 +214,20 @@ CUTLASS_DEVICE void wgmma_gemm(TiledMma& tiled_mma, TA const& tCrA, TB const& tC
     warpgroup_wait<kWait>();
     warpgroup_fence_operand(tCrC);
   }
+}
+template <bool kZeroInit, int kWait, class TiledMma, class TA, class TB, class TC>
+CUTLASS_DEVICE void wgmma_gemm(TiledMma& tiled_mma, TA const& tCrA, TB const& tCrB, TC& tCrC) {
+  wgmma_gemm<kWait>(tiled_mma, tCrA, tCrB, tCrC, kZeroInit);
+}
+
+// The (fp32 -> Element) accumulator fragment of one WGMMA, ((2, 2, N/8), M, N), viewed as the register A operand
+// ((2, 2, 2), M, K/16) of a GEMM that reduces over this one's N: the third value mode splits into the 8-column half
+// within a 16-wide k-block and the k-block index.
+template <class Layout>
+CUTLASS_DEVICE constexpr auto accumulator_as_a_operand(Layout const& acc) {
+  auto halves = logical_divide(get<0>(acc), Shape<Underscore, Underscore, _2>{});
+  return make_layout(make_layout(get<0>(halves), get<1>(halves), get<2, 0>(halves)), get<1>(acc),
+                     coalesce(make_layout(get<2, 1>(halves), get<2>(acc))));
 }
 
 // Register fragment of fp32 accumulators converted to `To`, same layout.
@@ -321,10 +347,12 @@ CUTLASS_DEVICE void consumer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<
   const uint32_t wg_barrier = 2 + tid / 128;  // named barrier of this consumer warpgroup
 
   typename T::TiledMmaSdP mma_sdp;
-  typename T::TiledMmadKV mma_dkv;
+  typename T::TiledMmadV mma_dv;
+  typename T::TiledMmadK mma_dk;
   typename T::TiledMmadQ mma_dq;
   auto thr_sdp = mma_sdp.get_thread_slice(tid);
-  auto thr_dkv = mma_dkv.get_thread_slice(tid);
+  auto thr_dv = mma_dv.get_thread_slice(tid);
+  auto thr_dk = mma_dk.get_thread_slice(tid);
   auto thr_dq = mma_dq.get_thread_slice(tid);
 
   Tensor sQ = make_tensor(make_smem_ptr(ss.q.data()), typename T::SmemLayoutQ{});
@@ -342,10 +370,8 @@ CUTLASS_DEVICE void consumer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<
   Tensor tSrQ = thr_sdp.partition_fragment_B(sQ);
   Tensor tSrV = thr_sdp.partition_fragment_A(sV);
   Tensor tSrdO = thr_sdp.partition_fragment_B(sdO);
-  Tensor tdVrPt = thr_dkv.partition_fragment_A(sPt);
-  Tensor tdVrdOt = thr_dkv.partition_fragment_B(sdOt);
-  Tensor tdKrdSt = thr_dkv.partition_fragment_A(sdSt);
-  Tensor tdKrQt = thr_dkv.partition_fragment_B(sQt);
+  Tensor tdVrdOt = thr_dv.partition_fragment_B(sdOt);
+  Tensor tdKrQt = thr_dk.partition_fragment_B(sQt);
   Tensor tdQrdS = thr_dq.partition_fragment_A(sdS);
   Tensor tdQrKt = thr_dq.partition_fragment_B(sKt);
 
@@ -361,8 +387,12 @@ CUTLASS_DEVICE void consumer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<
   const int seqlen_k = get<0>(p.shape_k);
   const int causal_offset = seqlen_k - seqlen_q;  // bottom-right aligned diagonal
 
-  Tensor tdVrdV = partition_fragment_C(mma_dkv, Shape<BN, HD>{});
-  Tensor tdKrdK = partition_fragment_C(mma_dkv, Shape<BN, HD>{});
+  // Same accumulator layout for both (the dK and dV GEMMs differ at most in where A comes from).
+  Tensor tdVrdV = partition_fragment_C(mma_dv, Shape<BN, HD>{});
+  Tensor tdKrdK = partition_fragment_C(mma_dk, Shape<BN, HD>{});
+  // dS^T in Element precision. With a register-sourced dK GEMM it must survive until that GEMM, which still runs while
+  // the next step starts, has completed; the fences at the completing waits keep the compiler from reusing it earlier.
+  Tensor rdS = make_tensor<Element>(partition_fragment_C(mma_sdp, Shape<BN, BM>{}).layout());
   uint32_t kv_count = 0;
   uint32_t dq_count = 0;
   uint32_t ds_count = 0;
@@ -376,14 +406,12 @@ CUTLASS_DEVICE void consumer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<
     const KvTileRef tile{rec.batch, rec.head_k, rec.n_block};
     if (rec.flags & VisitRecord::kEmptyTile) {
       reinterpret_cast<Barrier&>(ss.q_empty[stage]).arrive();
-      clear(tdVrdV);
-      clear(tdKrdK);
-      store_dkdv(tile, tdKrdK, tdVrdV, thr_dkv);
+      store_dkdv.store_zeros(tile, thr_dv);
       continue;
     }
-    if (rec.flags & VisitRecord::kFirst) {
-      clear(tdVrdV);
-      clear(tdKrdK);
+    // The tile's first dK/dV GEMMs overwrite the accumulators (no clear(): see wgmma_gemm).
+    const bool first = rec.flags & VisitRecord::kFirst;
+    if (first) {
       wait_barrier(ss.kv_full, kv_count & 1, WaitSite::kKvFull);
       ++kv_count;
     }
@@ -398,6 +426,7 @@ CUTLASS_DEVICE void consumer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<
     warpgroup_wait<1>();  // S done, and with it the previous step's dK GEMM (groups complete in order)
     warpgroup_fence_operand(tSrS);
     warpgroup_fence_operand(tdKrdK);
+    if constexpr (T::kDkFromRegs) warpgroup_fence_operand(rdS);
     if (unreleased_stage >= 0) {
       reinterpret_cast<Barrier&>(ss.q_empty[unreleased_stage]).arrive();
       unreleased_stage = -1;
@@ -419,29 +448,31 @@ CUTLASS_DEVICE void consumer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<
       tSrS(i) = masked ? 0.f : exp2f(fmaf(tSrS(i), p.scale_log2, -lse[m]));
     }
 
-    // P^T to shared memory, then dV += P^T dO runs while dS is computed.
-    if constexpr (T::kPtShared) cutlass::arch::NamedBarrier::sync(T::kNumMmaThreads, kMmaBarrier);
-    {
-      Tensor rP = convert_fragment<Element>(tSrS);
-      cute::copy(r2s, r2s_thr.retile_S(rP), tPsPt);
-    }
-    cutlass::arch::fence_view_async_shared();  // generic-proxy stores read next by WGMMA (async proxy)
-    if constexpr (T::kPtShared) {
-      cutlass::arch::NamedBarrier::sync(T::kNumMmaThreads, kMmaBarrier);
+    // dV += P^T dO runs while dS is computed; P^T comes from registers or, after a round trip, shared memory.
+    Tensor rP = convert_fragment<Element>(tSrS);
+    if constexpr (T::kDvFromRegs) {
+      warpgroup_fence_operand(rP);
+      wgmma_gemm<-1>(mma_dv, make_tensor(rP.data(), accumulator_as_a_operand(rP.layout())),
+                     tdVrdOt(_, _, _, stage), tdVrdV, first);
     } else {
-      cutlass::arch::NamedBarrier::sync(128, wg_barrier);
+      if constexpr (T::kPtShared) cutlass::arch::NamedBarrier::sync(T::kNumMmaThreads, kMmaBarrier);
+      cute::copy(r2s, r2s_thr.retile_S(rP), tPsPt);
+      cutlass::arch::fence_view_async_shared();  // generic-proxy stores read next by WGMMA (async proxy)
+      if constexpr (T::kPtShared) {
+        cutlass::arch::NamedBarrier::sync(T::kNumMmaThreads, kMmaBarrier);
+      } else {
+        cutlass::arch::NamedBarrier::sync(128, wg_barrier);
+      }
+      wgmma_gemm<-1>(mma_dv, thr_dv.partition_fragment_A(sPt), tdVrdOt(_, _, _, stage), tdVrdV, first);
     }
-    wgmma_gemm<false, -1>(mma_dkv, tdVrPt, tdVrdOt(_, _, _, stage), tdVrdV);
 
     warpgroup_wait<1>();  // dP done (dV may still run)
     warpgroup_fence_operand(tdPrdP);
     const int ds_buf = ds_count++ % T::kDsBuffers;
     CUTLASS_PRAGMA_UNROLL
     for (int i = 0; i < size(tSrS); ++i) tdPrdP(i) = tSrS(i) * (tdPrdP(i) - dsum[get<1>(tScS(i))]);
-    {
-      Tensor rdS = convert_fragment<Element>(tdPrdP);
-      cute::copy(r2s, r2s_thr.retile_S(rdS), tPsdSt(_, _, _, ds_buf));
-    }
+    rdS = convert_fragment<Element>(tdPrdP);
+    cute::copy(r2s, r2s_thr.retile_S(rdS), tPsdSt(_, _, _, ds_buf));
     cutlass::arch::fence_view_async_shared();
     // dK (when d is split) and dQ need every warpgroup's rows of dS.
     cutlass::arch::NamedBarrier::sync(T::kNumMmaThreads, kMmaBarrier);
@@ -449,10 +480,21 @@ CUTLASS_DEVICE void consumer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<
     // dQ first so that its hand-off to the writer overlaps the dK GEMM.
     Tensor tdQrdQ = partition_fragment_C(mma_dq, Shape<BM, HD>{});
     wgmma_gemm<true, -1>(mma_dq, tdQrdS(_, _, _, ds_buf), tdQrKt, tdQrdQ);
-    wgmma_gemm<false, -1>(mma_dkv, tdKrdSt(_, _, _, ds_buf), tdKrQt(_, _, _, stage), tdKrdK);
+    if constexpr (T::kDkFromRegs) {
+      warpgroup_fence_operand(rdS);
+      wgmma_gemm<-1>(mma_dk, make_tensor(rdS.data(), accumulator_as_a_operand(rdS.layout())),
+                     tdKrQt(_, _, _, stage), tdKrdK, first);
+    } else {
+      wgmma_gemm<-1>(mma_dk, thr_dk.partition_fragment_A(sdSt)(_, _, _, ds_buf), tdKrQt(_, _, _, stage), tdKrdK,
+                     first);
+    }
     warpgroup_wait<1>();  // dV and dQ done; dK may still run
     warpgroup_fence_operand(tdVrdV);
     warpgroup_fence_operand(tdQrdQ);
+    if constexpr (T::kDvFromRegs) warpgroup_fence_operand(rP);
+    // The tile's last reads of K (S, dQ) and V (dP) are done; the still-running dK GEMM reads only dS^T and Q. Freeing
+    // K/V now lets the producer start the next tile's K/V loads during the dQ hand-off, dK and the dK/dV stores.
+    if (rec.flags & VisitRecord::kLast) reinterpret_cast<Barrier&>(ss.kv_empty).arrive();
 
     // Hand the partial dQ to the writer warp once it has finished reading the previous one.
     wait_barrier(ss.dq_empty, (dq_count & 1) ^ 1, WaitSite::kDqEmpty);
@@ -470,18 +512,22 @@ CUTLASS_DEVICE void consumer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<
     if (rec.flags & VisitRecord::kLast) {
       warpgroup_wait<0>();
       warpgroup_fence_operand(tdKrdK);
+      if constexpr (T::kDkFromRegs) warpgroup_fence_operand(rdS);
       reinterpret_cast<Barrier&>(ss.q_empty[stage]).arrive();
-      reinterpret_cast<Barrier&>(ss.kv_empty).arrive();  // the tile's last dQ GEMM has read K
-      store_dkdv(tile, tdKrdK, tdVrdV, thr_dkv);
+      store_dkdv(tile, tdKrdK, tdVrdV, thr_dv);
     } else if constexpr (T::kStages == 1) {
       // The next step reuses this stage: release it now rather than after the next S GEMM.
       warpgroup_wait<0>();
       warpgroup_fence_operand(tdKrdK);
+      if constexpr (T::kDkFromRegs) warpgroup_fence_operand(rdS);
       reinterpret_cast<Barrier&>(ss.q_empty[stage]).arrive();
     } else {
       unreleased_stage = stage;
     }
   }
+  // Nothing is in flight here (the last step of every tile waits for its dK GEMM), but ptxas cannot tell: without
+  // this wait it inserts one itself on the exit path and then serialises every WGMMA of the kernel (C7518).
+  warpgroup_wait<0>();
   // Tell the writer there is nothing more.
   wait_barrier(ss.dq_empty, (dq_count & 1) ^ 1, WaitSite::kDqEmpty);
   if (tid == 0) ss.dq_rec.flags = VisitRecord::kEnd;

@@ -41,6 +41,10 @@ DISPATCH = {"static": 0, "greedy": 1, "greedy_head_major": 2}
 # Tie-break of `choose` among equal predicted makespans: batch-invariant orders first (ascending/descending
 # accumulation orders depend on the KV index only), then the wave-dependent ones.
 _PREFERENCE = ("descending", "shift", "shift_causal", "spt", "ascending")
+# Full masks break ties towards shift: the model charges nothing for many CTAs adding into the same dQ tile at once,
+# which ascending/descending walks do on a full mask and shift's staggered start avoids. Measured on the H200
+# (benchmarks/RESULTS.md, hdim 128): shift 287 vs descending 242 TFLOPS at seqlen 1k, where the model predicts a tie.
+_PREFERENCE_FULL = ("shift", "descending", "shift_causal", "spt", "ascending")
 # `choose` simulates at most this many visits per schedule; larger problems are scaled down proportionally
 # (fewer (batch, KV head) pairs and CTAs, same tile geometry) so that `auto` stays fast.
 _CHOOSE_VISIT_BUDGET = 400_000
@@ -281,8 +285,9 @@ def _choose_cached(mask: str, seqlen_q: int, seqlen_k: int, block_m: int, block_
                    num_sms: int, window: Optional[Tuple[int, int]], nheads_k: int, deterministic: bool,
                    c: float, r: float) -> str:
     p = _scaled_for_choose(mask, seqlen_q, seqlen_k, block_m, block_n, nheads, batch, num_sms, window, nheads_k)
-    best, best_time = _PREFERENCE[0], math.inf
-    for name in _PREFERENCE:
+    preference = _PREFERENCE_FULL if mask == "full" else _PREFERENCE
+    best, best_time = preference[0], math.inf
+    for name in preference:
         s = _sched.simulate(SCHEDULE_IDS[name], p, c=c, r=r, deterministic=deterministic, dispatch=0, record=False)
         if s["deadlock"]:
             continue  # cannot happen for static dispatch (tested); guarded so `auto` never picks a hang
@@ -295,7 +300,7 @@ def choose(mask: str, seqlen_q: int, seqlen_k: int, block_m: int, block_n: int, 
            num_sms: int, window: Optional[Tuple[int, int]] = None, nheads_k: Optional[int] = None,
            deterministic: bool = True, c: float = 1.0, r: float = 0.5) -> str:
     """The `auto` rule: the schedule with the smallest predicted makespan on `num_sms` CTAs (cached per shape).
-    Ties go to the batch-invariant orders first (see _PREFERENCE)."""
+    Ties go to the batch-invariant orders first, except on full masks (see _PREFERENCE, _PREFERENCE_FULL)."""
     window = None if window is None else (int(window[0]), int(window[1]))
     return _choose_cached(mask, int(seqlen_q), int(seqlen_k), int(block_m), int(block_n), int(nheads), int(batch),
                           int(num_sms), window, int(nheads if nheads_k is None else nheads_k), bool(deterministic),

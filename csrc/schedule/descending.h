@@ -10,11 +10,8 @@
 
 namespace dash::sched {
 
-struct Descending {
-  using Units = TileUnits<TileOrder::kTileMajor>;
-  DASH_HD static int64_t num_items(const Problem& p, int32_t cta) { return Units::num_items(p, cta); }
-  DASH_HD static KvTile item(const Problem& p, int32_t cta, int64_t k) { return Units::item(p, cta, k); }
-  DASH_HD static int32_t num_visits(const Problem& p, const KvTile& t) { return Units::num_visits(p, t); }
+// num_items / item / num_visits come from the tile-major unit layout; the schedule adds only its visit order.
+struct Descending : TileUnits<TileOrder::kTileMajor> {
   DASH_HD static Visit visit(const Problem& p, const KvTile& t, int32_t step) {
     const int32_t g = group_size(p);
     const int32_t m = m_block_range(p, t.n_block).hi - 1 - step / g;

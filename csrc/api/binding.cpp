@@ -63,6 +63,18 @@ void check_4d(const at::Tensor& t, const char* name, const at::Tensor& like) {
   }
 }
 
+void check_qkvo(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out) {
+  check_4d(q, "q", q);
+  check_4d(k, "k", q);
+  check_4d(v, "v", q);
+  check_4d(out, "out", q);
+}
+
+void check_lse(const at::Tensor& lse) {
+  TORCH_CHECK_VALUE(lse.scalar_type() == at::kFloat && lse.is_contiguous() && lse.dim() == 3,
+                    "dash_attn: lse must be a contiguous float32 (batch, nheads, seqlen_q) tensor");
+}
+
 dash::AttnShape make_shape(const at::Tensor& q, const at::Tensor& k, double softmax_scale, int64_t mask,
                            int64_t window_left, int64_t window_right, double softcap) {
   TORCH_CHECK_VALUE(mask >= 0 && mask <= 2, "dash_attn: unknown mask id ", mask);
@@ -107,13 +119,9 @@ void check_device(const at::Tensor& q) {
 
 void fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& out, at::Tensor& lse,
          double softmax_scale, int64_t mask, int64_t window_left, int64_t window_right, double softcap) {
-  check_4d(q, "q", q);
-  check_4d(k, "k", q);
-  check_4d(v, "v", q);
-  check_4d(out, "out", q);
+  check_qkvo(q, k, v, out);
   check_device(q);
-  TORCH_CHECK_VALUE(lse.scalar_type() == at::kFloat && lse.is_contiguous() && lse.dim() == 3,
-                    "dash_attn: lse must be a contiguous float32 (batch, nheads, seqlen_q) tensor");
+  check_lse(lse);
   c10::cuda::CUDAGuard guard(q.device());
   dash::FwdParams p;
   p.shape = make_shape(q, k, softmax_scale, mask, window_left, window_right, softcap);
@@ -135,17 +143,13 @@ void bwd(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const
          const at::Tensor& out, const at::Tensor& lse, at::Tensor& dq, at::Tensor& dk, at::Tensor& dv,
          double softmax_scale, int64_t mask, int64_t window_left, int64_t window_right, double softcap,
          bool deterministic, int64_t schedule, int64_t sm_margin) {
-  check_4d(q, "q", q);
-  check_4d(k, "k", q);
-  check_4d(v, "v", q);
-  check_4d(out, "out", q);
+  check_qkvo(q, k, v, out);
   check_4d(dout, "dout", q);
   check_4d(dq, "dq", q);
   check_4d(dk, "dk", q);
   check_4d(dv, "dv", q);
   check_device(q);
-  TORCH_CHECK_VALUE(lse.scalar_type() == at::kFloat && lse.is_contiguous() && lse.dim() == 3,
-                    "dash_attn: lse must be a contiguous float32 (batch, nheads, seqlen_q) tensor");
+  check_lse(lse);
   TORCH_CHECK_VALUE(schedule >= 0 && schedule <= 4, "dash_attn: schedule id ", schedule,
                     " is not a concrete schedule (auto is resolved in Python)");
   TORCH_CHECK_VALUE(sm_margin >= 0, "dash_attn: sm_margin must be >= 0");

@@ -27,8 +27,11 @@ __global__ void __launch_bounds__(BwdThreads::kNumThreads, 1)
     bwd_main_kernel(const __grid_constant__ BwdKernelParams<T> p) {
   static_assert(bwd_smem_bytes<T>() <= kMaxSmemPerBlock, "shared storage exceeds the per-block limit");
   extern __shared__ __align__(1024) char smem_raw[];
-  uintptr_t base = reinterpret_cast<uintptr_t>(smem_raw);
-  if constexpr (bwd_smem_slack<T>() > 0) base = (base + 1023) & ~uintptr_t(1023);
+  // Realign by pointer arithmetic on smem_raw, never through an integer round trip: the compiler then still knows
+  // every access to `ss` is a shared-memory access (LDS/STS). Through uintptr_t it fell back to generic loads and
+  // stores (LD.E/ST.E via L1TEX) for the row statistics, the visit records and the dQ staging.
+  char* base = smem_raw;
+  if constexpr (bwd_smem_slack<T>() > 0) base += (1024 - reinterpret_cast<uintptr_t>(smem_raw) % 1024) % 1024;
   auto& ss = *reinterpret_cast<BwdSharedStorage<T>*>(base);
 
   const int warp = threadIdx.x / 32;

@@ -2,10 +2,10 @@
 // work is measured without framework overhead. For every (hdim built, mask, seqlen) it times the forward, the
 // non-deterministic backward and the deterministic backward of every schedule, and prints ms, TFLOPS (FLOPs as in
 // benchmarks/flops.py) and the det/non-det ratio. Deterministic rows are also run twice and compared bitwise.
+// Backward rows also time each of the backward's kernels alone (preprocess, main, postprocess; --no-stages skips it)
+// through dash_bwd_stages, so a change to the main kernel can be told apart from the fixed cost around it.
 //
 //   build/bench/dash_bench --help
-#include <cuda_bf16.h>
-#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -16,15 +16,16 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
-#include <type_traits>
 #include <vector>
 
 #include "bench/bench_flops.h"
+#include "bench/bench_problem.h"
 #include "bench/bench_timer.h"
 #include "common/params.h"
 
 namespace {
 
+using dash::BwdStage;
 using dash::DType;
 using dash::MaskKind;
 using dash::ScheduleKind;
@@ -85,6 +86,7 @@ struct Options {
   bool run_fwd = true;
   bool run_bwd = true;
   bool det_check = true;
+  bool stages = true;  // also time the backward's preprocess, main kernel and postprocess one by one
   std::string csv_path;
   TimingConfig timing;
 };
@@ -106,6 +108,9 @@ void usage(const char* argv0) {
       "  --device N            CUDA device (default 0)\n"
       "  --fwd-only | --bwd-only\n"
       "  --no-det-check        skip the bitwise repeat check of deterministic rows\n"
+      "  --stages | --no-stages\n"
+      "                        also time the backward's preprocess, main kernel and postprocess alone (default:\n"
+      "                        on; --no-stages takes about half as long per backward row)\n"
       "  --no-flush            do not flush L2 before timed calls\n"
       "  --csv FILE            also write every row to FILE\n",
       argv0, kHiddenSize);
@@ -203,6 +208,10 @@ Options parse_args(int argc, char** argv) {
       o.run_fwd = false;
     } else if (a == "--no-det-check") {
       o.det_check = false;
+    } else if (a == "--stages") {
+      o.stages = true;
+    } else if (a == "--no-stages") {
+      o.stages = false;
     } else if (a == "--no-flush") {
       o.timing.flush_l2 = false;
     } else if (a == "--csv") {
@@ -225,141 +234,17 @@ Options parse_args(int argc, char** argv) {
   return o;
 }
 
-// ------------------------------------------------------------------------------------------------ device buffers
-
-// Hash-based normal numbers (Box-Muller on two 32-bit hashes): reproducible from the seed, no curand dependency.
-__device__ __forceinline__ uint32_t mix32(uint64_t x) {
-  x ^= x >> 33;
-  x *= 0xff51afd7ed558ccdULL;
-  x ^= x >> 33;
-  x *= 0xc4ceb9fe1a85ec53ULL;
-  x ^= x >> 33;
-  return static_cast<uint32_t>(x);
-}
-
-template <class T>
-__global__ void fill_normal(T* out, size_t n, uint64_t seed) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
-    const float u1 = (mix32(seed ^ (2 * i)) + 1.0f) * 2.3283064e-10f;  // (0, 1]
-    const float u2 = mix32(seed ^ (2 * i + 1)) * 2.3283064e-10f;
-    const float z = sqrtf(-2.0f * logf(u1)) * cospif(2.0f * u2);
-    if constexpr (std::is_same_v<T, __nv_bfloat16>) {
-      out[i] = __float2bfloat16(z);
-    } else {
-      out[i] = __float2half(z);
-    }
-  }
-}
-
-struct DeviceBuffer {
-  void* ptr = nullptr;
-  size_t bytes = 0;
-  DeviceBuffer() = default;
-  explicit DeviceBuffer(size_t n) : bytes(n) { DASH_BENCH_CUDA(cudaMalloc(&ptr, n)); }
-  ~DeviceBuffer() {
-    if (ptr != nullptr) cudaFree(ptr);
-  }
-  DeviceBuffer(const DeviceBuffer&) = delete;
-  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
-  void grow(size_t n) {
-    if (n <= bytes) return;
-    if (ptr != nullptr) DASH_BENCH_CUDA(cudaFree(ptr));
-    ptr = nullptr;
-    bytes = n;
-    DASH_BENCH_CUDA(cudaMalloc(&ptr, n));
-  }
-};
-
-struct Problem {
-  int batch, seqlen, nheads, nheads_k, headdim;
-  MaskKind mask;
-  DType dtype;
-  size_t q_elems() const { return size_t(batch) * seqlen * nheads * headdim; }
-  size_t k_elems() const { return size_t(batch) * seqlen * nheads_k * headdim; }
-  bool causal() const { return mask == MaskKind::kCausal; }
-};
-
-// All tensors of one problem, filled with random data (never zeros: they can run faster than real data).
-struct ProblemBuffers {
-  DeviceBuffer q, k, v, o, dout, dq, dk, dv, lse, workspace;
-  ProblemBuffers(const Problem& p, cudaStream_t stream)
-      : q(p.q_elems() * 2), k(p.k_elems() * 2), v(p.k_elems() * 2), o(p.q_elems() * 2), dout(p.q_elems() * 2),
-        dq(p.q_elems() * 2), dk(p.k_elems() * 2), dv(p.k_elems() * 2),
-        lse(size_t(p.batch) * p.nheads * p.seqlen * sizeof(float)) {
-    uint64_t seed = 0x5eed;
-    for (DeviceBuffer* b : {&q, &k, &v, &dout, &o, &dq, &dk, &dv}) fill(*b, p.dtype, seed++, stream);
-    DASH_BENCH_CUDA(cudaMemsetAsync(lse.ptr, 0, lse.bytes, stream));
-  }
-  static void fill(DeviceBuffer& b, DType dtype, uint64_t seed, cudaStream_t stream) {
-    const size_t n = b.bytes / 2;
-    constexpr int kThreads = 256;
-    const unsigned blocks = static_cast<unsigned>(std::min<size_t>((n + kThreads - 1) / kThreads, 65535));
-    if (dtype == DType::kBFloat16) {
-      fill_normal<<<blocks, kThreads, 0, stream>>>(static_cast<__nv_bfloat16*>(b.ptr), n, seed);
-    } else {
-      fill_normal<<<blocks, kThreads, 0, stream>>>(static_cast<__half*>(b.ptr), n, seed);
-    }
-    DASH_BENCH_CUDA(cudaGetLastError());
-  }
-};
-
-dash::AttnShape make_shape(const Problem& p) {
-  dash::AttnShape s;
-  s.batch = p.batch;
-  s.seqlen_q = p.seqlen;
-  s.seqlen_k = p.seqlen;
-  s.nheads = p.nheads;
-  s.nheads_k = p.nheads_k;
-  s.headdim = p.headdim;
-  s.dtype = p.dtype;
-  s.mask = p.mask;
-  s.softmax_scale = 1.0f / std::sqrt(static_cast<float>(p.headdim));
-  return s;
-}
-
-// Layout (batch, seqlen, heads, headdim), contiguous.
-dash::TensorStrides strides_for(const Problem& p, int heads) {
-  dash::TensorStrides st;
-  st.head = p.headdim;
-  st.row = int64_t(heads) * p.headdim;
-  st.batch = st.row * p.seqlen;
-  return st;
-}
-
-dash::FwdParams make_fwd_params(const Problem& p, ProblemBuffers& b, int num_sms) {
-  dash::FwdParams f;
-  f.shape = make_shape(p);
-  f.q = b.q.ptr;
-  f.k = b.k.ptr;
-  f.v = b.v.ptr;
-  f.o = b.o.ptr;
-  f.lse = static_cast<float*>(b.lse.ptr);
-  f.q_stride = f.o_stride = strides_for(p, p.nheads);
-  f.k_stride = f.v_stride = strides_for(p, p.nheads_k);
-  f.num_sms = num_sms;
-  return f;
-}
-
-dash::BwdParams make_bwd_params(const Problem& p, ProblemBuffers& b, int num_sms, int sm_margin) {
-  dash::BwdParams g;
-  g.shape = make_shape(p);
-  g.q = b.q.ptr;
-  g.k = b.k.ptr;
-  g.v = b.v.ptr;
-  g.o = b.o.ptr;
-  g.dout = b.dout.ptr;
-  g.lse = static_cast<const float*>(b.lse.ptr);
-  g.dq = b.dq.ptr;
-  g.dk = b.dk.ptr;
-  g.dv = b.dv.ptr;
-  g.q_stride = g.o_stride = g.do_stride = g.dq_stride = strides_for(p, p.nheads);
-  g.k_stride = g.v_stride = g.dk_stride = g.dv_stride = strides_for(p, p.nheads_k);
-  g.num_sms = num_sms;
-  g.sm_margin = sm_margin;
-  return g;
-}
-
 // ------------------------------------------------------------------------------------------------ reporting
+
+// Times of the backward's kernels launched alone through dash_bwd_stages (backward rows with --stages only).
+struct StageTimes {
+  std::string status;  // "" = not measured, "ok", or why there is no time
+  float pre_ms = 0.f;
+  float main_ms = 0.f;
+  float post_ms = 0.f;
+  double main_tflops = 0.0;  // the whole backward's FLOPs over the main kernel's time
+  bool ok() const { return status == "ok"; }
+};
 
 struct Row {
   Problem problem;
@@ -369,41 +254,62 @@ struct Row {
   double tflops = 0.0;
   double ratio = 0.0;       // det / non-det, deterministic backward rows only
   std::string repeat = "";  // "bitwise", "DIFFERS", "NONFINITE" or "" when not checked
+  StageTimes stages{};
 };
 
-void print_header() {
-  std::printf("%-5s %-6s %7s %5s %7s  %-18s %8s %9s %8s  %s\n", "hdim", "mask", "seqlen", "batch", "heads",
-              "variant", "ms", "TFLOPS", "det/nd", "repeat");
+void print_header(bool stages) {
+  std::printf("%-5s %-6s %7s %5s %7s  %-18s %8s %9s %8s", "hdim", "mask", "seqlen", "batch", "heads", "variant", "ms",
+              "TFLOPS", "det/nd");
+  if (stages) std::printf(" %8s %8s %8s %9s", "pre ms", "main ms", "post ms", "main TF");
+  std::printf("  %s\n", "repeat");
 }
 
-void print_row(const Row& r) {
+void print_row(const Row& r, bool stages) {
   const Problem& p = r.problem;
   char heads[32];
   std::snprintf(heads, sizeof(heads), "%d/%d", p.nheads, p.nheads_k);
   if (r.status != "ok") {
     std::printf("%-5d %-6s %7d %5d %7s  %-18s %s\n", p.headdim, mask_name(p.mask), p.seqlen, p.batch, heads,
                 r.variant.c_str(), r.status.c_str());
-  } else {
-    char ratio[16] = "";
-    if (r.ratio > 0) std::snprintf(ratio, sizeof(ratio), "%.3f", r.ratio);
-    std::printf("%-5d %-6s %7d %5d %7s  %-18s %8.3f %9.1f %8s  %s\n", p.headdim, mask_name(p.mask), p.seqlen,
-                p.batch, heads, r.variant.c_str(), r.ms, r.tflops, ratio, r.repeat.c_str());
+    std::fflush(stdout);
+    return;
   }
+  char ratio[16] = "";
+  if (r.ratio > 0) std::snprintf(ratio, sizeof(ratio), "%.3f", r.ratio);
+  std::printf("%-5d %-6s %7d %5d %7s  %-18s %8.3f %9.1f %8s", p.headdim, mask_name(p.mask), p.seqlen, p.batch, heads,
+              r.variant.c_str(), r.ms, r.tflops, ratio);
+  const StageTimes& st = r.stages;
+  if (stages && st.ok()) {
+    std::printf(" %8.3f %8.3f %8.3f %9.1f", st.pre_ms, st.main_ms, st.post_ms, st.main_tflops);
+  } else if (stages) {
+    std::printf(" %8s %8s %8s %9s", "", "", "", "");
+  }
+  std::printf("  %s", r.repeat.c_str());
+  if (!st.status.empty() && !st.ok()) std::printf("  stages: %s", st.status.c_str());
+  std::printf("\n");
   std::fflush(stdout);
 }
 
+// Stage columns are empty where they were not measured (forward rows, --no-stages, a failed stage).
 void write_csv(const std::string& path, const std::vector<Row>& rows) {
   FILE* f = std::fopen(path.c_str(), "w");
   if (f == nullptr) {
     std::fprintf(stderr, "dash_bench: cannot write %s: %s\n", path.c_str(), std::strerror(errno));
     return;
   }
-  std::fprintf(f, "hdim,dtype,mask,seqlen,batch,nheads,nheads_k,variant,status,ms,tflops,det_over_nondet,repeat\n");
+  std::fprintf(f, "hdim,dtype,mask,seqlen,batch,nheads,nheads_k,variant,status,ms,tflops,det_over_nondet,repeat,"
+                  "pre_ms,main_ms,post_ms,main_tflops\n");
   for (const Row& r : rows) {
     const Problem& p = r.problem;
-    std::fprintf(f, "%d,%s,%s,%d,%d,%d,%d,%s,%s,%.5f,%.2f,%.4f,%s\n", p.headdim, dtype_name(p.dtype),
+    std::fprintf(f, "%d,%s,%s,%d,%d,%d,%d,%s,%s,%.5f,%.2f,%.4f,%s,", p.headdim, dtype_name(p.dtype),
                  mask_name(p.mask), p.seqlen, p.batch, p.nheads, p.nheads_k, r.variant.c_str(), r.status.c_str(),
                  r.ms, r.tflops, r.ratio, r.repeat.c_str());
+    const StageTimes& st = r.stages;
+    if (st.ok()) {
+      std::fprintf(f, "%.5f,%.5f,%.5f,%.2f\n", st.pre_ms, st.main_ms, st.post_ms, st.main_tflops);
+    } else {
+      std::fprintf(f, ",,,\n");
+    }
   }
   std::fclose(f);
   std::printf("wrote %s\n", path.c_str());
@@ -486,7 +392,7 @@ class Bench {
 
   void emit(const Row& r) {
     rows_.push_back(r);
-    print_row(r);
+    print_row(r, opt_.stages);
   }
 
   template <class Launch>
@@ -515,14 +421,40 @@ class Bench {
     bwd.workspace = buf.workspace.ptr;
     bwd.workspace_bytes = ws;
     Row r;
-    const bool alive = measure(p, variant, [&] { return dash_bwd(&bwd, stream_); }, flops, &r);
+    bool alive = measure(p, variant, [&] { return dash_bwd(&bwd, stream_); }, flops, &r);
     if (r.status == "ok") {
       if (ms_out != nullptr) *ms_out = r.ms;
       if (bwd.deterministic && nondet_ms > 0) r.ratio = nondet_ms / r.ms;
-      if (bwd.deterministic && opt_.det_check) r.repeat = repeat_check(bwd, buf);
+      if (opt_.stages) alive = measure_stages(bwd, flops, &r.stages);
+      if (alive && bwd.deterministic && opt_.det_check) r.repeat = repeat_check(bwd, buf);
     }
     emit(r);
     return alive;
+  }
+
+  // Each kernel of the backward alone, under the whole call's rules (warm-up, L2 flush before each timed call,
+  // median). Preprocess and postprocess only overwrite what they write, so they are timed by repeating them. The main
+  // kernel cannot be: it accumulates into the dQ workspace and counts on semaphores that only the preprocess zeroes.
+  // So every main launch, warm-up included, follows an untimed preprocess enqueued after the flush and before the
+  // start event: the main kernel is measured by itself, and finds the cache as preprocess leaves it, as inside
+  // dash_bwd. (Timing preprocess+main and subtracting the preprocess median would not be one measured quantity, and
+  // the noise of both medians would land on a difference.) Postprocess runs on the accumulator the last main left.
+  bool measure_stages(const dash::BwdParams& bwd, double flops, StageTimes* out) {
+    auto only = [this, &bwd](int32_t stages) {
+      return [this, &bwd, stages] { return dash_bwd_stages(&bwd, stages, stream_); };
+    };
+    const TimingResult pre = timer_.time(only(BwdStage::kPreprocess), opt_.timing);
+    if (pre.status != 0) return describe_failure(pre.status, &out->status);
+    const TimingResult main_k = timer_.time(only(BwdStage::kMain), opt_.timing, only(BwdStage::kPreprocess));
+    if (main_k.status != 0) return describe_failure(main_k.status, &out->status);
+    const TimingResult post = timer_.time(only(BwdStage::kPostprocess), opt_.timing);
+    if (post.status != 0) return describe_failure(post.status, &out->status);
+    out->status = "ok";
+    out->pre_ms = pre.median_ms;
+    out->main_ms = main_k.median_ms;
+    out->post_ms = post.median_ms;
+    out->main_tflops = tflops(flops, main_k.median_ms);
+    return true;
   }
 
   std::string repeat_check(const dash::BwdParams& bwd, ProblemBuffers& buf) {
@@ -609,8 +541,10 @@ int main(int argc, char** argv) {
               prop.name, num_sms, num_sms - opt.sm_margin, opt.sm_margin, dtype_name(opt.dtype), l2_bytes >> 20,
               opt.timing.flush_l2 ? "flushed before each timed call" : "not flushed", opt.timing.warmup,
               opt.timing.iters);
-  std::printf("note: backward rows time dash_bwd as a whole (preprocess + main + postprocess). Per-stage times are "
-              "not available yet: the C ABI in csrc/common/params.h has no per-stage entry point.\n");
+  std::printf("note: backward ms/TFLOPS time dash_bwd as a whole (preprocess + main + postprocess).%s\n",
+              opt.stages ? " pre/main/post ms time each kernel alone (dash_bwd_stages; main after an untimed "
+                           "preprocess); main TF = the backward's FLOPs / main ms."
+                         : "");
   for (int h : opt.hdims) {
     for (MaskKind m : opt.masks) {
       int32_t bm = 0, bn = 0;
@@ -624,7 +558,7 @@ int main(int argc, char** argv) {
   DASH_BENCH_CUDA(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
   // Twice the L2 so that overwriting it evicts every line the previous call left behind.
   Bench bench(opt, stream, num_sms, 2 * static_cast<size_t>(l2_bytes));
-  print_header();
+  print_header(opt.stages);
   bool alive = true;
   for (int h : opt.hdims) {
     const int nheads = opt.nheads > 0 ? opt.nheads : std::max(1, kHiddenSize / h);

@@ -10,19 +10,19 @@
 
 namespace dash::bwd {
 template <int kHeadDim, class Element, dash::MaskKind kMask>
-void run_bwd_(const dash::BwdParams&, cudaStream_t);
+void run_bwd_(const dash::BwdParams&, cudaStream_t, int32_t stages);
 }  // namespace dash::bwd
 
 namespace {
 
 template <int kHeadDim, class Element>
-int run_masked(const dash::BwdParams& p, cudaStream_t stream) {
+int run_masked(const dash::BwdParams& p, cudaStream_t stream, int32_t stages) {
   switch (p.shape.mask) {
     case dash::MaskKind::kFull:
-      dash::bwd::run_bwd_<kHeadDim, Element, dash::MaskKind::kFull>(p, stream);
+      dash::bwd::run_bwd_<kHeadDim, Element, dash::MaskKind::kFull>(p, stream, stages);
       break;
     case dash::MaskKind::kCausal:
-      dash::bwd::run_bwd_<kHeadDim, Element, dash::MaskKind::kCausal>(p, stream);
+      dash::bwd::run_bwd_<kHeadDim, Element, dash::MaskKind::kCausal>(p, stream, stages);
       break;
     default:
       return -1;  // sliding windows: not instantiated yet
@@ -31,15 +31,15 @@ int run_masked(const dash::BwdParams& p, cudaStream_t stream) {
 }
 
 template <int kHeadDim>
-int run_typed(const dash::BwdParams& p, cudaStream_t stream) {
+int run_typed(const dash::BwdParams& p, cudaStream_t stream, int32_t stages) {
   switch (p.shape.dtype) {
 #ifdef DASH_ENABLE_FP16
     case dash::DType::kFloat16:
-      return run_masked<kHeadDim, cutlass::half_t>(p, stream);
+      return run_masked<kHeadDim, cutlass::half_t>(p, stream, stages);
 #endif
 #ifdef DASH_ENABLE_BF16
     case dash::DType::kBFloat16:
-      return run_masked<kHeadDim, cutlass::bfloat16_t>(p, stream);
+      return run_masked<kHeadDim, cutlass::bfloat16_t>(p, stream, stages);
 #endif
     default:
       return -1;
@@ -65,7 +65,11 @@ void dash_bwd_tile_shape(int32_t headdim, int32_t /*mask: same tiles for every m
 }
 
 int dash_bwd(const dash::BwdParams* params, void* stream) {
-  if (params == nullptr) return -1;
+  return dash_bwd_stages(params, dash::BwdStage::kAll, stream);
+}
+
+int dash_bwd_stages(const dash::BwdParams* params, int32_t stages, void* stream) {
+  if (params == nullptr || stages <= 0 || (stages & ~int32_t{dash::BwdStage::kAll}) != 0) return -1;
   const dash::BwdParams& p = *params;
   const dash::AttnShape& s = p.shape;
   if (s.softcap != 0.f || p.schedule == dash::ScheduleKind::kAuto) return -1;
@@ -78,15 +82,15 @@ int dash_bwd(const dash::BwdParams* params, void* stream) {
   switch (s.headdim) {
 #ifdef DASH_ENABLE_HDIM_64
     case 64:
-      return run_typed<64>(p, st);
+      return run_typed<64>(p, st, stages);
 #endif
 #ifdef DASH_ENABLE_HDIM_128
     case 128:
-      return run_typed<128>(p, st);
+      return run_typed<128>(p, st, stages);
 #endif
 #ifdef DASH_ENABLE_HDIM_256
     case 256:
-      return run_typed<256>(p, st);
+      return run_typed<256>(p, st, stages);
 #endif
     default:
       return -1;

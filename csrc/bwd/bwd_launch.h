@@ -1,6 +1,7 @@
 // Launch template of the backward: preprocess -> persistent main kernel -> postprocess, all on the caller's stream.
 // Instantiated once per (hdim, dtype, mask) by csrc/instantiations/bwd_*.cu; the schedule and the deterministic flag
-// are run-time parameters of the one kernel.
+// are run-time parameters of the one kernel. `stages` (BwdStage bits, validated by dash_bwd_stages) picks which of
+// the three kernels are launched, so the benchmark can time them one by one; their order never changes.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -21,27 +22,20 @@ inline int32_t bwd_num_ctas(const BwdParams& params, const sched::Problem& prob)
   return static_cast<int32_t>(std::max<int64_t>(1, std::min<int64_t>(usable, units)));
 }
 
+// The regions of the workspace the main kernel reads (LSE_log2, D) and accumulates into (dQ, semaphores).
+struct BwdWorkspaceViews {
+  float* lse_log2;
+  float* dsum;
+  float* dq_accum;
+  int32_t* semaphores;
+};
+
+// The persistent main kernel alone: it needs this call's preprocess to have run on the same workspace first.
 template <int kHeadDim, class Element, MaskKind kMask>
-void run_bwd_(const BwdParams& params, cudaStream_t stream) {
+void launch_bwd_main(const BwdParams& params, const BwdWorkspaceLayout& ws, const BwdWorkspaceViews& views,
+                     cudaStream_t stream) {
   using T = BwdTraits<kHeadDim, Element, kMask>;
   const AttnShape& s = params.shape;
-  const BwdWorkspaceLayout ws = bwd_workspace_layout(s);
-  char* base = static_cast<char*>(params.workspace);
-  float* dq_accum = reinterpret_cast<float*>(base + ws.dq_accum);
-  float* lse_log2 = reinterpret_cast<float*>(base + ws.lse_log2);
-  float* dsum = reinterpret_cast<float*>(base + ws.dsum);
-  int32_t* semaphores = reinterpret_cast<int32_t*>(base + ws.semaphores);
-  const dim3 tile_grid(ws.num_m_blocks, s.nheads, s.batch);
-
-  PreprocessParams pre{params.o, params.dout, params.lse,
-                       params.o_stride.row, params.o_stride.head, params.o_stride.batch,
-                       params.do_stride.row, params.do_stride.head, params.do_stride.batch,
-                       lse_log2, dsum, dq_accum, semaphores,
-                       s.seqlen_q, ws.seqlen_q_rounded, s.nheads, ws.num_m_blocks};
-  if (ws.num_m_blocks > 0) {
-    bwd_preprocess_kernel<kHeadDim, T::kBlockM, Element><<<tile_grid, kPreprocessThreads, 0, stream>>>(pre);
-  }
-
   sched::Problem prob{s.batch, s.nheads, s.nheads_k, s.seqlen_q, s.seqlen_k, T::kBlockM, T::kBlockN,
                       kMask, s.window_left, s.window_right, 0};
   prob.num_ctas = bwd_num_ctas(params, prob);
@@ -72,10 +66,10 @@ void run_bwd_(const BwdParams& params, cudaStream_t stream) {
       ws.num_m_blocks,
       s.softmax_scale,
       s.softmax_scale * float(M_LOG2E),
-      lse_log2,
-      dsum,
-      dq_accum,
-      semaphores,
+      views.lse_log2,
+      views.dsum,
+      views.dq_accum,
+      views.semaphores,
       params.dk,
       params.dv,
       params.dk_stride.row, params.dk_stride.head, params.dk_stride.batch,
@@ -85,10 +79,35 @@ void run_bwd_(const BwdParams& params, cudaStream_t stream) {
   auto kernel = bwd_main_kernel<T>;
   cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem));
   kernel<<<prob.num_ctas, BwdThreads::kNumThreads, smem, stream>>>(p);
+}
 
-  PostprocessParams post{dq_accum, params.dq, params.dq_stride.row, params.dq_stride.head, params.dq_stride.batch,
+template <int kHeadDim, class Element, MaskKind kMask>
+void run_bwd_(const BwdParams& params, cudaStream_t stream, int32_t stages) {
+  using T = BwdTraits<kHeadDim, Element, kMask>;
+  const AttnShape& s = params.shape;
+  const BwdWorkspaceLayout ws = bwd_workspace_layout(s);
+  char* base = static_cast<char*>(params.workspace);
+  const BwdWorkspaceViews views{reinterpret_cast<float*>(base + ws.lse_log2), reinterpret_cast<float*>(base + ws.dsum),
+                                reinterpret_cast<float*>(base + ws.dq_accum),
+                                reinterpret_cast<int32_t*>(base + ws.semaphores)};
+  const dim3 tile_grid(ws.num_m_blocks, s.nheads, s.batch);
+
+  PreprocessParams pre{params.o, params.dout, params.lse,
+                       params.o_stride.row, params.o_stride.head, params.o_stride.batch,
+                       params.do_stride.row, params.do_stride.head, params.do_stride.batch,
+                       views.lse_log2, views.dsum, views.dq_accum, views.semaphores,
+                       s.seqlen_q, ws.seqlen_q_rounded, s.nheads, ws.num_m_blocks};
+  if ((stages & BwdStage::kPreprocess) && ws.num_m_blocks > 0) {
+    bwd_preprocess_kernel<kHeadDim, T::kBlockM, Element><<<tile_grid, kPreprocessThreads, 0, stream>>>(pre);
+  }
+
+  if (stages & BwdStage::kMain) launch_bwd_main<kHeadDim, Element, kMask>(params, ws, views, stream);
+
+  PostprocessParams post{views.dq_accum, params.dq, params.dq_stride.row, params.dq_stride.head, params.dq_stride.batch,
                          s.seqlen_q, s.nheads, ws.num_m_blocks, s.softmax_scale};
-  if (ws.num_m_blocks > 0) bwd_postprocess_kernel<T><<<tile_grid, T::kNumMmaThreads, 0, stream>>>(post);
+  if ((stages & BwdStage::kPostprocess) && ws.num_m_blocks > 0) {
+    bwd_postprocess_kernel<T><<<tile_grid, T::kNumMmaThreads, 0, stream>>>(post);
+  }
 }
 
 }  // namespace dash::bwd

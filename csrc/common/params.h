@@ -24,6 +24,16 @@ enum class ScheduleKind : int32_t {
   kAuto = 99,
 };
 
+// Stages of one backward call, as bit flags for dash_bwd_stages. They exist so a profiler or the C++ benchmark can
+// time each kernel on its own; training always runs kAll through dash_bwd. Unscoped so that flags combine with `|`
+// into the int32_t mask of the C ABI; spell them dash::BwdStage::kMain to keep call sites readable.
+enum BwdStage : int32_t {
+  kPreprocess = 1,   // D = rowsum(dO * O), LSE to log2, zero the dQ accumulator and the dQ semaphores
+  kMain = 2,         // the persistent dK/dV/dQ-accumulate kernel
+  kPostprocess = 4,  // dQ accumulator (fp32) -> dQ (scaled, element type)
+  kAll = 7,
+};
+
 // Strides are in elements. Layout of q/o/dq/do: (batch, seqlen_q, nheads, headdim); k/v/dk/dv:
 // (batch, seqlen_k, nheads_k, headdim); the last dimension is contiguous (stride 1).
 struct TensorStrides {
@@ -86,6 +96,13 @@ extern "C" {
 int dash_fwd(const dash::FwdParams* params, void* stream);
 size_t dash_bwd_workspace_bytes(const dash::BwdParams* params);
 int dash_bwd(const dash::BwdParams* params, void* stream);
+// Runs only the stages set in `stages` (dash::BwdStage bits), always in the order preprocess -> main -> postprocess,
+// with the same validation as dash_bwd (which is dash_bwd_stages with dash::BwdStage::kAll); -1 also when `stages`
+// is 0 or has a bit outside kAll. The stages communicate through params->workspace only, so split calls must pass
+// the same params and workspace and keep that order. kMain needs a kPreprocess on the same workspace before every
+// launch: preprocess writes the log2 LSE and D rows it reads and zeroes the dQ accumulator and the semaphores it
+// counts on. kPostprocess reads the accumulator the last kMain left.
+int dash_bwd_stages(const dash::BwdParams* params, int32_t stages, void* stream);
 // Tile shape the backward kernel uses for (headdim, mask): lets the host plan/simulate exactly what runs.
 void dash_bwd_tile_shape(int32_t headdim, int32_t mask, int32_t* block_m, int32_t* block_n);
 }

@@ -43,13 +43,17 @@ enum class DkvOperandA { kSharedMemory, kPtRegisters, kRegisters };
 
 template <int kHeadDim>
 struct BwdConfig;
+// kDqBuffers: partial-dQ staging buffers between the consumers and the dQ writer. With two, the consumers stage step
+// t+1's dQ while the writer still waits for its turn on step t's tile (deterministic mode), instead of stalling.
 
-// hdim 128: 64 x 128 tiles (what FA3 uses for causal); 2 stages fit in 192 KB of shared memory.
+// hdim 128: 64 x 128 tiles (what FA3 uses for causal). With P^T taken from registers there is no P^T buffer, which
+// leaves room for two 32 KB partial-dQ staging buffers next to 2 Q/dO stages, K, V and two dS^T buffers (226 KB).
 template <>
 struct BwdConfig<128> {
   static constexpr int kBlockM = 64;
   static constexpr int kBlockN = 128;
   static constexpr int kStages = 2;
+  static constexpr int kDqBuffers = 2;
   using SdPSplit = WarpGroupSplit<2, 1>;  // each warpgroup owns 64 KV rows of S^T
   using dKVSplit = WarpGroupSplit<2, 1>;  // ... and the same 64 KV rows of dK/dV
   using dQSplit = WarpGroupSplit<1, 2>;   // dQ (64 x 128): each warpgroup owns 64 columns of d
@@ -62,6 +66,7 @@ struct BwdConfig<64> {
   static constexpr int kBlockM = 128;
   static constexpr int kBlockN = 128;
   static constexpr int kStages = 2;
+  static constexpr int kDqBuffers = 1;
   using SdPSplit = WarpGroupSplit<2, 1>;
   using dKVSplit = WarpGroupSplit<2, 1>;
   using dQSplit = WarpGroupSplit<2, 1>;  // dQ (128 x 64): each warpgroup owns 64 query rows
@@ -74,6 +79,7 @@ struct BwdConfig<256> {
   static constexpr int kBlockM = 64;
   static constexpr int kBlockN = 64;
   static constexpr int kStages = 1;
+  static constexpr int kDqBuffers = 1;
   using SdPSplit = WarpGroupSplit<1, 2>;  // S^T (64 x 64): each warpgroup owns 32 query columns
   using dKVSplit = WarpGroupSplit<1, 2>;  // dK/dV (64 x 256): each warpgroup owns 128 columns of d
   using dQSplit = WarpGroupSplit<1, 2>;

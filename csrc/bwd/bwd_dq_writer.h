@@ -72,8 +72,9 @@ template <class T>
 CUTLASS_DEVICE void dq_writer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<T>& ss) {
   const int nheads = get<2>(p.shape_q);
   for (uint32_t dq_count = 0;; ++dq_count) {
-    wait_barrier(ss.dq_full, dq_count & 1, WaitSite::kDqFull);
-    const VisitRecord rec = ss.dq_rec;
+    const int buf = dq_count % T::kDqBuffers;
+    wait_barrier(ss.dq_full[buf], (dq_count / T::kDqBuffers) & 1, WaitSite::kDqFull);
+    const VisitRecord rec = ss.dq_rec[buf];
     if (rec.flags & VisitRecord::kEnd) break;
     const int64_t tile_index = (int64_t(rec.batch) * nheads + rec.head) * p.num_m_blocks + rec.m_block;
     float* gdq = p.dq_accum + tile_index * T::kDqElems;
@@ -81,10 +82,10 @@ CUTLASS_DEVICE void dq_writer_loop(BwdKernelParams<T> const& p, BwdSharedStorage
     if (p.deterministic) {
       spin_until(sem, rec.wait_target, SpinSite{rec.batch, rec.head, rec.m_block, rec.n_block, rec.wait_target});
     }
-    bulk_reduce_add_f32(gdq, ss.dq.data(), T::kDqBytes);
+    bulk_reduce_add_f32(gdq, ss.dq[buf].data(), T::kDqBytes);
     bulk_commit();
     bulk_wait_read_all();
-    reinterpret_cast<Barrier&>(ss.dq_empty).arrive();  // consumers may stage the next partial dQ
+    reinterpret_cast<Barrier&>(ss.dq_empty[buf]).arrive();  // consumers may stage into this buffer again
     if (p.deterministic) {
       bulk_wait_all();
       // Order the async-proxy writes of the reduce before the generic release that publishes them.

@@ -45,8 +45,10 @@ __global__ void __launch_bounds__(BwdThreads::kNumThreads, 1)
     }
     Barrier::init(&ss.kv_full, 1);
     Barrier::init(&ss.kv_empty, T::kNumMmaThreads);
-    Barrier::init(&ss.dq_full, T::kNumMmaThreads);
-    Barrier::init(&ss.dq_empty, 1);
+    for (int b = 0; b < T::kDqBuffers; ++b) {
+      Barrier::init(&ss.dq_full[b], T::kNumMmaThreads);
+      Barrier::init(&ss.dq_empty[b], 1);
+    }
     cute::prefetch_tma_descriptor(p.tma_q.get_tma_descriptor());
     cute::prefetch_tma_descriptor(p.tma_do.get_tma_descriptor());
     cute::prefetch_tma_descriptor(p.tma_k.get_tma_descriptor());

@@ -22,6 +22,14 @@ inline int32_t bwd_num_ctas(const BwdParams& params, const sched::Problem& prob)
   return static_cast<int32_t>(std::max<int64_t>(1, std::min<int64_t>(usable, units)));
 }
 
+// Whether the postprocess may write dQ in 16-byte chunks: the base and every stride in bytes are multiples of 16.
+inline bool dq_aligned16(const BwdParams& params) {
+  const int64_t elem = 2;  // fp16 / bf16
+  const TensorStrides& st = params.dq_stride;
+  return reinterpret_cast<uintptr_t>(params.dq) % 16 == 0 && (st.row * elem) % 16 == 0 &&
+         (st.head * elem) % 16 == 0 && (st.batch * elem) % 16 == 0;
+}
+
 // The regions of the workspace the main kernel reads (LSE_log2, D) and accumulates into (dQ, semaphores).
 struct BwdWorkspaceViews {
   float* lse_log2;
@@ -104,7 +112,7 @@ void run_bwd_(const BwdParams& params, cudaStream_t stream, int32_t stages) {
   if (stages & BwdStage::kMain) launch_bwd_main<kHeadDim, Element, kMask>(params, ws, views, stream);
 
   PostprocessParams post{views.dq_accum, params.dq, params.dq_stride.row, params.dq_stride.head, params.dq_stride.batch,
-                         s.seqlen_q, s.nheads, ws.num_m_blocks, s.softmax_scale};
+                         s.seqlen_q, s.nheads, ws.num_m_blocks, s.softmax_scale, dq_aligned16(params)};
   if ((stages & BwdStage::kPostprocess) && ws.num_m_blocks > 0) {
     bwd_postprocess_kernel<T><<<tile_grid, T::kNumMmaThreads, 0, stream>>>(post);
   }

@@ -84,6 +84,7 @@ struct BwdTraits {
   using SmemLayoutdS = decltype(composition(
       SmemLayoutdSt{}, make_layout(Shape<BM, BN, Int<kDsBuffers>>{}, Stride<BN, _1, Int<kBlockN * kBlockM>>{})));
   static constexpr int kPtElems = kBlockN * kBlockM;
+  static constexpr int kDqBuffers = Cfg::kDqBuffers;
   // P^T rows are read only by the warpgroup that wrote them unless the dK/dV GEMMs split d across warpgroups.
   static constexpr bool kPtShared = Cfg::dKVSplit::kAlongN > 1;
 
@@ -127,19 +128,24 @@ struct BwdSharedStorage {
   alignas(1024) cute::array_aligned<Element, cute::cosize_v<typename T::SmemLayoutQ>, 1024> dout;
   alignas(1024) cute::array_aligned<Element, cute::cosize_v<typename T::SmemLayoutK>, 1024> k;
   alignas(1024) cute::array_aligned<Element, cute::cosize_v<typename T::SmemLayoutK>, 1024> v;
-  alignas(1024) cute::array_aligned<Element, cute::cosize_v<typename T::SmemLayoutPt>, 1024> pt;
+  // P^T goes through shared memory only when the dV GEMM does not take it from registers.
+  struct NoPt {
+    CUTLASS_DEVICE Element* data() { return nullptr; }
+  };
+  std::conditional_t<T::kDvFromRegs, NoPt, cute::array_aligned<Element, cute::cosize_v<typename T::SmemLayoutPt>, 1024>>
+      pt;
   alignas(1024) cute::array_aligned<Element, cute::cosize_v<typename T::SmemLayoutdSt>, 1024> dst;
-  alignas(1024) cute::array_aligned<float, T::kDqElems, 1024> dq;
+  alignas(1024) cute::array_aligned<float, T::kDqElems, 1024> dq[T::kDqBuffers];
   alignas(128) float lse[T::kStages][T::kBlockM];
   alignas(128) float dsum[T::kStages][T::kBlockM];
   VisitRecord rec[T::kStages];  // travels with the Q/dO stage
-  VisitRecord dq_rec;            // travels with the staged partial dQ
+  VisitRecord dq_rec[T::kDqBuffers];  // travels with the staged partial dQ
   alignas(8) uint64_t q_full[T::kStages];
   alignas(8) uint64_t q_empty[T::kStages];
   alignas(8) uint64_t kv_full;
   alignas(8) uint64_t kv_empty;
-  alignas(8) uint64_t dq_full;
-  alignas(8) uint64_t dq_empty;
+  alignas(8) uint64_t dq_full[T::kDqBuffers];
+  alignas(8) uint64_t dq_empty[T::kDqBuffers];
 };
 
 // Kernel parameters (passed as __grid_constant__, TMA descriptors inside).
@@ -229,6 +235,40 @@ CUTLASS_DEVICE constexpr auto accumulator_as_a_operand(Layout const& acc) {
   return make_layout(make_layout(get<0>(halves), get<1>(halves), get<2, 0>(halves)), get<1>(acc),
                      coalesce(make_layout(get<2, 1>(halves), get<2>(acc))));
 }
+
+// Query-column statistics (LSE_log2) of one thread's S^T / dP^T accumulator fragment ((2, 2, G), MMA_M, MMA_N).
+// The thread holds each of its query columns in several rows (r and r + 8 of every 16-row block), so each column's
+// value is loaded once into a register slot: slot = c + 2 * (g + G * n) for element coordinate ((c, r, g), m, n),
+// two adjacent columns per 8-byte load. They are loaded right after the GEMM wait that needs them: loading them
+// earlier, while the WGMMA runs, kept them live across it and pushed the consumers into spilling (measured slower).
+template <class AccLayout>
+struct AccColumns {
+  static constexpr int kGroups = decltype(size<0, 2>(AccLayout{}))::value;
+  static constexpr int kCols = 2 * kGroups * decltype(size<2>(AccLayout{}))::value;
+
+  CUTLASS_DEVICE static constexpr int slot(int i) {
+    const auto c = idx2crd(i, shape(AccLayout{}));
+    return get<0, 0>(c) + 2 * (get<0, 2>(c) + kGroups * get<2>(c));
+  }
+  // Elements (c = 0, r = 0, m = 0) start a pair of adjacent query columns (c = 0, 1), loaded as one float2.
+  CUTLASS_DEVICE static constexpr bool starts_pair(int i) {
+    const auto c = idx2crd(i, shape(AccLayout{}));
+    return get<0, 0>(c) == 0 && get<0, 1>(c) == 0 && get<1>(c) == 0;
+  }
+
+  // out[slot] = stat[query column of the slot]; tScS holds the (n, m) coordinates of the fragment's elements.
+  template <class Coords>
+  CUTLASS_DEVICE static void load(float (&out)[kCols], float const* stat, Coords const& tScS) {
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < decltype(size(AccLayout{}))::value; ++i) {
+      if (starts_pair(i)) {
+        const float2 v = *reinterpret_cast<float2 const*>(stat + get<1>(tScS(i)));  // even column: 8-byte aligned
+        out[slot(i)] = v.x;
+        out[slot(i) + 1] = v.y;
+      }
+    }
+  }
+};
 
 // Register fragment of fp32 accumulators converted to `To`, same layout.
 template <class To, class Engine, class Layout>
@@ -393,6 +433,7 @@ CUTLASS_DEVICE void consumer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<
   // dS^T in Element precision. With a register-sourced dK GEMM it must survive until that GEMM, which still runs while
   // the next step starts, has completed; the fences at the completing waits keep the compiler from reusing it earlier.
   Tensor rdS = make_tensor<Element>(partition_fragment_C(mma_sdp, Shape<BN, BM>{}).layout());
+  using Cols = AccColumns<decltype(partition_fragment_C(mma_sdp, Shape<BN, BM>{}).layout())>;
   uint32_t kv_count = 0;
   uint32_t dq_count = 0;
   uint32_t ds_count = 0;
@@ -401,16 +442,19 @@ CUTLASS_DEVICE void consumer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<
   for (uint32_t q_count = 0;; ++q_count) {
     const int stage = q_count % T::kStages;
     wait_barrier(ss.q_full[stage], (q_count / T::kStages) & 1, WaitSite::kQFull);
-    const VisitRecord rec = ss.rec[stage];
-    if (rec.flags & VisitRecord::kEnd) break;
-    const KvTileRef tile{rec.batch, rec.head_k, rec.n_block};
-    if (rec.flags & VisitRecord::kEmptyTile) {
+    // Only the fields a step needs are held in registers (the consumers have none to spare); the record stays in
+    // shared memory until the stage is released, and the rest is read from there when needed.
+    const VisitRecord& srec = ss.rec[stage];
+    const int32_t flags = srec.flags;
+    if (flags & VisitRecord::kEnd) break;
+    if (flags & VisitRecord::kEmptyTile) {
+      const KvTileRef tile{srec.batch, srec.head_k, srec.n_block};
       reinterpret_cast<Barrier&>(ss.q_empty[stage]).arrive();
       store_dkdv.store_zeros(tile, thr_dv);
       continue;
     }
     // The tile's first dK/dV GEMMs overwrite the accumulators (no clear(): see wgmma_gemm).
-    const bool first = rec.flags & VisitRecord::kFirst;
+    const bool first = flags & VisitRecord::kFirst;
     if (first) {
       wait_barrier(ss.kv_full, kv_count & 1, WaitSite::kKvFull);
       ++kv_count;
@@ -424,6 +468,8 @@ CUTLASS_DEVICE void consumer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<
     // P = exp2(S * scale * log2e - LSE_log2), computed while the dP GEMM runs; masked entries and rows without
     // keys (LSE_log2 = +inf) give 0.
     warpgroup_wait<1>();  // S done, and with it the previous step's dK GEMM (groups complete in order)
+    float lse[Cols::kCols];
+    Cols::load(lse, ss.lse[stage], tScS);
     warpgroup_fence_operand(tSrS);
     warpgroup_fence_operand(tdKrdK);
     if constexpr (T::kDkFromRegs) warpgroup_fence_operand(rdS);
@@ -431,21 +477,18 @@ CUTLASS_DEVICE void consumer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<
       reinterpret_cast<Barrier&>(ss.q_empty[unreleased_stage]).arrive();
       unreleased_stage = -1;
     }
-    const int n0 = rec.n_block * T::kBlockN;
-    const int m0 = rec.m_block * T::kBlockM;
+    const int n0 = srec.n_block * T::kBlockN;
+    const int m0 = srec.m_block * T::kBlockM;
     const bool need_mask = (n0 + T::kBlockN > seqlen_k) ||
                            (T::kMask == MaskKind::kCausal && n0 + T::kBlockN - 1 > m0 + causal_offset);
-    float const* lse = ss.lse[stage];
-    float const* dsum = ss.dsum[stage];
     CUTLASS_PRAGMA_UNROLL
     for (int i = 0; i < size(tSrS); ++i) {
-      const int m = get<1>(tScS(i));
       bool masked = false;
       if (need_mask) {
         const int col = n0 + get<0>(tScS(i));
-        masked = col >= seqlen_k || (T::kMask == MaskKind::kCausal && col > m0 + m + causal_offset);
+        masked = col >= seqlen_k || (T::kMask == MaskKind::kCausal && col > m0 + get<1>(tScS(i)) + causal_offset);
       }
-      tSrS(i) = masked ? 0.f : exp2f(fmaf(tSrS(i), p.scale_log2, -lse[m]));
+      tSrS(i) = masked ? 0.f : exp2f(fmaf(tSrS(i), p.scale_log2, -lse[Cols::slot(i)]));
     }
 
     // dV += P^T dO runs while dS is computed; P^T comes from registers or, after a round trip, shared memory.
@@ -468,6 +511,9 @@ CUTLASS_DEVICE void consumer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<
 
     warpgroup_wait<1>();  // dP done (dV may still run)
     warpgroup_fence_operand(tdPrdP);
+    // D is read per element straight from shared memory: this is the consumers' register peak (dK, dV, P, dP and
+    // the P^T operand of the running dV GEMM are all live), and a register copy of D made them spill.
+    float const* dsum = ss.dsum[stage];
     const int ds_buf = ds_count++ % T::kDsBuffers;
     CUTLASS_PRAGMA_UNROLL
     for (int i = 0; i < size(tSrS); ++i) tdPrdP(i) = tSrS(i) * (tdPrdP(i) - dsum[get<1>(tScS(i))]);
@@ -494,25 +540,27 @@ CUTLASS_DEVICE void consumer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<
     if constexpr (T::kDvFromRegs) warpgroup_fence_operand(rP);
     // The tile's last reads of K (S, dQ) and V (dP) are done; the still-running dK GEMM reads only dS^T and Q. Freeing
     // K/V now lets the producer start the next tile's K/V loads during the dQ hand-off, dK and the dK/dV stores.
-    if (rec.flags & VisitRecord::kLast) reinterpret_cast<Barrier&>(ss.kv_empty).arrive();
+    if (flags & VisitRecord::kLast) reinterpret_cast<Barrier&>(ss.kv_empty).arrive();
 
-    // Hand the partial dQ to the writer warp once it has finished reading the previous one.
-    wait_barrier(ss.dq_empty, (dq_count & 1) ^ 1, WaitSite::kDqEmpty);
+    // Hand the partial dQ to the writer warp through the next staging buffer, once the writer has read it.
+    const int dq_buf = dq_count % T::kDqBuffers;
+    wait_barrier(ss.dq_empty[dq_buf], ((dq_count / T::kDqBuffers) & 1) ^ 1, WaitSite::kDqEmpty);
     ++dq_count;
-    float4* sdq = reinterpret_cast<float4*>(ss.dq.data());
+    float4* sdq = reinterpret_cast<float4*>(ss.dq[dq_buf].data());
     CUTLASS_PRAGMA_UNROLL
     for (int c = 0; c < T::kDqPerThread / 4; ++c) {
       sdq[c * T::kNumMmaThreads + tid] =
           make_float4(tdQrdQ(4 * c), tdQrdQ(4 * c + 1), tdQrdQ(4 * c + 2), tdQrdQ(4 * c + 3));
     }
-    if (tid == 0) ss.dq_rec = rec;
-    cutlass::arch::fence_view_async_shared();  // the bulk reduce reads sdq through the async proxy
-    reinterpret_cast<Barrier&>(ss.dq_full).arrive();
+    if (tid == 0) ss.dq_rec[dq_buf] = srec;
+    cutlass::arch::fence_view_async_shared();  // the bulk reduce reads the staging buffer through the async proxy
+    reinterpret_cast<Barrier&>(ss.dq_full[dq_buf]).arrive();
 
-    if (rec.flags & VisitRecord::kLast) {
+    if (flags & VisitRecord::kLast) {
       warpgroup_wait<0>();
       warpgroup_fence_operand(tdKrdK);
       if constexpr (T::kDkFromRegs) warpgroup_fence_operand(rdS);
+      const KvTileRef tile{srec.batch, srec.head_k, srec.n_block};  // read before the stage is released
       reinterpret_cast<Barrier&>(ss.q_empty[stage]).arrive();
       store_dkdv(tile, tdKrdK, tdVrdV, thr_dv);
     } else if constexpr (T::kStages == 1) {
@@ -528,10 +576,11 @@ CUTLASS_DEVICE void consumer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<
   // Nothing is in flight here (the last step of every tile waits for its dK GEMM), but ptxas cannot tell: without
   // this wait it inserts one itself on the exit path and then serialises every WGMMA of the kernel (C7518).
   warpgroup_wait<0>();
-  // Tell the writer there is nothing more.
-  wait_barrier(ss.dq_empty, (dq_count & 1) ^ 1, WaitSite::kDqEmpty);
-  if (tid == 0) ss.dq_rec.flags = VisitRecord::kEnd;
-  reinterpret_cast<Barrier&>(ss.dq_full).arrive();
+  // Tell the writer there is nothing more, through the buffer it reads next.
+  const int end_buf = dq_count % T::kDqBuffers;
+  wait_barrier(ss.dq_empty[end_buf], ((dq_count / T::kDqBuffers) & 1) ^ 1, WaitSite::kDqEmpty);
+  if (tid == 0) ss.dq_rec[end_buf].flags = VisitRecord::kEnd;
+  reinterpret_cast<Barrier&>(ss.dq_full[end_buf]).arrive();
 }
 
 }  // namespace dash::bwd

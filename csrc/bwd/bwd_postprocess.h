@@ -12,11 +12,26 @@ struct PostprocessParams {
   int64_t dq_row, dq_head, dq_batch;
   int32_t seqlen_q, nheads, num_m_blocks;
   float scale;
+  bool aligned16;  // dq and its row/head/batch strides allow 16-byte stores
+};
+
+// The cast tile goes through shared memory so that global writes are whole 16-byte row chunks: written straight from
+// the accumulator order, each warp store covered 8 rows x 16 bytes and the kernel ran at about a third of the
+// memory bandwidth (0.18 ms for 16k tokens x 16 heads x d 128 on the H200).
+template <class T>
+struct PostprocessTile {
+  using Element = typename T::Element;
+  static constexpr int kPad = 16 / sizeof(Element);  // keeps rows 16-byte aligned and staggers the banks
+  static constexpr int kRowElems = T::kHeadDim + kPad;
+  static constexpr int kChunkElems = 16 / sizeof(Element);
+  static constexpr int kChunksPerRow = T::kHeadDim / kChunkElems;
 };
 
 template <class T>
 __global__ void __launch_bounds__(T::kNumMmaThreads) bwd_postprocess_kernel(const PostprocessParams p) {
   using Element = typename T::Element;
+  using Tile = PostprocessTile<T>;
+  __shared__ alignas(16) Element tile[T::kBlockM * Tile::kRowElems];
   const int m_block = blockIdx.x, head = blockIdx.y, batch = blockIdx.z;
   const int tid = threadIdx.x;
   const int64_t tile_index = (int64_t(batch) * p.nheads + head) * p.num_m_blocks + m_block;
@@ -27,8 +42,6 @@ __global__ void __launch_bounds__(T::kNumMmaThreads) bwd_postprocess_kernel(cons
   Tensor tc = thr.partition_C(make_identity_tensor(Shape<typename T::BM, typename T::HD>{}));
   static_assert(decltype(size(tc))::value == T::kDqPerThread, "one accumulator slot per consumer element");
 
-  Element* out = static_cast<Element*>(p.dq) + batch * p.dq_batch + head * p.dq_head;
-  const int rows_left = p.seqlen_q - m_block * T::kBlockM;
   CUTLASS_PRAGMA_UNROLL
   for (int c = 0; c < T::kDqPerThread / 4; ++c) {
     const float4 v = acc[c * T::kNumMmaThreads + tid];
@@ -38,12 +51,27 @@ __global__ void __launch_bounds__(T::kNumMmaThreads) bwd_postprocess_kernel(cons
       // Elements 4c+e and 4c+e+1 are adjacent columns of one row.
       const int row = get<0>(tc(4 * c + e));
       const int col = get<1>(tc(4 * c + e));
-      if (row < rows_left) {
-        cutlass::Array<float, 2> f = {vals[e] * p.scale, vals[e + 1] * p.scale};
-        auto h = cutlass::NumericArrayConverter<Element, float, 2>{}(f);
-        *reinterpret_cast<uint32_t*>(out + int64_t(m_block * T::kBlockM + row) * p.dq_row + col) =
-            reinterpret_cast<uint32_t const&>(h);
-      }
+      cutlass::Array<float, 2> f = {vals[e] * p.scale, vals[e + 1] * p.scale};
+      auto h = cutlass::NumericArrayConverter<Element, float, 2>{}(f);
+      *reinterpret_cast<uint32_t*>(&tile[row * Tile::kRowElems + col]) = reinterpret_cast<uint32_t const&>(h);
+    }
+  }
+  __syncthreads();
+
+  Element* out = static_cast<Element*>(p.dq) + batch * p.dq_batch + head * p.dq_head +
+                 int64_t(m_block) * T::kBlockM * p.dq_row;
+  const int rows = min(T::kBlockM, p.seqlen_q - m_block * T::kBlockM);
+  for (int i = tid; i < rows * Tile::kChunksPerRow; i += T::kNumMmaThreads) {
+    const int row = i / Tile::kChunksPerRow;
+    const int col = (i % Tile::kChunksPerRow) * Tile::kChunkElems;
+    const uint4 chunk = *reinterpret_cast<uint4 const*>(&tile[row * Tile::kRowElems + col]);
+    Element* dst = out + int64_t(row) * p.dq_row + col;
+    if (p.aligned16) {
+      *reinterpret_cast<uint4*>(dst) = chunk;
+    } else {  // dq's strides only guarantee 4-byte alignment (the binding checks even strides)
+      const uint32_t w[4] = {chunk.x, chunk.y, chunk.z, chunk.w};
+      CUTLASS_PRAGMA_UNROLL
+      for (int k = 0; k < 4; ++k) reinterpret_cast<uint32_t*>(dst)[k] = w[k];
     }
   }
 }

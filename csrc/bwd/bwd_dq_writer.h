@@ -9,7 +9,8 @@
 // Deterministic mode: the add into tile (b, h, m) is the visit's wait_target-th add of that tile. Spin (acquire) until
 // the tile's semaphore equals wait_target, add, wait until the reduce has fully COMPLETED (not merely finished reading
 // shared memory), fence, then release wait_target + 1. Releasing earlier would let the next CTA's add race with ours
-// and silently change the summation order.
+// and silently change the summation order. The first add (wait_target 0) is a plain bulk store: deterministic mode does
+// not zero the accumulator beforehand (bwd_preprocess.h).
 #pragma once
 #include <cstdio>
 
@@ -28,6 +29,11 @@ CUTLASS_DEVICE void bulk_reduce_add_f32(float* gmem, const float* smem, uint32_t
                :
                : "l"(gmem), "r"(s), "r"(bytes)
                : "memory");
+}
+// Plain bulk store: the first add into a tile in deterministic mode, where nothing zeroed the accumulator.
+CUTLASS_DEVICE void bulk_store_f32(float* gmem, const float* smem, uint32_t bytes) {
+  const uint32_t s = cute::cast_smem_ptr_to_uint(smem);
+  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" : : "l"(gmem), "r"(s), "r"(bytes) : "memory");
 }
 CUTLASS_DEVICE void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
 // Source shared memory may be reused.
@@ -82,7 +88,11 @@ CUTLASS_DEVICE void dq_writer_loop(BwdKernelParams<T> const& p, BwdSharedStorage
     if (p.deterministic) {
       spin_until(sem, rec.wait_target, SpinSite{rec.batch, rec.head, rec.m_block, rec.n_block, rec.wait_target});
     }
-    bulk_reduce_add_f32(gdq, ss.dq[buf].data(), T::kDqBytes);
+    if (p.deterministic && rec.wait_target == 0) {
+      bulk_store_f32(gdq, ss.dq[buf].data(), T::kDqBytes);
+    } else {
+      bulk_reduce_add_f32(gdq, ss.dq[buf].data(), T::kDqBytes);
+    }
     bulk_commit();
     bulk_wait_read_all();
     reinterpret_cast<Barrier&>(ss.dq_empty[buf]).arrive();  // consumers may stage into this buffer again

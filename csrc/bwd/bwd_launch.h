@@ -104,7 +104,7 @@ void run_bwd_(const BwdParams& params, cudaStream_t stream, int32_t stages) {
                        params.o_stride.row, params.o_stride.head, params.o_stride.batch,
                        params.do_stride.row, params.do_stride.head, params.do_stride.batch,
                        views.lse_log2, views.dsum, views.dq_accum, views.semaphores,
-                       s.seqlen_q, ws.seqlen_q_rounded, s.nheads, ws.num_m_blocks};
+                       s.seqlen_q, ws.seqlen_q_rounded, s.nheads, ws.num_m_blocks, !params.deterministic};
   if ((stages & BwdStage::kPreprocess) && ws.num_m_blocks > 0) {
     bwd_preprocess_kernel<kHeadDim, T::kBlockM, Element><<<tile_grid, kPreprocessThreads, 0, stream>>>(pre);
   }
@@ -112,7 +112,8 @@ void run_bwd_(const BwdParams& params, cudaStream_t stream, int32_t stages) {
   if (stages & BwdStage::kMain) launch_bwd_main<kHeadDim, Element, kMask>(params, ws, views, stream);
 
   PostprocessParams post{views.dq_accum, params.dq, params.dq_stride.row, params.dq_stride.head, params.dq_stride.batch,
-                         s.seqlen_q, s.nheads, ws.num_m_blocks, s.softmax_scale, dq_aligned16(params)};
+                         s.seqlen_q, s.nheads, ws.num_m_blocks, s.softmax_scale, dq_aligned16(params),
+                         params.deterministic ? views.semaphores : nullptr};
   if ((stages & BwdStage::kPostprocess) && ws.num_m_blocks > 0) {
     bwd_postprocess_kernel<T><<<tile_grid, T::kNumMmaThreads, 0, stream>>>(post);
   }

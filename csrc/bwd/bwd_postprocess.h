@@ -13,6 +13,8 @@ struct PostprocessParams {
   int32_t seqlen_q, nheads, num_m_blocks;
   float scale;
   bool aligned16;  // dq and its row/head/batch strides allow 16-byte stores
+  // Deterministic mode: the per-tile add counts. A tile with none was never written (see bwd_preprocess.h): zeros.
+  const int32_t* semaphores;
 };
 
 // The cast tile goes through shared memory so that global writes are whole 16-byte row chunks: written straight from
@@ -36,6 +38,7 @@ __global__ void __launch_bounds__(T::kNumMmaThreads) bwd_postprocess_kernel(cons
   const int tid = threadIdx.x;
   const int64_t tile_index = (int64_t(batch) * p.nheads + head) * p.num_m_blocks + m_block;
   const float4* acc = reinterpret_cast<const float4*>(p.dq_accum + tile_index * T::kDqElems);
+  const bool never_added = p.semaphores != nullptr && p.semaphores[tile_index] == 0;
 
   typename T::TiledMmadQ mma_dq;
   auto thr = mma_dq.get_thread_slice(tid);
@@ -44,7 +47,7 @@ __global__ void __launch_bounds__(T::kNumMmaThreads) bwd_postprocess_kernel(cons
 
   CUTLASS_PRAGMA_UNROLL
   for (int c = 0; c < T::kDqPerThread / 4; ++c) {
-    const float4 v = acc[c * T::kNumMmaThreads + tid];
+    const float4 v = never_added ? make_float4(0.f, 0.f, 0.f, 0.f) : acc[c * T::kNumMmaThreads + tid];
     const float vals[4] = {v.x, v.y, v.z, v.w};
     CUTLASS_PRAGMA_UNROLL
     for (int e = 0; e < 4; e += 2) {

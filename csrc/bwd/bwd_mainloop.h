@@ -256,18 +256,31 @@ struct AccColumns {
     return get<0, 0>(c) == 0 && get<0, 1>(c) == 0 && get<1>(c) == 0;
   }
 
-  // out[slot] = stat[query column of the slot]; tScS holds the (n, m) coordinates of the fragment's elements.
+  // out[slot] = stat[query column of the slot]; `stat` is already offset to this thread's first column and tScS
+  // gives the elements' (n, m) offsets from it (see AccCoords).
   template <class Coords>
   CUTLASS_DEVICE static void load(float (&out)[kCols], float const* stat, Coords const& tScS) {
     CUTLASS_PRAGMA_UNROLL
     for (int i = 0; i < decltype(size(AccLayout{}))::value; ++i) {
       if (starts_pair(i)) {
-        const float2 v = *reinterpret_cast<float2 const*>(stat + get<1>(tScS(i)));  // even column: 8-byte aligned
+        const float2 v = *reinterpret_cast<float2 const*>(stat + get<1>(tScS.offset(i)));  // even column
         out[slot(i)] = v.x;
         out[slot(i) + 1] = v.y;
       }
     }
   }
+};
+
+// (n, m) coordinates of a thread's accumulator elements, split into the thread's own (run-time) coordinate and each
+// element's compile-time offset from it. Used as base + offset, per-element tests and addresses become one register
+// compared with (or added to) an immediate; taken whole, the compiler hoisted 64 run-time coordinate pairs out of the
+// step loop and the consumers spilled them.
+template <class IdentityFragment>
+struct AccCoords {
+  IdentityFragment const& frag;
+  CUTLASS_DEVICE int n0() const { return get<0>(*frag.data()); }
+  CUTLASS_DEVICE int m0() const { return get<1>(*frag.data()); }
+  CUTLASS_DEVICE auto offset(int i) const { return frag.layout()(i); }
 };
 
 // Register fragment of fp32 accumulators converted to `To`, same layout.
@@ -416,7 +429,8 @@ CUTLASS_DEVICE void consumer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<
   Tensor tdQrKt = thr_dq.partition_fragment_B(sKt);
 
   // Coordinates (kv row n, query row m) of each S^T accumulator element.
-  Tensor tScS = thr_sdp.partition_C(make_identity_tensor(Shape<BN, BM>{}));
+  Tensor tScS_full = thr_sdp.partition_C(make_identity_tensor(Shape<BN, BM>{}));
+  const AccCoords<decltype(tScS_full)> tScS{tScS_full};
   // P^T and dS^T leave the accumulators through stmatrix (8x8 tiles, one address per four tiles).
   auto r2s = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma_sdp);
   auto r2s_thr = r2s.get_thread_slice(tid);
@@ -455,6 +469,16 @@ CUTLASS_DEVICE void consumer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<
     }
     // The tile's first dK/dV GEMMs overwrite the accumulators (no clear(): see wgmma_gemm).
     const bool first = flags & VisitRecord::kFirst;
+    // Mask parameters in tile coordinates, read before the GEMMs: read after the S wait, the shared-memory load of
+    // the tile indices sat behind the LSE loads and stalled every step. Key row n of the tile is masked for query
+    // column m if n >= kv_rows (past seqlen_k) or, causal, n - m > diagonal.
+    const int n0 = srec.n_block * T::kBlockN;
+    const int kv_rows = seqlen_k - n0;
+    const int diagonal = srec.m_block * T::kBlockM + causal_offset - n0;
+    const bool need_mask = kv_rows < T::kBlockN || (T::kMask == MaskKind::kCausal && T::kBlockN - 1 > diagonal);
+    // The same limits relative to this thread's first element (see AccCoords).
+    const int thr_rows = kv_rows - tScS.n0();
+    const int thr_diagonal = diagonal - (tScS.n0() - tScS.m0());
     if (first) {
       wait_barrier(ss.kv_full, kv_count & 1, WaitSite::kKvFull);
       ++kv_count;
@@ -464,29 +488,29 @@ CUTLASS_DEVICE void consumer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<
     Tensor tdPrdP = partition_fragment_C(mma_sdp, Shape<BN, BM>{});
     wgmma_gemm<true, -1>(mma_sdp, tSrK, tSrQ(_, _, _, stage), tSrS);
     wgmma_gemm<true, -1>(mma_sdp, tSrV, tSrdO(_, _, _, stage), tdPrdP);
-
-    // P = exp2(S * scale * log2e - LSE_log2), computed while the dP GEMM runs; masked entries and rows without
-    // keys (LSE_log2 = +inf) give 0.
-    warpgroup_wait<1>();  // S done, and with it the previous step's dK GEMM (groups complete in order)
-    float lse[Cols::kCols];
-    Cols::load(lse, ss.lse[stage], tScS);
-    warpgroup_fence_operand(tSrS);
+    // The previous step's dK GEMM (its last reader of Q) is done once at most the two groups just issued are
+    // pending: release its stage now, not after S, so the producer's next loads start one S GEMM earlier. The wait is
+    // unconditional; a wait inside a data-dependent branch would make ptxas serialise the WGMMAs.
+    warpgroup_wait<2>();
     warpgroup_fence_operand(tdKrdK);
     if constexpr (T::kDkFromRegs) warpgroup_fence_operand(rdS);
     if (unreleased_stage >= 0) {
       reinterpret_cast<Barrier&>(ss.q_empty[unreleased_stage]).arrive();
       unreleased_stage = -1;
     }
-    const int n0 = srec.n_block * T::kBlockN;
-    const int m0 = srec.m_block * T::kBlockM;
-    const bool need_mask = (n0 + T::kBlockN > seqlen_k) ||
-                           (T::kMask == MaskKind::kCausal && n0 + T::kBlockN - 1 > m0 + causal_offset);
+
+    // P = exp2(S * scale * log2e - LSE_log2), computed while the dP GEMM runs; masked entries and rows without
+    // keys (LSE_log2 = +inf) give 0.
+    warpgroup_wait<1>();  // S done
+    float lse[Cols::kCols];
+    Cols::load(lse, ss.lse[stage] + tScS.m0(), tScS);
+    warpgroup_fence_operand(tSrS);
     CUTLASS_PRAGMA_UNROLL
     for (int i = 0; i < size(tSrS); ++i) {
       bool masked = false;
       if (need_mask) {
-        const int col = n0 + get<0>(tScS(i));
-        masked = col >= seqlen_k || (T::kMask == MaskKind::kCausal && col > m0 + get<1>(tScS(i)) + causal_offset);
+        const auto d = tScS.offset(i);
+        masked = get<0>(d) >= thr_rows || (T::kMask == MaskKind::kCausal && get<0>(d) - get<1>(d) > thr_diagonal);
       }
       tSrS(i) = masked ? 0.f : exp2f(fmaf(tSrS(i), p.scale_log2, -lse[Cols::slot(i)]));
     }
@@ -513,10 +537,10 @@ CUTLASS_DEVICE void consumer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<
     warpgroup_fence_operand(tdPrdP);
     // D is read per element straight from shared memory: this is the consumers' register peak (dK, dV, P, dP and
     // the P^T operand of the running dV GEMM are all live), and a register copy of D made them spill.
-    float const* dsum = ss.dsum[stage];
+    float const* dsum = ss.dsum[stage] + tScS.m0();
     const int ds_buf = ds_count++ % T::kDsBuffers;
     CUTLASS_PRAGMA_UNROLL
-    for (int i = 0; i < size(tSrS); ++i) tdPrdP(i) = tSrS(i) * (tdPrdP(i) - dsum[get<1>(tScS(i))]);
+    for (int i = 0; i < size(tSrS); ++i) tdPrdP(i) = tSrS(i) * (tdPrdP(i) - dsum[get<1>(tScS.offset(i))]);
     rdS = convert_fragment<Element>(tdPrdP);
     cute::copy(r2s, r2s_thr.retile_S(rdS), tPsdSt(_, _, _, ds_buf));
     cutlass::arch::fence_view_async_shared();

@@ -2,6 +2,8 @@
 // (MMAs, shared-memory layouts, pipelines) derived from it. Everything else in csrc/fwd reads its sizes from here.
 #pragma once
 
+#include <type_traits>
+
 #include <cute/tensor.hpp>
 #include <cute/atom/mma_traits_sm90_gmma.hpp>
 #include <cutlass/cutlass.h>
@@ -14,10 +16,16 @@ namespace dash::fwd {
 
 // Tile of one CTA: kBlockM query rows (one consumer warpgroup per 64 rows) against kBlockN keys per mainloop step.
 // kStages is the depth of each of the K and V shared-memory rings. kPingPong: consumer warpgroups take turns issuing
-// their GEMMs (see WarpGroupTurns), so one warpgroup's softmax overlaps another's tensor-core work. Register budgets are per thread after
-// setmaxnreg; producer * 128 + consumer * kNumConsumerThreads must fit the 64K-register file.
+// their GEMMs (see WarpGroupTurns), so one warpgroup's softmax overlaps another's tensor-core work. Register budgets
+// are per thread after setmaxnreg; producer * 128 + consumer * kNumConsumerThreads must fit the 64K-register file.
 template <int kHeadDim>
 struct FwdTileConfig;
+
+// How the epilogue writes O. kTmaFromShared: each consumer warpgroup stages its 64 rows in a shared-memory buffer
+// of its own and one thread issues a TMA store, so the warpgroup goes on to the next tile while the copy engine
+// writes O; it needs kBlockM * headdim elements of shared memory besides the mainloop's buffers. kRegisters: plain
+// global stores straight from the accumulator, for configs whose mainloop fills shared memory.
+enum class OStorePath : int { kRegisters = 0, kTmaFromShared = 1 };
 
 // Small head dim: the QK^T GEMM is short, so a taller tile (3 consumer warpgroups) amortises the K/V loads.
 template <>
@@ -28,6 +36,7 @@ struct FwdTileConfig<64> {
   static constexpr int kProducerRegs = 24;
   static constexpr int kConsumerRegs = 160;
   static constexpr bool kPingPong = true;
+  static constexpr OStorePath kOStore = OStorePath::kTmaFromShared;
 };
 
 template <>
@@ -38,11 +47,12 @@ struct FwdTileConfig<128> {
   static constexpr int kProducerRegs = 24;
   static constexpr int kConsumerRegs = 240;
   static constexpr bool kPingPong = true;
+  static constexpr OStorePath kOStore = OStorePath::kTmaFromShared;
 };
 
 // Large head dim: the O accumulator alone takes 128 registers per consumer thread, and Q + 2 stages of K and V take
-// 224 KB of shared memory, so the key tile is narrow. The GEMMs are long enough relative to the softmax that the
-// issue turns are left off.
+// 224 KB of shared memory, so the key tile is narrow and O has no room for a staging buffer. The GEMMs are long
+// enough relative to the softmax that the issue turns are left off.
 template <>
 struct FwdTileConfig<256> {
   static constexpr int kBlockM = 128;
@@ -51,6 +61,7 @@ struct FwdTileConfig<256> {
   static constexpr int kProducerRegs = 24;
   static constexpr int kConsumerRegs = 240;
   static constexpr bool kPingPong = false;
+  static constexpr OStorePath kOStore = OStorePath::kRegisters;
 };
 
 template <int kHeadDim_, class Element_, MaskKind kMask_>
@@ -102,6 +113,18 @@ struct FwdKernelTraits {
                                                                  cute::Int<kStages>{}),
                                                 cute::Step<cute::_2, cute::_1, cute::_3>{})));
 
+  // O staging buffer: one (64 rows, headdim) block per consumer warpgroup, each a TMA store box of its own, stacked
+  // along the rows so that the (kBlockM, headdim) view matches the PV accumulator's partitioning. Blocks are 16 KB
+  // or more, a whole number of swizzle periods, so both views swizzle the same bytes alike.
+  static constexpr OStorePath kOStore = Tile::kOStore;
+  using SmemLayoutOWarpGroup = decltype(cute::tile_to_shape(
+      SmemAtomQ{}, cute::make_shape(cute::Int<kRowsPerWarpGroup>{}, cute::Int<kHeadDim>{})));
+  using SmemLayoutO = decltype(cute::tile_to_shape(SmemLayoutOWarpGroup{},
+                                                   cute::make_shape(cute::Int<kBlockM>{}, cute::Int<kHeadDim>{})));
+  struct NoStorage {};
+  using StorageO = std::conditional_t<kOStore == OStorePath::kTmaFromShared,
+                                      cute::array_aligned<Element, cute::cosize_v<SmemLayoutO>, 1024>, NoStorage>;
+
   using PipelineKV = cutlass::PipelineTmaAsync<kStages>;
   using PipelineState = typename PipelineKV::PipelineState;
 
@@ -113,6 +136,7 @@ struct FwdKernelTraits {
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutQ>, 1024> q;
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutKV>, 1024> k;
     cute::array_aligned<Element, cute::cosize_v<SmemLayoutKV>, 1024> v;
+    StorageO o;
     typename PipelineKV::SharedStorage pipeline_k;
     typename PipelineKV::SharedStorage pipeline_v;
     uint64_t barrier_q;

@@ -1,9 +1,17 @@
-// Forward epilogue: normalised O straight from the accumulator registers to global memory, and the per-row LSE.
-// Each thread holds pairs of adjacent columns, so O goes out as 4-byte stores (a quad of threads covers 16
-// contiguous bytes of a row); rows past seqlen_q (ragged last query tile) are skipped.
+// Forward epilogue: normalises the O accumulator, writes O and the per-row LSE. Two paths (OStorePath in
+// fwd_config.h):
+//   kTmaFromShared: each consumer warpgroup converts its 64 rows, writes them to its own swizzled staging block with
+//     stmatrix and one of its threads issues a TMA store. The warpgroup does not wait for the store; it waits only
+//     before it next overwrites the block, a whole mainloop later. Rows past seqlen_q are clipped by the TMA unit.
+//   kRegisters: 4-byte global stores straight from the accumulator (a quad of threads covers 16 contiguous bytes of a
+//     row); rows past seqlen_q are skipped.
+// LSE always goes out from registers (one float per row).
 #pragma once
 
+#include <algorithm>
+
 #include <cute/tensor.hpp>
+#include <cutlass/arch/barrier.h>
 #include <cutlass/numeric_conversion.h>
 
 #include "fwd/fwd_config.h"
@@ -15,6 +23,21 @@ template <class Traits>
 struct FwdEpilogue {
   using Element = typename Traits::Element;
   static constexpr int kBlockM = Traits::kBlockM;
+  static constexpr int kHeadDim = Traits::kHeadDim;
+  static constexpr int kRowsPerWarpGroup = Traits::kRowsPerWarpGroup;
+  static constexpr bool kTma = Traits::kOStore == OStorePath::kTmaFromShared;
+  using SharedStorage = typename Traits::SharedStorage;
+
+  // O as (seqlen_q, headdim, heads, batch), headdim contiguous; one TMA box is one warpgroup's rows.
+  using ShapeO = cute::Shape<int32_t, int32_t, int32_t, int32_t>;
+  using StrideO = cute::Stride<int64_t, cute::_1, int64_t, int64_t>;
+  using TileOWarpGroup = cute::Shape<cute::Int<kRowsPerWarpGroup>, cute::Int<kHeadDim>>;
+  static auto make_tma_o(Element* ptr, ShapeO const& shape, StrideO const& stride) {
+    auto tensor = cute::make_tensor(cute::make_gmem_ptr(ptr), shape, stride);
+    return cute::make_tma_copy(cute::SM90_TMA_STORE{}, tensor, typename Traits::SmemLayoutOWarpGroup{},
+                               TileOWarpGroup{}, cute::_1{});
+  }
+  using TmaO = decltype(make_tma_o(nullptr, ShapeO{}, StrideO{}));
 
   struct Params {
     Element* o;
@@ -23,17 +46,31 @@ struct FwdEpilogue {
     int32_t seqlen_q;
     int32_t nheads;
     float softmax_scale;
+    TmaO tma_o;
+    ShapeO shape_o;
   };
 
   static Params make_params(FwdParams const& p) {
-    return {static_cast<Element*>(p.o), p.o_stride, p.lse, p.shape.seqlen_q, p.shape.nheads,
-            p.shape.softmax_scale};
+    AttnShape const& s = p.shape;
+    auto* o = static_cast<Element*>(p.o);
+    // As for Q: an empty sequence writes nothing, but the tensor map needs a non-empty extent.
+    ShapeO shape_o{std::max(s.seqlen_q, 1), s.headdim, s.nheads, s.batch};
+    StrideO stride_o{p.o_stride.row, cute::_1{}, p.o_stride.head, p.o_stride.batch};
+    return {o, p.o_stride, p.lse, s.seqlen_q, s.nheads, s.softmax_scale, make_tma_o(o, shape_o, stride_o), shape_o};
+  }
+
+  CUTLASS_DEVICE static void prefetch_descriptors(Params const& p) {
+    if constexpr (kTma) { cute::prefetch_tma_descriptor(p.tma_o.get_tma_descriptor()); }
+  }
+
+  CUTLASS_DEVICE static bool is_store_issuer(int thread_idx) {
+    return thread_idx % cutlass::NumThreadsPerWarpGroup == 0;
   }
 
   // tOrO: unnormalised accumulator of this thread; softmax: its row statistics. Both are consumed.
   template <class FragO, class Softmax>
-  CUTLASS_DEVICE static void store(Params const& p, FragO& tOrO, Softmax& softmax, int thread_idx, int m_block,
-                                   int head, int batch) {
+  CUTLASS_DEVICE static void store(Params const& p, SharedStorage& smem, FragO& tOrO, Softmax& softmax,
+                                   int thread_idx, int m_block, int head, int batch) {
     using namespace cute;
     typename Traits::TiledMmaPV mma_pv;
     auto thr_pv = mma_pv.get_thread_slice(thread_idx);
@@ -41,15 +78,79 @@ struct FwdEpilogue {
     Tensor cO = make_identity_tensor(select<0, 1>(typename Traits::TileShapePV{}));
     Tensor tOcO = thr_pv.partition_C(cO);
     Tensor coord_rc = make_tensor(tOcO.data(), acc_to_rowcol(tOcO.layout()));
-    static_assert(decltype(size<1>(o_rc))::value % 2 == 0);
 
     auto const lse = softmax.finalize(o_rc, p.softmax_scale);
+    if constexpr (kTma) {
+      store_o_tma(p, smem, tOrO, thread_idx, m_block, head, batch);
+    } else {
+      store_o_registers(p, o_rc, coord_rc, m_block, head, batch);
+    }
 
+    float* lse_head = p.lse + (int64_t(batch) * p.nheads + head) * p.seqlen_q;
+    if (thread_idx % 4 == 0) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int r = 0; r < size<0>(o_rc); ++r) {
+        int const row = m_block * kBlockM + get<0>(coord_rc(r, 0));
+        if (row < p.seqlen_q) { lse_head[row] = lse[r]; }
+      }
+    }
+  }
+
+  // Called once by every consumer thread after its last tile: shared memory must stay valid until the TMA unit has
+  // read the last staged block.
+  CUTLASS_DEVICE static void store_tail(int thread_idx) {
+    if constexpr (kTma) {
+      if (is_store_issuer(thread_idx)) { cute::tma_store_wait<0>(); }
+    }
+  }
+
+ private:
+  template <class FragO>
+  CUTLASS_DEVICE static void store_o_tma(Params const& p, SharedStorage& smem, FragO const& tOrO, int thread_idx,
+                                         int m_block, int head, int batch) {
+    using namespace cute;
+    int const wg = thread_idx / cutlass::NumThreadsPerWarpGroup;
+    uint32_t const staging_barrier = static_cast<uint32_t>(FwdNamedBarrier::kOStagingFirst) + wg;
+
+    Tensor rO = make_tensor<Element>(tOrO.layout());
+    convert_fragment<Element>(tOrO, rO);
+
+    // The previous tile's store from this warpgroup's block must have been read out before it is overwritten.
+    if (is_store_issuer(thread_idx)) { tma_store_wait<0>(); }
+    cutlass::arch::NamedBarrier::sync(cutlass::NumThreadsPerWarpGroup, staging_barrier);
+
+    typename Traits::TiledMmaPV mma_pv;
+    auto smem_copy = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma_pv);
+    auto thr_copy = smem_copy.get_thread_slice(thread_idx);
+    Tensor sO = make_tensor(make_smem_ptr(smem.o.data()), typename Traits::SmemLayoutO{});
+    Tensor tRrO = thr_copy.retile_S(rO);
+    Tensor tRsO = thr_copy.partition_D(sO);
+    copy(smem_copy, tRrO, tRsO);
+
+    // Generic-proxy writes must be visible to the TMA unit (async proxy) before the store is issued.
+    tma_store_fence();
+    cutlass::arch::NamedBarrier::sync(cutlass::NumThreadsPerWarpGroup, staging_barrier);
+
+    if (is_store_issuer(thread_idx)) {
+      Tensor mO = p.tma_o.get_tma_tensor(p.shape_o);
+      Tensor gO = local_tile(mO(_, _, head, batch), TileOWarpGroup{},
+                             make_coord(m_block * Traits::kNumConsumerWarpGroups + wg, _0{}));
+      Tensor sOwg = make_tensor(make_smem_ptr(smem.o.data() + wg * kRowsPerWarpGroup * kHeadDim),
+                                typename Traits::SmemLayoutOWarpGroup{});
+      auto parts = tma_partition(p.tma_o, _0{}, Layout<_1>{}, group_modes<0, 2>(sOwg), group_modes<0, 2>(gO));
+      copy(p.tma_o, get<1>(parts), get<0>(parts));
+      tma_store_arrive();
+    }
+  }
+
+  template <class TensorO, class TensorC>
+  CUTLASS_DEVICE static void store_o_registers(Params const& p, TensorO const& o_rc, TensorC const& coord_rc,
+                                               int m_block, int head, int batch) {
+    using namespace cute;
+    static_assert(decltype(size<1>(o_rc))::value % 2 == 0);
     int64_t const head_offset = int64_t(batch) * p.o_stride.batch + int64_t(head) * p.o_stride.head;
     Element* o_head = p.o + head_offset;
-    float* lse_head = p.lse + (int64_t(batch) * p.nheads + head) * p.seqlen_q;
     cutlass::NumericArrayConverter<Element, float, 2> convert;
-
     CUTLASS_PRAGMA_UNROLL
     for (int r = 0; r < size<0>(o_rc); ++r) {
       int const row = m_block * kBlockM + get<0>(coord_rc(r, 0));
@@ -63,7 +164,6 @@ struct FwdEpilogue {
         pair[1] = o_rc(r, c + 1);
         *reinterpret_cast<cutlass::Array<Element, 2>*>(o_row + get<1>(coord_rc(r, c))) = convert(pair);
       }
-      if (thread_idx % 4 == 0) { lse_head[row] = lse[r]; }
     }
   }
 };

@@ -19,7 +19,7 @@ template <class Traits>
 struct FwdKernel {
   using Mainloop = FwdMainloop<Traits>;
   using Epilogue = FwdEpilogue<Traits>;
-  using Scheduler = FwdTileScheduler<Traits::kCausal ? TileOrder::kHeavyFirst : TileOrder::kHeadMajor>;
+  using Scheduler = FwdTileScheduler<Traits::kCausal ? TileOrder::kPairedHeavyFirst : TileOrder::kHeadMajor>;
   using SharedStorage = typename Traits::SharedStorage;
   using PipelineKV = typename Traits::PipelineKV;
   using PipelineState = typename Traits::PipelineState;
@@ -41,6 +41,7 @@ struct FwdKernel {
 
     if (threadIdx.x == 0) {
       Mainloop::prefetch_descriptors(params.mainloop);
+      Epilogue::prefetch_descriptors(params.epilogue);
       cutlass::arch::ClusterTransactionBarrier::init(&smem.barrier_q, 1);
     }
 
@@ -61,8 +62,8 @@ struct FwdKernel {
       PipelineState write_v = cutlass::make_producer_start_state<PipelineKV>();
       bool first_tile = true;
       auto const& sched = params.scheduler;
-      for (int item = Scheduler::first_item(); Scheduler::valid(sched, item); item = Scheduler::next_item(item)) {
-        auto const tile = Scheduler::decode(sched, item);
+      for (auto cur = Scheduler::first(); Scheduler::valid(sched, cur); cur = Scheduler::next(sched, cur)) {
+        auto const tile = Scheduler::decode(sched, cur);
         int const n_blocks = Mainloop::n_block_max(params.mainloop, tile.m_block);
         if (n_blocks <= 0) { continue; }
         Mainloop::load(params.mainloop, smem, pipeline_k, pipeline_v, write_k, write_v, tile.m_block, tile.head,
@@ -82,8 +83,8 @@ struct FwdKernel {
       Tensor tOrO = partition_fragment_C(mma_pv, select<0, 1>(typename Traits::TileShapePV{}));
       OnlineSoftmax<kRowsPerThread> softmax;
       auto const& sched = params.scheduler;
-      for (int item = Scheduler::first_item(); Scheduler::valid(sched, item); item = Scheduler::next_item(item)) {
-        auto const tile = Scheduler::decode(sched, item);
+      for (auto cur = Scheduler::first(); Scheduler::valid(sched, cur); cur = Scheduler::next(sched, cur)) {
+        auto const tile = Scheduler::decode(sched, cur);
         int const n_blocks = Mainloop::n_block_max(params.mainloop, tile.m_block);
         if (n_blocks > 0) {
           Mainloop::mma(params.mainloop, smem, pipeline_k, pipeline_v, read_k, read_v, q_phase, thread_idx,
@@ -94,9 +95,10 @@ struct FwdKernel {
           clear(tOrO);
           softmax.reset();
         }
-        Epilogue::store(params.epilogue, tOrO, softmax, thread_idx, tile.m_block, tile.head, tile.batch);
+        Epilogue::store(params.epilogue, smem, tOrO, softmax, thread_idx, tile.m_block, tile.head, tile.batch);
       }
       WarpGroupTurns<Traits>::finish(consumer_wg);
+      Epilogue::store_tail(thread_idx);
     }
   }
 };

@@ -26,12 +26,12 @@ void run_fwd_(const dash::FwdParams& params, cudaStream_t stream) {
   AttnShape const& s = params.shape;
   if (s.batch <= 0 || s.seqlen_q <= 0 || s.nheads <= 0) { return; }
 
+  int const num_sms = params.num_sms > 0 ? params.num_sms : device_sm_count();
   typename Kernel::Params kernel_params{
       Kernel::Mainloop::make_params(params),
       Kernel::Epilogue::make_params(params),
-      Kernel::Scheduler::make_params(s.seqlen_q, Traits::kBlockM, s.nheads, s.batch),
+      Kernel::Scheduler::make_params(s.seqlen_q, Traits::kBlockM, s.nheads, s.batch, num_sms),
   };
-  int const num_sms = params.num_sms > 0 ? params.num_sms : device_sm_count();
   int const grid = Kernel::Scheduler::grid_size(kernel_params.scheduler, num_sms);
 
   auto kernel = fwd_kernel<Traits>;

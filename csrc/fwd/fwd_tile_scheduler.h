@@ -1,17 +1,28 @@
 // Persistent tile scheduler of the forward: the grid has one CTA per SM (the SM count is read at run time) and CTA c
-// takes work items c, c + grid, c + 2 * grid, ... A static order keeps the kernel free of global counters (no
+// takes work units c, c + grid, c + 2 * grid, ... A static order keeps the kernel free of global counters (no
 // workspace, no reset between launches) and makes every run issue the same tiles on the same CTAs.
 //
-// Full mask: every query tile costs the same, so the query tile index varies fastest and concurrently running CTAs
-// share the K/V of one head in L2. Causal: later query tiles see more keys, so items are ordered heaviest query tile
-// first (longest-processing-time order), which leaves the short tiles to fill the tail of the last wave.
+// Full mask (kHeadMajor): every query tile costs the same, so the query tile index varies fastest and concurrently
+// running CTAs share the K/V of one head in L2.
+//
+// Causal (kPairedHeavyFirst): query tile m sees m + 1 key tiles, so tiles are not interchangeable. Two phases:
+//  1. Pairs: a unit is query tiles (M - 1 - j, j) of one head, run back to back; every pair costs M + 1 key tiles, so
+//     round robin balances them like full-mask tiles. Units are head-major, so the CTAs running at one time share
+//     the K/V of a few heads in L2 (an order that spreads the tiles of a head over the whole launch re-reads K/V
+//     from DRAM for every tile: at seqlen 1k, 256 heads, that kept DRAM 83% busy and the kernel memory-bound).
+//  2. Tail: the heads that would only fill a last, partial wave of pairs are cut into single tiles and dealt out
+//     heaviest first (longest-processing-time order), so the short tiles even out the end of the launch.
+// Phase 1 covers whole heads and stops one wave of pairs short of the end, so the tail has enough tiles to balance.
+// With an odd tile count per head a pair would include a half-cost self pair, so all tiles then go to the tail.
+// Every wave of the unit sequence is dealt out in alternating direction (boustrophedon): with a plain round robin
+// CTA 0 would take the heaviest tile of every tail wave.
 #pragma once
 
 #include <cutlass/cutlass.h>
 
 namespace dash::fwd {
 
-enum class TileOrder : int { kHeadMajor = 0, kHeavyFirst = 1 };
+enum class TileOrder : int { kHeadMajor = 0, kPairedHeavyFirst = 1 };
 
 template <TileOrder kOrder>
 struct FwdTileScheduler {
@@ -19,7 +30,11 @@ struct FwdTileScheduler {
     int32_t num_m_blocks;
     int32_t nheads;
     int32_t batch;
-    int32_t num_items;
+    int32_t num_units;       // units of both phases
+    int32_t num_pair_units;  // phase 1 units (kPairedHeavyFirst only)
+    int32_t pairs_per_head;
+    int32_t tail_first_head;  // first (batch, head) index of the tail
+    int32_t tail_heads;
   };
 
   struct WorkTile {
@@ -28,30 +43,78 @@ struct FwdTileScheduler {
     int32_t batch;
   };
 
-  static Params make_params(int32_t seqlen_q, int32_t block_m, int32_t nheads, int32_t batch) {
-    int32_t const num_m_blocks = (seqlen_q + block_m - 1) / block_m;
-    return {num_m_blocks, nheads, batch, num_m_blocks * nheads * batch};
-  }
+  // counter runs c, c + grid, ... (one value per unit); second selects the low tile of a pair unit.
+  struct Cursor {
+    int32_t counter;
+    int32_t second;
+  };
 
-  static int grid_size(Params const& p, int num_sms) {
-    int const grid = p.num_items < num_sms ? p.num_items : num_sms;
+  static int grid_size(int32_t num_units, int num_sms) {
+    int const grid = num_units < num_sms ? num_units : num_sms;
     return grid < 1 ? 1 : grid;
   }
 
-  CUTLASS_DEVICE static int first_item() { return blockIdx.x; }
-  CUTLASS_DEVICE static int next_item(int item) { return item + gridDim.x; }
-  CUTLASS_DEVICE static bool valid(Params const& p, int item) { return item < p.num_items; }
+  static Params make_params(int32_t seqlen_q, int32_t block_m, int32_t nheads, int32_t batch, int num_sms) {
+    Params p{};
+    p.num_m_blocks = (seqlen_q + block_m - 1) / block_m;
+    p.nheads = nheads;
+    p.batch = batch;
+    int32_t const heads_total = nheads * batch;
+    p.num_units = p.num_m_blocks * heads_total;
+    if constexpr (kOrder == TileOrder::kPairedHeavyFirst) {
+      p.pairs_per_head = p.num_m_blocks / 2;
+      int32_t const num_pairs = p.pairs_per_head * heads_total;
+      int32_t const grid = grid_size(num_pairs, num_sms);
+      int32_t const full_waves = num_pairs / grid;
+      int32_t paired_heads = 0;
+      if (p.num_m_blocks % 2 == 0 && full_waves >= 2) { paired_heads = (full_waves - 1) * grid / p.pairs_per_head; }
+      p.num_pair_units = paired_heads * p.pairs_per_head;
+      p.tail_first_head = paired_heads;
+      p.tail_heads = heads_total - paired_heads;
+      p.num_units = p.num_pair_units + p.tail_heads * p.num_m_blocks;
+    }
+    return p;
+  }
 
-  CUTLASS_DEVICE static WorkTile decode(Params const& p, int item) {
-    int const heads_total = p.nheads * p.batch;
+  static int grid_size(Params const& p, int num_sms) { return grid_size(p.num_units, num_sms); }
+
+  CUTLASS_DEVICE static Cursor first() { return {static_cast<int32_t>(blockIdx.x), 0}; }
+  CUTLASS_DEVICE static bool valid(Params const& p, Cursor c) { return position(c.counter) < p.num_units; }
+  CUTLASS_DEVICE static Cursor next(Params const& p, Cursor c) {
+    if (c.second == 0 && position(c.counter) < p.num_pair_units) { return {c.counter, 1}; }
+    return {c.counter + static_cast<int32_t>(gridDim.x), 0};
+  }
+
+  // Index in the unit sequence of the unit the counter stands for.
+  CUTLASS_DEVICE static int position(int counter) {
+    if constexpr (kOrder == TileOrder::kPairedHeavyFirst) {
+      int const grid = gridDim.x;
+      int const wave = counter / grid;
+      int const slot = counter - wave * grid;
+      return wave * grid + ((wave & 1) ? grid - 1 - slot : slot);
+    } else {
+      return counter;
+    }
+  }
+
+  CUTLASS_DEVICE static WorkTile decode(Params const& p, Cursor c) {
+    int const pos = position(c.counter);
     WorkTile t;
     int bh;
-    if constexpr (kOrder == TileOrder::kHeavyFirst) {
-      t.m_block = p.num_m_blocks - 1 - item / heads_total;
-      bh = item % heads_total;
+    if constexpr (kOrder == TileOrder::kPairedHeavyFirst) {
+      if (pos < p.num_pair_units) {
+        bh = pos / p.pairs_per_head;
+        int const j = pos - bh * p.pairs_per_head;
+        t.m_block = c.second ? j : p.num_m_blocks - 1 - j;
+      } else {
+        int const tail = pos - p.num_pair_units;
+        int const rank = tail / p.tail_heads;
+        t.m_block = p.num_m_blocks - 1 - rank;
+        bh = p.tail_first_head + (tail - rank * p.tail_heads);
+      }
     } else {
-      t.m_block = item % p.num_m_blocks;
-      bh = item / p.num_m_blocks;
+      bh = pos / p.num_m_blocks;
+      t.m_block = pos - bh * p.num_m_blocks;
     }
     t.head = bh % p.nheads;
     t.batch = bh / p.nheads;

@@ -502,8 +502,12 @@ CUTLASS_DEVICE void consumer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<
     // P = exp2(S * scale * log2e - LSE_log2), computed while the dP GEMM runs; masked entries and rows without
     // keys (LSE_log2 = +inf) give 0.
     warpgroup_wait<1>();  // S done
-    float lse[Cols::kCols];
-    Cols::load(lse, ss.lse[stage] + tScS.m0(), tScS);
+    // With few query columns per thread (hdim 128: 16) LSE goes to registers once per column; with many (hdim 64:
+    // 32) that array would not fit next to the larger S/dP fragments, so it is read per element from shared memory.
+    constexpr bool kLseInRegs = Cols::kCols <= 16;
+    float const* lse_smem = ss.lse[stage] + tScS.m0();
+    float lse[kLseInRegs ? Cols::kCols : 1];
+    if constexpr (kLseInRegs) Cols::load(lse, lse_smem, tScS);
     warpgroup_fence_operand(tSrS);
     CUTLASS_PRAGMA_UNROLL
     for (int i = 0; i < size(tSrS); ++i) {
@@ -512,7 +516,8 @@ CUTLASS_DEVICE void consumer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<
         const auto d = tScS.offset(i);
         masked = get<0>(d) >= thr_rows || (T::kMask == MaskKind::kCausal && get<0>(d) - get<1>(d) > thr_diagonal);
       }
-      tSrS(i) = masked ? 0.f : exp2f(fmaf(tSrS(i), p.scale_log2, -lse[Cols::slot(i)]));
+      const float lse_i = kLseInRegs ? lse[Cols::slot(i)] : lse_smem[get<1>(tScS.offset(i))];
+      tSrS(i) = masked ? 0.f : exp2f(fmaf(tSrS(i), p.scale_log2, -lse_i));
     }
 
     // dV += P^T dO runs while dS is computed; P^T comes from registers or, after a round trip, shared memory.

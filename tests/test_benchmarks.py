@@ -1,0 +1,88 @@
+"""CPU checks of the benchmark plumbing: the one FLOPs convention (benchmarks/flops.py and its C++ mirror
+csrc/bench/bench_flops.h), and bench_attn.py's command line and its no-GPU exit. The timings themselves need the GPU
+(benchmarks/RESULTS.md)."""
+import pathlib
+import random
+import shutil
+import subprocess
+import sys
+
+import pytest
+import torch
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import bench_attn  # noqa: E402
+import flops  # noqa: E402
+
+
+def brute_force_causal_area(seqlen_q, seqlen_k):
+    """Visible (query, key) pairs of a bottom-right aligned causal mask, counted one row at a time."""
+    offset = seqlen_k - seqlen_q
+    return sum(min(seqlen_k, max(0, i + offset + 1)) for i in range(seqlen_q))
+
+
+SHAPES = [(1, 7), (7, 1), (17, 113), (113, 17), (128, 64), (64, 128), (1023, 1024), (1024, 1023),
+          (300, 2000), (2000, 300)]
+
+
+@pytest.mark.parametrize("seqlen_q,seqlen_k", SHAPES)
+def test_causal_area_is_exact_when_lengths_differ(seqlen_q, seqlen_k):
+    assert flops.causal_area(seqlen_q, seqlen_k) == brute_force_causal_area(seqlen_q, seqlen_k)
+
+
+def test_causal_area_is_half_the_square_when_lengths_match():
+    # The convention FlashAttention and cuDNN report with (targets.md is measured with it), not the exact count.
+    for s in (1, 2, 1024, 16384):
+        assert flops.causal_area(s, s) == s * s / 2
+
+
+def test_backward_is_two_and_a_half_forwards_and_tflops_units():
+    fwd = flops.fwd_flops(2, 16, 8192, 8192, 128, causal=False)
+    assert fwd == 4 * 2 * 16 * 8192 * 8192 * 128
+    assert flops.bwd_flops(2, 16, 8192, 8192, 128, causal=False) == 2.5 * fwd
+    assert flops.fwd_flops(2, 16, 8192, 8192, 128, causal=True) == fwd / 2
+    assert flops.tflops(1e12, 1000.0) == pytest.approx(1.0)
+    with pytest.raises(ValueError):
+        flops.flops("both", 1, 1, 1, 1, 1, False)
+
+
+@pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++ to compile csrc/bench/bench_flops.h")
+def test_cpp_mirror_matches_python(tmp_path):
+    rng = random.Random(0)
+    cases = SHAPES + [(rng.randint(1, 5000), rng.randint(1, 5000)) for _ in range(40)]
+    src = tmp_path / "flops_check.cpp"
+    lines = ['#include <cstdio>', '#include "bench/bench_flops.h"', "int main() {"]
+    for sq, sk in cases:
+        for causal in (0, 1):
+            lines.append(f'  std::printf("%.17g %.17g\\n", dash::bench::fwd_flops(3, 5, {sq}, {sk}, 64, {causal}), '
+                         f'dash::bench::bwd_flops(3, 5, {sq}, {sk}, 64, {causal}));')
+    lines.append("  return 0;\n}")
+    src.write_text("\n".join(lines))
+    exe = tmp_path / "flops_check"
+    subprocess.run(["g++", "-std=c++17", "-O1", f"-I{ROOT / 'csrc'}", str(src), "-o", str(exe)], check=True)
+    out = subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout.split()
+    expected = []
+    for sq, sk in cases:
+        for causal in (False, True):
+            expected += [flops.fwd_flops(3, 5, sq, sk, 64, causal), flops.bwd_flops(3, 5, sq, sk, 64, causal)]
+    assert [float(x) for x in out] == pytest.approx(expected, rel=1e-15)
+
+
+def test_quick_grid_and_defaults():
+    quick = bench_attn.parse_args(["--quick"])
+    assert quick.hdims == [128] and quick.seqlens == [2048, 8192]
+    assert "flex" not in quick.peers  # its per-shape compile would dominate a one-minute run
+    full = bench_attn.parse_args([])
+    assert full.hdims == [128, 64] and full.seqlens == [1024, 2048, 4096, 8192, 16384]
+    with pytest.raises(SystemExit):
+        bench_attn.parse_args(["--schedules", "nonsense"])
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the exit where there is no CUDA device")
+def test_no_gpu_gives_a_clear_message_not_a_traceback():
+    run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_attn.py"), "--quick"],
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == bench_attn.EXIT_NO_GPU
+    assert "needs a CUDA GPU" in run.stderr and "Traceback" not in run.stderr

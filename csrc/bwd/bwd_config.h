@@ -86,6 +86,11 @@ struct BwdConfig<256> {
   static constexpr DkvOperandA kDkvA = DkvOperandA::kSharedMemory;  // P^T rows are shared across warpgroups
 };
 
+// Whether every stride (in elements) of a (batch, seqlen, heads, d) tensor is a multiple of n.
+inline bool strides_multiple_of(const TensorStrides& s, int64_t n) {
+  return s.row % n == 0 && s.head % n == 0 && s.batch % n == 0;
+}
+
 // Run-time view of the same table, for the host (workspace sizing, dash_bwd_tile_shape).
 inline BwdTileConfig bwd_tile_config(int32_t headdim) {
   switch (headdim) {

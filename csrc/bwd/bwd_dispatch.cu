@@ -46,8 +46,6 @@ int run_typed(const dash::BwdParams& p, cudaStream_t stream, int32_t stages) {
   }
 }
 
-bool strides_even(const dash::TensorStrides& s) { return s.row % 2 == 0 && s.head % 2 == 0 && s.batch % 2 == 0; }
-
 }  // namespace
 
 extern "C" {
@@ -77,7 +75,10 @@ int dash_bwd_stages(const dash::BwdParams* params, int32_t stages, void* stream)
   if (s.seqlen_q < 0 || s.seqlen_k < 0 || p.num_sms <= 0) return -1;
   if (p.workspace_bytes < dash::bwd::bwd_workspace_layout(s).total) return -1;
   // dK/dV/dQ are written two elements at a time.
-  if (!strides_even(p.dq_stride) || !strides_even(p.dk_stride) || !strides_even(p.dv_stride)) return -1;
+  if (!dash::bwd::strides_multiple_of(p.dq_stride, 2) || !dash::bwd::strides_multiple_of(p.dk_stride, 2) ||
+      !dash::bwd::strides_multiple_of(p.dv_stride, 2)) {
+    return -1;
+  }
   auto st = static_cast<cudaStream_t>(stream);
   switch (s.headdim) {
 #ifdef DASH_ENABLE_HDIM_64

@@ -33,7 +33,10 @@ CUTLASS_DEVICE void bulk_reduce_add_f32(float* gmem, const float* smem, uint32_t
 // Plain bulk store: the first add into a tile in deterministic mode, where nothing zeroed the accumulator.
 CUTLASS_DEVICE void bulk_store_f32(float* gmem, const float* smem, uint32_t bytes) {
   const uint32_t s = cute::cast_smem_ptr_to_uint(smem);
-  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n" : : "l"(gmem), "r"(s), "r"(bytes) : "memory");
+  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n"
+               :
+               : "l"(gmem), "r"(s), "r"(bytes)
+               : "memory");
 }
 CUTLASS_DEVICE void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
 // Source shared memory may be reused.
@@ -78,8 +81,9 @@ template <class T>
 CUTLASS_DEVICE void dq_writer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<T>& ss) {
   const int nheads = get<2>(p.shape_q);
   for (uint32_t dq_count = 0;; ++dq_count) {
-    const int buf = dq_count % T::kDqBuffers;
-    wait_barrier(ss.dq_full[buf], (dq_count / T::kDqBuffers) & 1, WaitSite::kDqFull);
+    const RingPos pos = ring_pos<T::kDqBuffers>(dq_count);
+    const int buf = pos.index;
+    wait_barrier(ss.dq_full[buf], pos.phase, WaitSite::kDqFull);
     const VisitRecord rec = ss.dq_rec[buf];
     if (rec.flags & VisitRecord::kEnd) break;
     const int64_t tile_index = (int64_t(rec.batch) * nheads + rec.head) * p.num_m_blocks + rec.m_block;

@@ -24,10 +24,8 @@ inline int32_t bwd_num_ctas(const BwdParams& params, const sched::Problem& prob)
 
 // Whether the postprocess may write dQ in 16-byte chunks: the base and every stride in bytes are multiples of 16.
 inline bool dq_aligned16(const BwdParams& params) {
-  const int64_t elem = 2;  // fp16 / bf16
-  const TensorStrides& st = params.dq_stride;
-  return reinterpret_cast<uintptr_t>(params.dq) % 16 == 0 && (st.row * elem) % 16 == 0 &&
-         (st.head * elem) % 16 == 0 && (st.batch * elem) % 16 == 0;
+  constexpr int64_t kElemsPer16Bytes = 16 / 2;  // fp16 / bf16
+  return reinterpret_cast<uintptr_t>(params.dq) % 16 == 0 && strides_multiple_of(params.dq_stride, kElemsPer16Bytes);
 }
 
 // The regions of the workspace the main kernel reads (LSE_log2, D) and accumulates into (dQ, semaphores).

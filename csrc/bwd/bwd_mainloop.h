@@ -83,7 +83,6 @@ struct BwdTraits {
   using SmemLayoutdSt = decltype(tile_to_shape(SmemAtomPt{}, Shape<BN, BM, Int<kDsBuffers>>{}));
   using SmemLayoutdS = decltype(composition(
       SmemLayoutdSt{}, make_layout(Shape<BM, BN, Int<kDsBuffers>>{}, Stride<BN, _1, Int<kBlockN * kBlockM>>{})));
-  static constexpr int kPtElems = kBlockN * kBlockM;
   static constexpr int kDqBuffers = Cfg::kDqBuffers;
   // P^T rows are read only by the warpgroup that wrote them unless the dK/dV GEMMs split d across warpgroups.
   static constexpr bool kPtShared = Cfg::dKVSplit::kAlongN > 1;
@@ -175,6 +174,17 @@ struct BwdKernelParams {
 
 using Barrier = cutlass::arch::ClusterBarrier;
 using TxBarrier = cutlass::arch::ClusterTransactionBarrier;
+
+// Position of the count-th use of a ring of kSize buffers guarded by full/empty mbarriers: the buffer, and the phase
+// its full barrier completes with on that use (a waiter on the empty barrier waits for the opposite parity).
+struct RingPos {
+  int index;
+  uint32_t phase;
+};
+template <int kSize>
+CUTLASS_DEVICE RingPos ring_pos(uint32_t count) {
+  return RingPos{static_cast<int>(count % kSize), (count / kSize) & 1};
+}
 
 // log2 of the mbarrier polls after which the debug build traps (each poll may itself block for a while).
 #ifndef DASH_BWD_WAIT_TRAP_LOG2
@@ -317,10 +327,10 @@ CUTLASS_DEVICE void producer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<
   uint32_t q_count = 0;
   // Leader only: claims the next stage and publishes its record; the caller then issues the stage's loads (if any).
   auto next_stage = [&](const VisitRecord& rec, uint32_t tx_bytes) {
-    const int stage = q_count % T::kStages;
-    const uint32_t phase = (q_count / T::kStages) & 1;
+    const RingPos pos = ring_pos<T::kStages>(q_count);
+    const int stage = pos.index;
     ++q_count;
-    wait_barrier(ss.q_empty[stage], phase ^ 1, WaitSite::kQEmpty);
+    wait_barrier(ss.q_empty[stage], pos.phase ^ 1, WaitSite::kQEmpty);
     ss.rec[stage] = rec;  // published by the arrive below (mbarrier arrive has release semantics)
     reinterpret_cast<TxBarrier&>(ss.q_full[stage]).arrive_and_expect_tx(tx_bytes);
     return stage;
@@ -454,8 +464,9 @@ CUTLASS_DEVICE void consumer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<
   // The dK GEMM of step t still runs while step t+1 starts; its Q/dO stage is released once it has completed.
   int unreleased_stage = -1;
   for (uint32_t q_count = 0;; ++q_count) {
-    const int stage = q_count % T::kStages;
-    wait_barrier(ss.q_full[stage], (q_count / T::kStages) & 1, WaitSite::kQFull);
+    const RingPos qpos = ring_pos<T::kStages>(q_count);
+    const int stage = qpos.index;
+    wait_barrier(ss.q_full[stage], qpos.phase, WaitSite::kQFull);
     // Only the fields a step needs are held in registers (the consumers have none to spare); the record stays in
     // shared memory until the stage is released, and the rest is read from there when needed.
     const VisitRecord& srec = ss.rec[stage];
@@ -572,8 +583,9 @@ CUTLASS_DEVICE void consumer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<
     if (flags & VisitRecord::kLast) reinterpret_cast<Barrier&>(ss.kv_empty).arrive();
 
     // Hand the partial dQ to the writer warp through the next staging buffer, once the writer has read it.
-    const int dq_buf = dq_count % T::kDqBuffers;
-    wait_barrier(ss.dq_empty[dq_buf], ((dq_count / T::kDqBuffers) & 1) ^ 1, WaitSite::kDqEmpty);
+    const RingPos dqpos = ring_pos<T::kDqBuffers>(dq_count);
+    const int dq_buf = dqpos.index;
+    wait_barrier(ss.dq_empty[dq_buf], dqpos.phase ^ 1, WaitSite::kDqEmpty);
     ++dq_count;
     float4* sdq = reinterpret_cast<float4*>(ss.dq[dq_buf].data());
     CUTLASS_PRAGMA_UNROLL
@@ -606,8 +618,9 @@ CUTLASS_DEVICE void consumer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<
   // this wait it inserts one itself on the exit path and then serialises every WGMMA of the kernel (C7518).
   warpgroup_wait<0>();
   // Tell the writer there is nothing more, through the buffer it reads next.
-  const int end_buf = dq_count % T::kDqBuffers;
-  wait_barrier(ss.dq_empty[end_buf], ((dq_count / T::kDqBuffers) & 1) ^ 1, WaitSite::kDqEmpty);
+  const RingPos endpos = ring_pos<T::kDqBuffers>(dq_count);
+  const int end_buf = endpos.index;
+  wait_barrier(ss.dq_empty[end_buf], endpos.phase ^ 1, WaitSite::kDqEmpty);
   if (tid == 0) ss.dq_rec[end_buf].flags = VisitRecord::kEnd;
   reinterpret_cast<Barrier&>(ss.dq_full[end_buf]).arrive();
 }

@@ -11,21 +11,51 @@ namespace dash::bwd {
 using KvTileRef = sched::KvTile;
 using VisitRef = sched::Visit;
 
+// `kind` is resolved at construction (host): the schedule's precondition checks, which re-derive the tile ranges
+// (divisions), then never run in the producer warp, and only the schedule that actually runs is dispatched.
+// `Fixed` is the kernel's traits: its kMask, kBlockM and kBlockN are what launch_bwd_main always puts into `problem`.
+// As constants they fold the band arithmetic of the tile ranges away (full) or halve it (causal), and turn the
+// divisions by the tile sizes into multiplications.
 struct ScheduleRef {
   sched::Problem problem;
   ScheduleKind kind;
 
+  ScheduleRef() = default;
+  ScheduleRef(const sched::Problem& p, ScheduleKind requested)
+      : problem(p), kind(sched::resolve_schedule(requested, p)) {}
+
+  template <class Fixed>
   DASH_HD int64_t num_items(int32_t cta) const {
-    return sched::dispatch_schedule(kind, [&](auto s) { return decltype(s)::num_items(problem, cta); });
+    const sched::Problem pm = fixed<Fixed>();
+    return sched::dispatch_resolved(kind, [&](auto s) { return decltype(s)::num_items(pm, cta); });
   }
+  template <class Fixed>
   DASH_HD KvTileRef item(int32_t cta, int64_t k) const {
-    return sched::dispatch_schedule(kind, [&](auto s) { return decltype(s)::item(problem, cta, k); });
+    const sched::Problem pm = fixed<Fixed>();
+    return sched::dispatch_resolved(kind, [&](auto s) { return decltype(s)::item(pm, cta, k); });
   }
+  template <class Fixed>
   DASH_HD int32_t num_visits(const KvTileRef& t) const {
-    return sched::dispatch_schedule(kind, [&](auto s) { return decltype(s)::num_visits(problem, t); });
+    const sched::Problem pm = fixed<Fixed>();
+    return sched::dispatch_resolved(kind, [&](auto s) { return decltype(s)::num_visits(pm, t); });
   }
-  DASH_HD VisitRef visit(const KvTileRef& t, int32_t step) const {
-    return sched::dispatch_schedule(kind, [&](auto s) { return decltype(s)::visit(problem, t, step); });
+  // Step `step` of tile t = item(cta, k).
+  template <class Fixed>
+  DASH_HD VisitRef visit(int32_t cta, int64_t k, const KvTileRef& t, int32_t step) const {
+    const sched::Problem pm = fixed<Fixed>();
+    return sched::dispatch_resolved(kind, [&](auto s) {
+      return decltype(s)::visit_at(pm, t, step, decltype(s)::slot_of_item(pm, cta, k));
+    });
+  }
+
+ private:
+  template <class Fixed>
+  DASH_HD sched::Problem fixed() const {
+    sched::Problem pm = problem;
+    pm.mask = Fixed::kMask;
+    pm.block_m = Fixed::kBlockM;
+    pm.block_n = Fixed::kBlockN;
+    return pm;
   }
 };
 

@@ -14,8 +14,9 @@ namespace dash::sched {
 struct Descending : TileUnits<TileOrder::kTileMajor> {
   DASH_HD static Visit visit(const Problem& p, const KvTile& t, int32_t step) {
     const int32_t g = group_size(p);
-    const int32_t m = m_block_range(p, t.n_block).hi - 1 - step / g;
-    return Visit{t.head_k * g + step % g, m, t.n_block - n_block_range(p, m).lo};
+    const StepSplit st = split_step(step, g, t.head_k);
+    const int32_t m = m_block_range(p, t.n_block).hi - 1 - st.s;
+    return Visit{st.head, m, t.n_block - n_block_range(p, m).lo};
   }
 };
 

@@ -43,13 +43,104 @@ struct BlockRange {
   DASH_HD int32_t size() const { return hi > lo ? hi - lo : 0; }
 };
 
-DASH_HD inline int32_t ceil_div64(int64_t a, int64_t b) { return static_cast<int32_t>((a + b - 1) / b); }
 DASH_HD inline int64_t min64(int64_t a, int64_t b) { return a < b ? a : b; }
 DASH_HD inline int64_t max64(int64_t a, int64_t b) { return a > b ? a : b; }
 
-DASH_HD inline int32_t num_m_blocks(const Problem& p) { return p.seqlen_q > 0 ? ceil_div64(p.seqlen_q, p.block_m) : 0; }
-DASH_HD inline int32_t num_n_blocks(const Problem& p) { return p.seqlen_k > 0 ? ceil_div64(p.seqlen_k, p.block_n) : 0; }
-DASH_HD inline int32_t group_size(const Problem& p) { return p.nheads / p.nheads_k; }
+// Quotient and remainder of a >= 0 by b > 0 without the compiler's 64-bit division call, whose register convention
+// made the 24-register producer warp spill. Operands that fit in 32 bits, the usual case, take the 32-bit division;
+// otherwise a restoring long division, one quotient bit per iteration: slow, but it needs a handful of registers.
+// The host (the CPU module) divides directly: the device-only paths give the same quotient and remainder for every
+// operand in range (checked exhaustively at the boundaries and on random operands against the host division).
+struct DivMod64 {
+  int64_t q, r;
+};
+// Any divisor d > 0.
+DASH_HD inline DivMod64 divmod_long(uint64_t n, uint64_t d) {
+  uint64_t q = 0;
+#if defined(__CUDA_ARCH__)
+#pragma unroll 1
+#endif
+  for (int i = 63; i >= 0; --i) {
+    if ((n >> i) >= d) {  // then d << i <= n: no overflow
+      n -= d << i;
+      q |= uint64_t(1) << i;
+    }
+  }
+  return DivMod64{static_cast<int64_t>(q), static_cast<int64_t>(n)};
+}
+// Divisor 0 < d < 2^31: the high word divides in 32 bits, and the low word one bit per iteration with a remainder that
+// stays below d, so 2 * r + 1 < 2^32 fits 32 bits.
+DASH_HD inline DivMod64 divmod_long_by_int32(uint64_t n, uint32_t d) {
+  const uint32_t hi = static_cast<uint32_t>(n >> 32);
+  const uint32_t q_hi = hi / d;
+  uint32_t r = hi - q_hi * d;
+  uint32_t lo = static_cast<uint32_t>(n);  // shifted out at the top, quotient bits shifted in at the bottom
+#if defined(__CUDA_ARCH__)
+#pragma unroll 1
+#endif
+  for (int i = 0; i < 32; ++i) {
+    r = (r << 1) | (lo >> 31);
+    lo <<= 1;
+    if (r >= d) {
+      r -= d;
+      lo |= 1;
+    }
+  }
+  return DivMod64{static_cast<int64_t>((static_cast<uint64_t>(q_hi) << 32) | lo), static_cast<int64_t>(r)};
+}
+DASH_HD inline DivMod64 divmod_nonneg(int64_t a, int64_t b) {
+#if defined(__CUDA_ARCH__)
+  const uint64_t n = static_cast<uint64_t>(a), d = static_cast<uint64_t>(b);
+  if (((n | d) >> 32) == 0) {
+    const uint32_t q = static_cast<uint32_t>(n) / static_cast<uint32_t>(d);
+    return DivMod64{q, static_cast<uint32_t>(n) - q * static_cast<uint32_t>(d)};
+  }
+  return divmod_long(n, d);
+#else
+  return DivMod64{a / b, a % b};
+#endif
+}
+// Same for a positive int32 divisor (CTA counts, tile counts, KV heads per batch element).
+DASH_HD inline DivMod64 divmod_nonneg(int64_t a, int32_t b) {
+#if defined(__CUDA_ARCH__)
+  const uint64_t n = static_cast<uint64_t>(a);
+  const uint32_t d = static_cast<uint32_t>(b);
+  if ((n >> 32) == 0) {
+    const uint32_t q = static_cast<uint32_t>(n) / d;
+    return DivMod64{q, static_cast<uint32_t>(n) - q * d};
+  }
+  return divmod_long_by_int32(n, d);
+#else
+  return DivMod64{a / b, a % b};
+#endif
+}
+
+// Division of a value known to lie in [0, 2^32) by a positive int32: exact in 32-bit unsigned arithmetic, which the
+// kernel's producer warp (24 registers) can afford, unlike a 64-bit division call.
+DASH_HD inline int32_t div_u32(int64_t a, int32_t b) {
+  return static_cast<int32_t>(static_cast<uint32_t>(a) / static_cast<uint32_t>(b));
+}
+// ceil(a / b) for 0 < a, b <= INT32_MAX: a + b - 1 < 2^32.
+DASH_HD inline int32_t ceil_div_u32(int32_t a, int32_t b) {
+  return div_u32(static_cast<int64_t>(a) + b - 1, b);
+}
+
+DASH_HD inline int32_t num_m_blocks(const Problem& p) {
+  return p.seqlen_q > 0 ? ceil_div_u32(p.seqlen_q, p.block_m) : 0;
+}
+DASH_HD inline int32_t num_n_blocks(const Problem& p) {
+  return p.seqlen_k > 0 ? ceil_div_u32(p.seqlen_k, p.block_n) : 0;
+}
+DASH_HD inline int32_t group_size(const Problem& p) { return div_u32(p.nheads, p.nheads_k); }
+// Step `step` (>= 0) of a KV tile: index s = step / g along its walk over Q tiles and query head head_k * g + step % g
+// (the g query heads of the GQA group visit each Q tile back to back). Unsigned: step >= 0, g > 0.
+struct StepSplit {
+  int32_t s, head;
+};
+DASH_HD inline StepSplit split_step(int32_t step, int32_t g, int32_t head_k) {
+  const int32_t s = div_u32(step, g);
+  return StepSplit{s, head_k * g + (step - s * g)};
+}
 // Number of (batch, KV head) pairs; each one is an independent copy of the per-head tile grid.
 DASH_HD inline int64_t num_kv_heads_total(const Problem& p) { return static_cast<int64_t>(p.batch) * p.nheads_k; }
 
@@ -84,12 +175,12 @@ DASH_HD inline BlockRange m_block_range(const Problem& p, int32_t n_block) {
   if (b.has_right) {
     const int64_t first_row = k0 - d - b.right;
     if (first_row > p.seqlen_q - 1) return BlockRange{0, 0};
-    if (first_row > 0) lo = first_row / p.block_m;
+    if (first_row > 0) lo = div_u32(first_row, p.block_m);  // 0 < first_row < seqlen_q
   }
   if (b.has_left) {
     const int64_t last_row = k1 - d + b.left;
     if (last_row < 0) return BlockRange{0, 0};
-    if (last_row < p.seqlen_q - 1) hi = last_row / p.block_m + 1;
+    if (last_row < p.seqlen_q - 1) hi = div_u32(last_row, p.block_m) + 1;  // 0 <= last_row < seqlen_q
   }
   if (lo >= hi) return BlockRange{0, 0};
   return BlockRange{static_cast<int32_t>(lo), static_cast<int32_t>(hi)};
@@ -107,12 +198,12 @@ DASH_HD inline BlockRange n_block_range(const Problem& p, int32_t m_block) {
   if (b.has_left) {
     const int64_t first_key = r0 + d - b.left;
     if (first_key > p.seqlen_k - 1) return BlockRange{0, 0};
-    if (first_key > 0) lo = first_key / p.block_n;
+    if (first_key > 0) lo = div_u32(first_key, p.block_n);  // 0 < first_key < seqlen_k
   }
   if (b.has_right) {
     const int64_t last_key = r1 + d + b.right;
     if (last_key < 0) return BlockRange{0, 0};
-    if (last_key < p.seqlen_k - 1) hi = last_key / p.block_n + 1;
+    if (last_key < p.seqlen_k - 1) hi = div_u32(last_key, p.block_n) + 1;  // 0 <= last_key < seqlen_k
   }
   if (lo >= hi) return BlockRange{0, 0};
   return BlockRange{static_cast<int32_t>(lo), static_cast<int32_t>(hi)};

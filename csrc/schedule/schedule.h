@@ -39,4 +39,63 @@ DASH_HD auto dispatch_schedule(ScheduleKind kind, F&& f) {
   }
 }
 
+// The schedule that `kind` runs on problem p once its preconditions are checked: shift_causal falls back to shift,
+// shift to descending (exactly what their own num_items / item / visit do on every call), kAuto maps to descending.
+DASH_HD inline ScheduleKind resolve_schedule(ScheduleKind kind, const Problem& p) {
+  switch (kind) {
+    case ScheduleKind::kAscending:
+    case ScheduleKind::kSpt:
+      return kind;
+    case ScheduleKind::kShiftCausal:
+      if (ShiftCausal::applies(p)) return kind;
+      return Shift::applies(p) ? ScheduleKind::kShift : ScheduleKind::kDescending;
+    case ScheduleKind::kShift:
+      return Shift::applies(p) ? kind : ScheduleKind::kDescending;
+    case ScheduleKind::kDescending:
+    default:
+      return ScheduleKind::kDescending;
+  }
+}
+
+// A schedule's operations without the precondition checks, for a kind that resolve_schedule returned, plus
+// visit_at(p, t, step, r): visit() for a tile whose wave slot r came from slot_of_item (the kernel knows it from the
+// CTA and item index; visit() re-derives it from the tile with a 64-bit division).
+template <class S>
+struct Applied : S {
+  DASH_HD static int32_t slot_of_item(const Problem&, int32_t, int64_t) { return 0; }  // not used by S
+  DASH_HD static Visit visit_at(const Problem& p, const KvTile& t, int32_t step, int32_t) {
+    return S::visit(p, t, step);
+  }
+};
+template <>
+struct Applied<Spt> : Spt {};  // its own slot_of_item / visit_at (waves.h, spt.h)
+template <>
+struct Applied<Shift> : Shift {
+  DASH_HD static int64_t num_items(const Problem& p, int32_t cta) { return Units::num_items(p, cta); }
+  DASH_HD static KvTile item(const Problem& p, int32_t cta, int64_t k) { return item_applied(p, cta, k); }
+  DASH_HD static int32_t slot_of_item(const Problem& p, int32_t cta, int64_t k) {
+    return Units::slot_of_item(p, cta, k);
+  }
+  DASH_HD static Visit visit_at(const Problem& p, const KvTile& t, int32_t step, int32_t r) {
+    return visit_applied(p, t, step, r);
+  }
+};
+template <>
+struct Applied<ShiftCausal> : ShiftCausal {
+  DASH_HD static int64_t num_items(const Problem& p, int32_t cta) { return num_items_applied(p, cta); }
+  DASH_HD static KvTile item(const Problem& p, int32_t cta, int64_t k) { return item_applied(p, cta, k); }
+  DASH_HD static Visit visit_at(const Problem& p, const KvTile& t, int32_t step, int32_t r) {
+    return visit_applied(p, t, step, r);
+  }
+};
+
+// dispatch_schedule for a resolved kind: f(Applied<Sched>{}).
+#if defined(__CUDACC__)
+#pragma nv_exec_check_disable
+#endif
+template <class F>
+DASH_HD auto dispatch_resolved(ScheduleKind resolved, F&& f) {
+  return dispatch_schedule(resolved, [&](auto s) { return f(Applied<decltype(s)>{}); });
+}
+
 }  // namespace dash::sched

@@ -48,29 +48,40 @@ struct ShiftCausal {
   }
 
   DASH_HD static int64_t num_items(const Problem& p, int32_t cta) {
-    if (!applies(p)) return Shift::num_items(p, cta);
+    return applies(p) ? num_items_applied(p, cta) : Shift::num_items(p, cta);
+  }
+  DASH_HD static KvTile item(const Problem& p, int32_t cta, int64_t k) {
+    return applies(p) ? item_applied(p, cta, k) : Shift::item(p, cta, k);
+  }
+  DASH_HD static Visit visit(const Problem& p, const KvTile& t, int32_t step) {
+    return applies(p) ? visit_applied(p, t, step, slot_of(p, t)) : Shift::visit(p, t, step);
+  }
+
+  // The schedule proper, for problems where applies(p) holds (the kernel resolves the fallback once, on the host).
+  DASH_HD static int64_t num_items_applied(const Problem& p, int32_t cta) {
     const Layout l = layout(p);
     const int64_t pairs = Snake::units_on(l.pair_units, p.num_ctas, cta);
     const int64_t units = Snake::units_on(total_units(p, l), p.num_ctas, cta);
     return 2 * pairs + (units - pairs);
   }
 
-  DASH_HD static KvTile item(const Problem& p, int32_t cta, int64_t k) {
-    if (!applies(p)) return Shift::item(p, cta, k);
+  DASH_HD static KvTile item_applied(const Problem& p, int32_t cta, int64_t k) {
     const Layout l = layout(p);
     const int64_t pairs = Snake::units_on(l.pair_units, p.num_ctas, cta);
     int64_t head_index;
     int32_t n;
     if (k < 2 * pairs) {
       const int64_t unit = Snake::unit_at(p.num_ctas, cta, k / 2);
-      head_index = unit / l.Q;
-      const int32_t u = static_cast<int32_t>(unit % l.Q);
+      const DivMod64 qr = divmod_nonneg(unit, l.Q);
+      head_index = qr.q;
+      const int32_t u = static_cast<int32_t>(qr.r);
       n = (k % 2 == 0) ? u : l.N - 1 - u;
     } else {
       head_index = Snake::unit_at(p.num_ctas, cta, pairs + (k - 2 * pairs)) - l.pair_units;
       n = l.Q;
     }
-    return KvTile{static_cast<int32_t>(head_index / p.nheads_k), static_cast<int32_t>(head_index % p.nheads_k), n};
+    const DivMod64 bh = divmod_nonneg(head_index, p.nheads_k);
+    return KvTile{static_cast<int32_t>(bh.q), static_cast<int32_t>(bh.r), n};
   }
 
   DASH_HD static int32_t num_visits(const Problem& p, const KvTile& t) { return Shift::Units::num_visits(p, t); }
@@ -80,44 +91,59 @@ struct ShiftCausal {
     return (l.has_middle && n == l.Q) ? Role::kMiddle : Role::kShort;
   }
 
-  DASH_HD static Visit visit(const Problem& p, const KvTile& t, int32_t step) {
-    if (!applies(p)) return Shift::visit(p, t, step);
+  // Wave slot of a long or short tile: that of its pair unit (middle tiles do not use one).
+  DASH_HD static int32_t slot_of(const Problem& p, const KvTile& t) {
+    const Layout l = layout(p);
+    if (role(l, t.n_block) == Role::kMiddle) return 0;
+    const int32_t u = t.n_block < l.Q ? t.n_block : l.N - 1 - t.n_block;
+    return wave_slot(p.num_ctas, (static_cast<int64_t>(t.batch) * p.nheads_k + t.head_k) * l.Q + u);
+  }
+  // Item k < 2 * pairs is a tile of the CTA's pair unit k / 2; later items are middle tiles.
+  DASH_HD static int32_t slot_of_item(const Problem& p, int32_t cta, int64_t k) {
+    return Snake::slot_at(p.num_ctas, cta, k / 2);
+  }
+
+  // slot: the tile's wave slot (slot_of, slot_of_item).
+  DASH_HD static Visit visit_applied(const Problem& p, const KvTile& t, int32_t step, int32_t slot) {
     const Layout l = layout(p);
     const int32_t g = group_size(p);
-    const int32_t s = step / g;
-    const int32_t head = t.head_k * g + step % g;
-    const Role r = role(l, t.n_block);
+    const StepSplit st = split_step(step, g, t.head_k);
+    const int32_t s = st.s;
+    const int32_t head = st.head;
+    const Role role_of = role(l, t.n_block);
     int32_t m;
-    if (r == Role::kLong) {
+    if (role_of == Role::kLong) {
       m = s < l.R ? l.Rs + (t.n_block + s) % l.R : m_block_range(p, t.n_block).lo + (s - l.R);
     } else {
       m = l.M - 1 - s;
     }
-    return Visit{head, m, static_cast<int32_t>(position(p, l, t, r, m))};
+    return Visit{head, m, position(p, l, t, role_of, m, slot)};
   }
 
-  // Accumulation position of tile t (role r) in dQ tile m of its head.
-  DASH_HD static int64_t position(const Problem& p, const Layout& l, const KvTile& t, Role r, int32_t m) {
-    const int64_t contrib_hi = n_block_range(p, m).hi;   // contributors are KV tiles [0, contrib_hi)
-    const int64_t longs_hi = min64(l.Q, contrib_hi);     // units whose long tile contributes: [0, longs_hi)
-    const int64_t shorts_lo = max64(0, l.N - contrib_hi);  // units whose short tile contributes: [shorts_lo, Q)
+  // Accumulation position of tile t (role r) in dQ tile m of its head. 32-bit: every count is of KV tiles or units of
+  // one head (<= N), and each return value is a sum of non-negative counts bounded by the tile's contributors.
+  DASH_HD static int32_t position(const Problem& p, const Layout& l, const KvTile& t, Role r, int32_t m,
+                                  int32_t slot) {
+    const int32_t contrib_hi = n_block_range(p, m).hi;          // contributors are KV tiles [0, contrib_hi)
+    const int32_t longs_hi = l.Q < contrib_hi ? l.Q : contrib_hi;  // units whose long tile contributes: [0, longs_hi)
+    const int32_t shorts_lo = l.N > contrib_hi ? l.N - contrib_hi : 0;  // units whose short tile contributes
     if (r == Role::kMiddle) return longs_hi + overlap(shorts_lo, l.Q, 0, l.Q);
-    const int64_t u = (r == Role::kLong) ? t.n_block : l.N - 1 - t.n_block;
-    const int64_t head_index = static_cast<int64_t>(t.batch) * p.nheads_k + t.head_k;
-    int64_t wave_lo, wave_hi;
-    wave_span(p.num_ctas, head_index * l.Q, 1, l.Q, u, &wave_lo, &wave_hi);
-    const int64_t earlier = overlap(0, longs_hi, 0, wave_lo) + overlap(shorts_lo, l.Q, 0, wave_lo);
+    const int32_t u = (r == Role::kLong) ? t.n_block : l.N - 1 - t.n_block;
+    int32_t wave_lo, wave_hi;
+    wave_span(p.num_ctas, slot, 1, l.Q, u, &wave_lo, &wave_hi);
+    const int32_t earlier = overlap(0, longs_hi, 0, wave_lo) + overlap(shorts_lo, l.Q, 0, wave_lo);
     if (r == Role::kShort) {
       // m >= Rs here: every long of the wave came first, then shorts of higher unit index.
       return earlier + (wave_hi - wave_lo) + (wave_hi - u - 1);
     }
     if (m < l.Rs) {
       // Triangle: only longs with lo <= m contribute, the later-starting (higher) ones arrive first.
-      return earlier + (min64(wave_hi, longs_hi) - u - 1);
+      return earlier + ((wave_hi < longs_hi ? wave_hi : longs_hi) - u - 1);
     }
-    const int64_t step = pos_mod(m - l.Rs - u, l.R);
-    const int64_t sooner = count_cyclic(wave_lo, wave_hi, pos_mod(m - l.Rs - step + 1, l.R), step, l.R);
-    const int64_t ties = (u - wave_lo) / l.R;
+    // Rectangle: m - Rs and the step lie in [0, R).
+    const int32_t step = pos_mod(m - l.Rs - u, l.R);
+    const int32_t sooner = count_cyclic(wave_lo, wave_hi, pos_mod_near(m - l.Rs - step + 1, l.R), step, l.R);
+    const int32_t ties = static_cast<int32_t>(static_cast<uint32_t>(u - wave_lo) / static_cast<uint32_t>(l.R));
     return earlier + sooner + ties;
   }
 };

@@ -17,14 +17,19 @@ namespace dash::sched {
 struct Spt : TileUnits<TileOrder::kTileMajor> {
   using Units = TileUnits<TileOrder::kTileMajor>;
   DASH_HD static Visit visit(const Problem& p, const KvTile& t, int32_t step) {
+    return visit_at(p, t, step, slot_of(p, t));
+  }
+  // visit() for a tile whose wave slot r is known (slot_of, slot_of_item).
+  DASH_HD static Visit visit_at(const Problem& p, const KvTile& t, int32_t step, int32_t r) {
     const int32_t g = group_size(p);
-    const int32_t m = m_block_range(p, t.n_block).lo + step / g;
+    const StepSplit st = split_step(step, g, t.head_k);
+    const int32_t m = m_block_range(p, t.n_block).lo + st.s;
     const BlockRange contrib = n_block_range(p, m);
-    int64_t wave_lo, wave_hi;
-    Units::wave_of(p, t, &wave_lo, &wave_hi);
-    const int64_t earlier = overlap(contrib.lo, contrib.hi, 0, wave_lo);
-    const int64_t later_in_wave = min64(contrib.hi, wave_hi) - t.n_block - 1;
-    return Visit{t.head_k * g + step % g, m, static_cast<int32_t>(earlier + later_in_wave)};
+    int32_t wave_lo, wave_hi;
+    Units::wave_of(p, t, r, &wave_lo, &wave_hi);
+    const int32_t earlier = overlap(contrib.lo, contrib.hi, 0, wave_lo);
+    const int32_t later_in_wave = (contrib.hi < wave_hi ? contrib.hi : wave_hi) - t.n_block - 1;
+    return Visit{st.head, m, earlier + later_in_wave};
   }
 };
 

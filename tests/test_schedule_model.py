@@ -116,11 +116,16 @@ def test_varlen_plans_each_sequence():
     assert res.makespan == pytest.approx(sum(schedule.simulate(s).makespan for s in pl.sequences))
 
 
-def test_choose_breaks_full_mask_ties_towards_shift():
-    """Full mask, hdim-128 tiles, seqlen 1k on 132 CTAs: the model ties every schedule; the GPU measured shift 1.19x
-    faster than descending (benchmarks/RESULTS.md), so `auto` must pick shift there; causal ties stay descending."""
+def test_choose_follows_the_measured_ranking_within_the_model_tolerance():
+    """The model ties or nearly ties the schedules on these shapes; the H200 measured shift (full) and shift_causal
+    (causal, also where the model puts descending 3% ahead) clearly faster (benchmarks/RESULTS.md), so `auto` picks
+    them; windows keep the batch-invariant descending on ties."""
     assert schedule.choose("full", 1024, 1024, 64, 128, 16, 16, 132) == "shift"
-    assert schedule.choose("causal", 2048, 2048, 64, 128, 16, 8, 132) == "descending"
+    for seqlen in (1024, 2048, 4096, 8192, 16384):
+        assert schedule.choose("causal", seqlen, seqlen, 64, 128, 16, 16384 // seqlen, 132) == "shift_causal"
+        assert schedule.choose("causal", seqlen, seqlen, 64, 128, 16, 16384 // seqlen, 132,
+                               deterministic=False) == "shift_causal"
+    assert schedule.choose("window", 4096, 4096, 64, 128, 16, 4, 132, window=(512, 512)) == "descending"
 
 
 def test_choose():
@@ -133,7 +138,7 @@ def test_choose():
         best = schedule.simulate(p, record=False).makespan
         for other in schedule.SCHEDULES:
             q = schedule.plan(other, mask, 3000, 2000, 64, 128, 8, 3, 77, window=window, nheads_k=2)
-            assert best <= schedule.simulate(q, record=False).makespan + 1e-9
+            assert best <= schedule.simulate(q, record=False).makespan * (1 + schedule._MODEL_TOLERANCE) + 1e-9
     # Very large problems are scaled down, still fast.
     assert schedule.choose("causal", 65536, 65536, 64, 128, 64, 16, 132) in schedule.SCHEDULES
     assert schedule.choose("full", 128, 128, 64, 128, 1, 1, 132, deterministic=False) in schedule.SCHEDULES

@@ -373,9 +373,9 @@ class Bench {
     dash::BwdParams bwd = make_bwd_params(p, buf, num_sms_, opt_.sm_margin);
     bwd.deterministic = false;
     // The visit order `auto` gives the non-deterministic backward: without waits the cost model ties every order and
-    // dash_attn.schedule breaks the tie towards shift on full masks (staggered starts keep CTAs from reducing into
-    // the same dQ tile at once) and descending otherwise.
-    bwd.schedule = p.causal() ? ScheduleKind::kDescending : ScheduleKind::kShift;
+    // dash_attn.schedule breaks ties by the measured ranking (staggered starts keep CTAs from reducing into the same
+    // dQ tile at once): shift on full masks, shift_causal on causal ones.
+    bwd.schedule = p.causal() ? ScheduleKind::kShiftCausal : ScheduleKind::kShift;
     float nondet_ms = 0.f;
     if (!measure_bwd(p, buf, bwd, "bwd non-det", bwd_flops_p, 0.f, &nondet_ms)) return false;
     for (const NamedSchedule& s : opt_.schedules) {

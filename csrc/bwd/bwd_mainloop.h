@@ -127,14 +127,15 @@ struct BwdSharedStorage {
   alignas(1024) cute::array_aligned<Element, cute::cosize_v<typename T::SmemLayoutQ>, 1024> dout;
   alignas(1024) cute::array_aligned<Element, cute::cosize_v<typename T::SmemLayoutK>, 1024> k;
   alignas(1024) cute::array_aligned<Element, cute::cosize_v<typename T::SmemLayoutK>, 1024> v;
-  // P^T goes through shared memory only when the dV GEMM does not take it from registers.
+  alignas(1024) cute::array_aligned<Element, cute::cosize_v<typename T::SmemLayoutdSt>, 1024> dst;
+  alignas(1024) cute::array_aligned<float, T::kDqElems, 1024> dq[T::kDqBuffers];
+  // P^T goes through shared memory only when the dV GEMM does not take it from registers. Last of the 1024-aligned
+  // members: the empty stand-in then costs no alignment padding.
   struct NoPt {
     CUTLASS_DEVICE Element* data() { return nullptr; }
   };
   std::conditional_t<T::kDvFromRegs, NoPt, cute::array_aligned<Element, cute::cosize_v<typename T::SmemLayoutPt>, 1024>>
       pt;
-  alignas(1024) cute::array_aligned<Element, cute::cosize_v<typename T::SmemLayoutdSt>, 1024> dst;
-  alignas(1024) cute::array_aligned<float, T::kDqElems, 1024> dq[T::kDqBuffers];
   alignas(128) float lse[T::kStages][T::kBlockM];
   alignas(128) float dsum[T::kStages][T::kBlockM];
   VisitRecord rec[T::kStages];  // travels with the Q/dO stage

@@ -101,6 +101,7 @@ struct BwdTraits {
 
   static constexpr uint32_t kQBytes = kBlockM * kHeadDim * sizeof(Element);
   static constexpr uint32_t kKBytes = kBlockN * kHeadDim * sizeof(Element);
+  static constexpr int kSmemGapElems = Cfg::kSmemGapAfterV / sizeof(Element);
   static constexpr uint32_t kRowStatBytes = kBlockM * sizeof(float);
   // Partial dQ tile, fp32, in the consumers' register order (see bwd_dq_writer.h).
   static constexpr int kDqElems = kBlockM * kHeadDim;
@@ -119,23 +120,29 @@ struct VisitRecord {
   int32_t flags;
 };
 
+// The P^T staging buffer, present only when the dV GEMM reads P^T from shared memory. A base class, so that when it is
+// absent it takes no room (a member would take a byte, and the 1024-byte alignment of the next buffer a kilobyte).
+template <class T, bool kPresent = !T::kDvFromRegs>
+struct BwdPtSlot {
+  alignas(1024) cute::array_aligned<typename T::Element, cute::cosize_v<typename T::SmemLayoutPt>, 1024> pt;
+  CUTLASS_DEVICE typename T::Element* pt_data() { return pt.data(); }
+};
 template <class T>
-struct BwdSharedStorage {
+struct BwdPtSlot<T, false> {
+  CUTLASS_DEVICE typename T::Element* pt_data() { return nullptr; }
+};
+
+template <class T>
+struct BwdSharedStorage : BwdPtSlot<T> {
   using Element = typename T::Element;
   // 1024-byte alignment: the 128-byte swizzle pattern repeats every 1024 bytes and TMA/WGMMA assume it starts there.
   alignas(1024) cute::array_aligned<Element, cute::cosize_v<typename T::SmemLayoutQ>, 1024> q;
   alignas(1024) cute::array_aligned<Element, cute::cosize_v<typename T::SmemLayoutQ>, 1024> dout;
   alignas(1024) cute::array_aligned<Element, cute::cosize_v<typename T::SmemLayoutK>, 1024> k;
-  alignas(1024) cute::array_aligned<Element, cute::cosize_v<typename T::SmemLayoutK>, 1024> v;
+  // V, then the config's free gap before dS^T (BwdConfig::kSmemGapAfterV).
+  alignas(1024) cute::array_aligned<Element, cute::cosize_v<typename T::SmemLayoutK> + T::kSmemGapElems, 1024> v;
   alignas(1024) cute::array_aligned<Element, cute::cosize_v<typename T::SmemLayoutdSt>, 1024> dst;
   alignas(1024) cute::array_aligned<float, T::kDqElems, 1024> dq[T::kDqBuffers];
-  // P^T goes through shared memory only when the dV GEMM does not take it from registers. Last of the 1024-aligned
-  // members: the empty stand-in then costs no alignment padding.
-  struct NoPt {
-    CUTLASS_DEVICE Element* data() { return nullptr; }
-  };
-  std::conditional_t<T::kDvFromRegs, NoPt, cute::array_aligned<Element, cute::cosize_v<typename T::SmemLayoutPt>, 1024>>
-      pt;
   alignas(128) float lse[T::kStages][T::kBlockM];
   alignas(128) float dsum[T::kStages][T::kBlockM];
   VisitRecord rec[T::kStages];  // travels with the Q/dO stage
@@ -470,7 +477,7 @@ CUTLASS_DEVICE void consumer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<
   Tensor sdO = make_tensor(make_smem_ptr(ss.dout.data()), typename T::SmemLayoutQ{});
   Tensor sK = make_tensor(make_smem_ptr(ss.k.data()), typename T::SmemLayoutK{});
   Tensor sV = make_tensor(make_smem_ptr(ss.v.data()), typename T::SmemLayoutK{});
-  Tensor sPt = make_tensor(make_smem_ptr(ss.pt.data()), typename T::SmemLayoutPt{});
+  Tensor sPt = make_tensor(make_smem_ptr(ss.pt_data()), typename T::SmemLayoutPt{});
   Tensor sdSt = make_tensor(make_smem_ptr(ss.dst.data()), typename T::SmemLayoutdSt{});
   Tensor sQt = make_tensor(make_smem_ptr(ss.q.data()), typename T::SmemLayoutQt{});
   Tensor sdOt = make_tensor(make_smem_ptr(ss.dout.data()), typename T::SmemLayoutQt{});

@@ -38,9 +38,10 @@ SCHEDULE_IDS: Dict[str, int] = {
 MASKS: Dict[str, int] = {"full": _sched.MASK_FULL, "causal": _sched.MASK_CAUSAL, "window": _sched.MASK_WINDOW}
 DISPATCH = {"static": 0, "greedy": 1, "greedy_head_major": 2}
 
-# `choose` ranks by predicted makespan, but the model charges neither many CTAs adding into one dQ tile at the same
-# moment (ascending/descending walks start every KV tile of a wave on the same Q tile) nor a KV tile's fixed cost (K/V
-# load, dK/dV store), and on the H200 the staggered, paired orders win by more than the model's gaps
+# `choose` ranks by predicted makespan, but the model charges nothing for every CTA of a wave working on the same
+# Q-tile index at once (ascending/descending walks keep them in step; with tile-major dealing at short seqlens those
+# CTAs hold different heads, so it is not the dQ chain, and why it costs on the GPU is not measured) nor a KV tile's
+# fixed cost (K/V load, dK/dV store), and on the H200 the staggered, paired orders win by more than the model's gaps
 # (benchmarks/RESULTS.md, 2026-11-29, commit 3e9004a: causal hdim 128 shift_causal 309 vs descending 238 TFLOPS at
 # seqlen 1k, 474 vs 423 at 4k, where the model predicts descending 3% ahead; full: shift 420 vs descending 290 at 1k).
 # So makespans within _MODEL_TOLERANCE of the best count as ties, and ties follow the measured ranking of the mask.

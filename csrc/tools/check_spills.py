@@ -1,13 +1,35 @@
 """Fails when ptxas reports register spills or a stack frame in a kernel (reads `nvcc -Xptxas -v` output on stdin).
 
 Spills in these kernels cost far more than they look: they turn register tiles into local-memory traffic inside the
-WGMMA loop. The report is echoed so the register counts stay visible in the log.
+WGMMA loop (the backward producer's spills cost 10-28% until they were removed). The report is echoed so the register
+counts stay visible in the log.
+
+A few kernels carry a measured allowance (ALLOWANCES): a byte budget for spill stores, spill loads and stack frame,
+each with the measurement that justifies it. Anything above its budget fails, so the check still catches regressions;
+every kernel not listed must have none.
 """
 import re
 import sys
 
 SPILL = re.compile(r"(\d+) bytes spill stores, (\d+) bytes spill loads")
 STACK = re.compile(r"(\d+) bytes stack frame")
+
+# (regex on the mangled kernel name, allowed bytes, why). MaskKindE0 = full mask, E1 = causal.
+ALLOWANCES = [
+    (r"bwd_main_kernel.*BwdTraitsILi128E", 8,
+     "hdim 128: one or two values (4-8 bytes, 8-byte stack frame, varying with the mask and the build's defines); in "
+     "the SASS of the measured full-mask build the one spill sits in the set-up before the step loop"),
+    (r"bwd_main_kernel.*BwdTraitsILi64E", 48,
+     "hdim 64: the consumers spill 36-40 bytes since P^T stays in registers for the dV GEMM, which measured "
+     "+8-17% on the H200 over the spill-free shared-memory round trip (benchmarks/RESULTS.md, 2026-11-29)"),
+]
+
+
+def allowance(kernel):
+    for pattern, nbytes, _ in ALLOWANCES:
+        if re.search(pattern, kernel):
+            return nbytes
+    return 0
 
 
 def main():
@@ -17,16 +39,17 @@ def main():
         sys.stdout.write(line)
         if "Compiling entry function" in line or "Function properties for" in line:
             current = line.strip().split()[-1]
+        limit = allowance(current)
         m = SPILL.search(line)
-        if m and (int(m.group(1)) or int(m.group(2))):
-            bad.append(f"{current}: {m.group(0)}")
+        if m and max(int(m.group(1)), int(m.group(2))) > limit:
+            bad.append(f"{current}: {m.group(0)} (allowed: {limit})")
         s = STACK.search(line)
-        if s and int(s.group(1)) and "Function properties" not in line:
-            bad.append(f"{current}: {s.group(0)}")
+        if s and int(s.group(1)) > limit and "Function properties" not in line:
+            bad.append(f"{current}: {s.group(0)} (allowed: {limit})")
     if bad:
         print("\ncheck-kernels: register spills / stack frames found:", *bad, sep="\n  ")
         return 1
-    print("\ncheck-kernels: no spills")
+    print("\ncheck-kernels: no spills beyond the measured allowances")
     return 0
 
 

@@ -1,0 +1,33 @@
+"""CPU tests of csrc/tools/check_spills.py: zero tolerance by default, measured allowances per kernel."""
+import pathlib
+import subprocess
+import sys
+
+TOOL = pathlib.Path(__file__).resolve().parents[1] / "csrc" / "tools" / "check_spills.py"
+BWD128 = "_ZN4dash3bwd15bwd_main_kernelINS0_9BwdTraitsILi128EN7cutlass10bfloat16_tELNS_8MaskKindE{}EEEEEvNS0_15BwdKernelParamsIT_EE"
+BWD64 = "_ZN4dash3bwd15bwd_main_kernelINS0_9BwdTraitsILi64EN7cutlass6half_tELNS_8MaskKindE1EEEEEvNS0_15BwdKernelParamsIT_EE"
+FWD = "_ZN4dash3fwd15fwd_main_kernelINS0_9FwdTraitsILi128EN7cutlass10bfloat16_tELNS_8MaskKindE0EEEEEvNS0_15FwdKernelParamsIT_EE"
+
+
+def run(kernel, stack, stores, loads):
+    report = (f"ptxas info    : Function properties for {kernel}\n"
+              f"    {stack} bytes stack frame, {stores} bytes spill stores, {loads} bytes spill loads\n")
+    return subprocess.run([sys.executable, str(TOOL)], input=report, capture_output=True, text=True)
+
+
+def test_clean_kernel_passes():
+    assert run(FWD, 0, 0, 0).returncode == 0
+
+
+def test_any_spill_fails_without_an_allowance():
+    assert run(FWD, 0, 4, 4).returncode == 1
+    assert run(FWD, 8, 0, 0).returncode == 1
+
+
+def test_allowances_pass_up_to_their_budget_and_fail_above():
+    assert run(BWD128.format(0), 8, 4, 4).returncode == 0
+    assert run(BWD128.format(1), 8, 8, 8).returncode == 0
+    assert run(BWD128.format(0), 16, 12, 12).returncode == 1
+    assert run(BWD64, 40, 36, 40).returncode == 0
+    result = run(BWD64, 56, 60, 60)
+    assert result.returncode == 1 and "allowed: 48" in result.stdout

@@ -46,9 +46,12 @@ DISPATCH = {"static": 0, "greedy": 1, "greedy_head_major": 2}
 # seqlen 1k, 474 vs 423 at 4k, where the model predicts descending 3% ahead; full: shift 420 vs descending 290 at 1k).
 # So makespans within _MODEL_TOLERANCE of the best count as ties, and ties follow the measured ranking of the mask.
 _MODEL_TOLERANCE = 0.05
-_PREFERENCE = ("descending", "shift", "shift_causal", "spt", "ascending")  # windows: batch-invariant orders first
-_PREFERENCE_FULL = ("shift", "shift_causal", "descending", "spt", "ascending")
-_PREFERENCE_CAUSAL = ("shift_causal", "shift", "descending", "spt", "ascending")
+# The measured ranking per mask (windows: the batch-invariant orders first, not yet measured on the GPU).
+_PREFERENCE = {
+    "full": ("shift", "shift_causal", "descending", "spt", "ascending"),
+    "causal": ("shift_causal", "shift", "descending", "spt", "ascending"),
+    "window": ("descending", "shift", "shift_causal", "spt", "ascending"),
+}
 # `choose` simulates at most this many visits per schedule; larger problems are scaled down proportionally
 # (fewer (batch, KV head) pairs and CTAs, same tile geometry) so that `auto` stays fast.
 _CHOOSE_VISIT_BUDGET = 400_000
@@ -289,7 +292,7 @@ def _choose_cached(mask: str, seqlen_q: int, seqlen_k: int, block_m: int, block_
                    num_sms: int, window: Optional[Tuple[int, int]], nheads_k: int, deterministic: bool,
                    c: float, r: float) -> str:
     p = _scaled_for_choose(mask, seqlen_q, seqlen_k, block_m, block_n, nheads, batch, num_sms, window, nheads_k)
-    preference = {"full": _PREFERENCE_FULL, "causal": _PREFERENCE_CAUSAL}.get(mask, _PREFERENCE)
+    preference = _PREFERENCE[mask]
     makespan = {}
     for name in preference:
         s = _sched.simulate(SCHEDULE_IDS[name], p, c=c, r=r, deterministic=deterministic, dispatch=0, record=False)

@@ -95,6 +95,11 @@ def _num_sms(device_index: int) -> int:
 
 
 @functools.lru_cache(maxsize=None)
+def _l2_bytes(device_index: int) -> int:
+    return int(torch.cuda.get_device_properties(device_index).L2_cache_size)
+
+
+@functools.lru_cache(maxsize=None)
 def _bwd_tile_shape(headdim: int, mask: int) -> Tuple[int, int]:
     block_m, block_n = _extension().bwd_tile_shape(headdim, mask)
     return int(block_m), int(block_n)
@@ -102,15 +107,17 @@ def _bwd_tile_shape(headdim: int, mask: int) -> Tuple[int, int]:
 
 @functools.lru_cache(maxsize=4096)
 def _choose_schedule(mask: int, seqlen_q: int, seqlen_k: int, block_m: int, block_n: int, nheads: int, batch: int,
-                     num_sms: int, window: Optional[Tuple[int, int]], nheads_k: int, deterministic: bool) -> str:
+                     num_sms: int, window: Optional[Tuple[int, int]], nheads_k: int, deterministic: bool,
+                     headdim: int, l2_bytes: int) -> str:
     """The cost model's pick (cached: the same shapes recur every training step, including under graph capture)."""
     try:
-        from .schedule import choose
+        from .schedule import choose, l2_model
     except ImportError:
         # dash_attn.schedule needs the dash_attn._sched module; without it keep the schedule that is safe everywhere.
         return FALLBACK_SCHEDULE
     return choose(MaskKind(mask).name.lower(), seqlen_q, seqlen_k, block_m, block_n, nheads, batch, num_sms,
-                  window=window, nheads_k=nheads_k, deterministic=deterministic)
+                  window=window, nheads_k=nheads_k, deterministic=deterministic,
+                  l2=l2_model(l2_bytes, block_m, block_n, headdim))
 
 
 def _check_cuda(q: torch.Tensor, mask: int, softcap: float, varlen: bool):
@@ -128,7 +135,7 @@ def _resolve_schedule(schedule: str, q: torch.Tensor, k: torch.Tensor, mask: int
         ctas = max(1, _num_sms(q.device.index) - sm_margin)
         window = (window_left, window_right) if mask == MaskKind.WINDOW else None
         schedule = _choose_schedule(mask, seqlen_q, k.shape[1], block_m, block_n, nheads, batch, ctas, window,
-                                    k.shape[2], deterministic)
+                                    k.shape[2], deterministic, headdim, _l2_bytes(q.device.index))
     return SCHEDULE_IDS[schedule]
 
 

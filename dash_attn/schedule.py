@@ -38,13 +38,14 @@ SCHEDULE_IDS: Dict[str, int] = {
 MASKS: Dict[str, int] = {"full": _sched.MASK_FULL, "causal": _sched.MASK_CAUSAL, "window": _sched.MASK_WINDOW}
 DISPATCH = {"static": 0, "greedy": 1, "greedy_head_major": 2}
 
-# `choose` ranks by predicted makespan, but the model charges nothing for every CTA of a wave working on the same
-# Q-tile index at once (ascending/descending walks keep them in step; with tile-major dealing at short seqlens those
-# CTAs hold different heads, so it is not the dQ chain, and why it costs on the GPU is not measured) nor a KV tile's
-# fixed cost (K/V load, dK/dV store), and on the H200 the staggered, paired orders win by more than the model's gaps
-# (benchmarks/RESULTS.md, 2026-11-29, commit 3e9004a: causal hdim 128 shift_causal 309 vs descending 238 TFLOPS at
-# seqlen 1k, 474 vs 423 at 4k, where the model predicts descending 3% ahead; full: shift 420 vs descending 290 at 1k).
-# So makespans within _MODEL_TOLERANCE of the best count as ties, and ties follow the measured ranking of the mask.
+# `choose` ranks by predicted makespan. The DAG alone (c, r) ties the schedules on most standard shapes, while the
+# H200 separates them by up to 1.5x at short sequences: there a tile-major order gives each concurrent CTA its own
+# head, so every visit streams its Q, dO and dQ accumulator tiles from DRAM (ncu, seqlen 1k full: descending 3.35 GB
+# of DRAM traffic against 0.52 GB for shift, L2 hit rate 32% against 88%; benchmarks/RESULTS.md). The L2 term of the
+# simulator (simulate.h: an LRU of tiles plus a bandwidth-shared miss cost, calibrated below) reproduces that ranking
+# when `choose` knows the L2 size and head dim. What is left between the model's makespans and the GPU is a few
+# percent at long sequences, so makespans within _MODEL_TOLERANCE of the best count as ties, and ties follow the
+# measured ranking of the mask.
 _MODEL_TOLERANCE = 0.05
 # The measured ranking per mask (windows: the batch-invariant orders first, not yet measured on the GPU).
 _PREFERENCE = {
@@ -52,6 +53,11 @@ _PREFERENCE = {
     "causal": ("shift_causal", "shift", "descending", "spt", "ascending"),
     "window": ("descending", "shift", "shift_causal", "spt", "ascending"),
 }
+# L2 term: time of a visit whose (Q, dO, dQ accumulator) tile set comes from DRAM at 1/num_ctas of the bandwidth, in
+# units of c, for 128-wide KV tiles (bytes per visit over FLOPs per visit scale as 1 / block_n). Calibrated on the
+# H200 (hdim 128, seqlen 1k/2k: measured descending / shift 1.43 / 1.55, model 1.52 / 1.50); the nominal ratio of the
+# bytes to the FLOPs at 550 TFLOPS and 4 TB/s gives 1.3.
+_L2_MISS_COST = 1.8
 # `choose` simulates at most this many visits per schedule; larger problems are scaled down proportionally
 # (fewer (batch, KV head) pairs and CTAs, same tile geometry) so that `auto` stays fast.
 _CHOOSE_VISIT_BUDGET = 400_000
@@ -232,21 +238,39 @@ def _lower_bound(p: "_sched.Problem", items: Dict[str, np.ndarray], c: float, r:
     return max(total * (c + r) / num_ctas, float(nv.max()) * (c + r))
 
 
+@dataclasses.dataclass(frozen=True)
+class L2Model:
+    """The simulator's L2 term: how many (Q, dO, dQ accumulator) tile sets fit in L2, and the time of a visit whose
+    set comes from DRAM (see simulate.h). l2_tiles = 0 turns the term off."""
+    l2_tiles: int = 0
+    miss: float = 0.0
+
+
+def l2_model(l2_bytes: int, block_m: int, block_n: int, headdim: int) -> L2Model:
+    """L2 term for a device with `l2_bytes` of L2 and 16-bit inputs: a visit touches block_m x headdim elements of Q
+    and of dO (2 bytes each) and of the fp32 dQ accumulator."""
+    if l2_bytes <= 0 or block_m <= 0 or block_n <= 0 or headdim <= 0:
+        raise ValueError("l2_bytes, block_m, block_n and headdim must be positive")
+    tile_set_bytes = block_m * headdim * (2 + 2 + 4)
+    return L2Model(max(1, l2_bytes // tile_set_bytes), _L2_MISS_COST * 128 / block_n)
+
+
 def _simulate_problem(schedule: str, p, c: float, r: float, deterministic: bool, dispatch: str,
-                      record: bool) -> dict:
+                      record: bool, l2: L2Model = L2Model()) -> dict:
     if dispatch not in DISPATCH:
         raise ValueError(f"dispatch must be one of {sorted(DISPATCH)}")
     return _sched.simulate(_schedule_id(schedule), p, c=c, r=r, deterministic=deterministic,
-                           dispatch=DISPATCH[dispatch], record=record)
+                           dispatch=DISPATCH[dispatch], record=record, l2_tiles=l2.l2_tiles, miss=l2.miss)
 
 
 def simulate(plan: Plan, c: float = 1.0, r: float = 0.5, deterministic: bool = True, dispatch: str = "static",
-             record: bool = True) -> SimResult:
+             record: bool = True, l2: L2Model = L2Model()) -> SimResult:
     """Run the DASH DAG model on a plan. dispatch='static' is what the kernel does; 'greedy' (idle CTAs take the
     next work unit in launch order) and 'greedy_head_major' (next KV tile in (batch, head, KV index) order) are
-    model-only references. A varlen plan is simulated as one launch per sequence, back to back."""
+    model-only references. `l2` adds the L2 term (l2_model). A varlen plan is simulated as one launch per sequence,
+    back to back."""
     if plan.sequences:
-        parts = [simulate(s, c, r, deterministic, dispatch, record=False) for s in plan.sequences]
+        parts = [simulate(s, c, r, deterministic, dispatch, record=False, l2=l2) for s in plan.sequences]
         zeros = np.zeros(plan.num_ctas)
         return SimResult(sum(x.makespan for x in parts), any(x.deadlock for x in parts),
                          sum(x.lower_bound for x in parts), sum((x.cta_busy for x in parts), zeros),
@@ -254,7 +278,7 @@ def simulate(plan: Plan, c: float = 1.0, r: float = 0.5, deterministic: bool = T
                          np.zeros(0, np.int64), {}, np.zeros(0), np.zeros(0), np.zeros(0),
                          sorted({b for x in parts for b in x.blocked_ctas}), c, r)
     p = plan.problem
-    s = _simulate_problem(plan.schedule, p, c, r, deterministic, dispatch, record)
+    s = _simulate_problem(plan.schedule, p, c, r, deterministic, dispatch, record, l2)
     busy = np.asarray(s["cta_busy"])
     empty = np.zeros(0)
     return SimResult(
@@ -290,12 +314,15 @@ def _scaled_for_choose(mask: str, seqlen_q: int, seqlen_k: int, block_m: int, bl
 @functools.lru_cache(maxsize=4096)
 def _choose_cached(mask: str, seqlen_q: int, seqlen_k: int, block_m: int, block_n: int, nheads: int, batch: int,
                    num_sms: int, window: Optional[Tuple[int, int]], nheads_k: int, deterministic: bool,
-                   c: float, r: float) -> str:
+                   c: float, r: float, l2: L2Model) -> str:
     p = _scaled_for_choose(mask, seqlen_q, seqlen_k, block_m, block_n, nheads, batch, num_sms, window, nheads_k)
+    # A scaled-down problem has fewer CTAs; it gets the same share of L2 per CTA.
+    l2_tiles = max(1, l2.l2_tiles * p.num_ctas // num_sms) if l2.l2_tiles > 0 else 0
     preference = _PREFERENCE[mask]
     makespan = {}
     for name in preference:
-        s = _sched.simulate(SCHEDULE_IDS[name], p, c=c, r=r, deterministic=deterministic, dispatch=0, record=False)
+        s = _sched.simulate(SCHEDULE_IDS[name], p, c=c, r=r, deterministic=deterministic, dispatch=0, record=False,
+                            l2_tiles=l2_tiles, miss=l2.miss)
         if not s["deadlock"]:  # cannot happen for static dispatch (tested); guarded so `auto` never picks a hang
             makespan[name] = s["makespan"]
     best_time = min(makespan.values())
@@ -304,13 +331,14 @@ def _choose_cached(mask: str, seqlen_q: int, seqlen_k: int, block_m: int, block_
 
 def choose(mask: str, seqlen_q: int, seqlen_k: int, block_m: int, block_n: int, nheads: int, batch: int,
            num_sms: int, window: Optional[Tuple[int, int]] = None, nheads_k: Optional[int] = None,
-           deterministic: bool = True, c: float = 1.0, r: float = 0.5) -> str:
-    """The `auto` rule: the schedule with the smallest predicted makespan on `num_sms` CTAs (cached per shape).
-    Makespans within _MODEL_TOLERANCE of the best are ties, broken by the measured ranking of the mask."""
+           deterministic: bool = True, c: float = 1.0, r: float = 0.5, l2: L2Model = L2Model()) -> str:
+    """The `auto` rule: the schedule with the smallest predicted makespan on `num_sms` CTAs (cached per shape),
+    with the L2 term when `l2` is given (l2_model). Makespans within _MODEL_TOLERANCE of the best are ties, broken
+    by the measured ranking of the mask."""
     window = None if window is None else (int(window[0]), int(window[1]))
     return _choose_cached(mask, int(seqlen_q), int(seqlen_k), int(block_m), int(block_n), int(nheads), int(batch),
                           int(num_sms), window, int(nheads if nheads_k is None else nheads_k), bool(deterministic),
-                          float(c), float(r))
+                          float(c), float(r), l2)
 
 
 def _draw_gantt(ax, plan: Plan, res: SimResult, max_ctas: int, title: Optional[str]) -> None:
@@ -388,14 +416,18 @@ def gantt_compare(plans: Sequence[Plan], path: str, c: float = 1.0, r: float = 0
     plt.close(fig)
 
 
-def _predict_all(mask, seqlen_q, seqlen_k, block_m, block_n, nheads, batch, num_sms, window, nheads_k, c, r):
+def _predict_all(mask, seqlen_q, seqlen_k, block_m, block_n, nheads, batch, num_sms, window, nheads_k, c, r, l2):
     p = _problem(mask, seqlen_q, seqlen_k, block_m, block_n, nheads, batch, num_sms, window, nheads_k)
     rows = []
     for name in SCHEDULES:
-        s = _sched.simulate(SCHEDULE_IDS[name], p, c=c, r=r, deterministic=True, dispatch=0, record=False)
+        s = _sched.simulate(SCHEDULE_IDS[name], p, c=c, r=r, deterministic=True, dispatch=0, record=False,
+                            l2_tiles=l2.l2_tiles, miss=l2.miss)
         wait = float(np.sum(s["cta_wait"]))
         rows.append((name, float(s["makespan"]), wait, bool(s["deadlock"])))
-    nd = _sched.simulate(SCHEDULE_IDS["descending"], p, c=c, r=r, deterministic=False, dispatch=0, record=False)
+    # The non-deterministic kernel walks the visit order `auto` picks; the fastest one stands in for it here.
+    fastest = min(rows, key=lambda row: row[1])[0]
+    nd = _sched.simulate(SCHEDULE_IDS[fastest], p, c=c, r=r, deterministic=False, dispatch=0, record=False,
+                         l2_tiles=l2.l2_tiles, miss=l2.miss)
     return rows, float(nd["makespan"])
 
 
@@ -416,6 +448,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                     help="override the tile shape of --hdim")
     ap.add_argument("--c", type=float, default=1.0, help="compute cost of one visit")
     ap.add_argument("--r", type=float, default=0.5, help="dQ reduction cost of one visit")
+    ap.add_argument("--l2-mb", type=float, default=0.0,
+                    help="L2 size of the device in MiB for the model's L2 term (the H200 has 60); 0 = off")
     ap.add_argument("--plot", default=None, help="write a Gantt chart of --plot-schedule (default: the auto pick)")
     ap.add_argument("--plot-schedule", choices=SCHEDULES, default=None)
     args = ap.parse_args(argv)
@@ -427,13 +461,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.mask == "window" and window is None:
         ap.error("--mask window needs --window LEFT RIGHT")
     nheads_k = args.heads if args.heads_k is None else args.heads_k
+    l2 = l2_model(int(args.l2_mb * 2**20), block_m, block_n, args.hdim) if args.l2_mb > 0 else L2Model()
     rows, nondet = _predict_all(args.mask, args.seqlen, seqlen_k, block_m, block_n, args.heads, batch, args.num_sms,
-                                window, nheads_k, args.c, args.r)
+                                window, nheads_k, args.c, args.r, l2)
     pick = choose(args.mask, args.seqlen, seqlen_k, block_m, block_n, args.heads, batch, args.num_sms, window,
-                  nheads_k, True, args.c, args.r)
+                  nheads_k, True, args.c, args.r, l2)
     print(f"mask={args.mask} seqlen_q={args.seqlen} seqlen_k={seqlen_k} hdim={args.hdim} "
           f"tile=({block_m},{block_n}) heads={args.heads}/{nheads_k} batch={batch} CTAs={args.num_sms} "
-          f"c={args.c:g} r={args.r:g}")
+          f"c={args.c:g} r={args.r:g} L2 tiles={l2.l2_tiles} miss={l2.miss:g}")
     print(f"{'schedule':<14}{'makespan':>12}{'vs best':>9}{'vs non-det':>12}{'stall (CTA-sum)':>18}")
     best = min(t for _, t, _, _ in rows)
     for name, t, wait, dead in rows:

@@ -412,6 +412,7 @@ def fake_cuda(monkeypatch):
     monkeypatch.setattr(interface, "_extension", lambda: ext)
     monkeypatch.setattr(validation, "check_cuda_device", lambda device: None)
     monkeypatch.setattr(interface, "_device_guard", lambda device: torch.no_grad())
+    monkeypatch.setattr(interface, "_l2_bytes", lambda device_index: 60 * 2**20)
     for cached in (interface._supported_head_dims, interface._num_sms, interface._bwd_tile_shape,
                    interface._choose_schedule):
         cached.cache_clear()
@@ -457,15 +458,19 @@ def test_auto_schedule_uses_the_cost_model(fake_cuda, monkeypatch):
     seen = []
 
     def choose(mask, seqlen_q, seqlen_k, block_m, block_n, nheads, batch, num_sms, window=None, nheads_k=None,
-               deterministic=True):
+               deterministic=True, l2=None):
         seen.append((mask, seqlen_q, seqlen_k, block_m, block_n, nheads, batch, num_sms, window, nheads_k,
-                     deterministic))
+                     deterministic, l2))
         return "shift"
 
-    monkeypatch.setitem(sys.modules, "dash_attn.schedule", types.SimpleNamespace(choose=choose))
+    def l2_model(l2_bytes, block_m, block_n, headdim):
+        return ("l2", l2_bytes, block_m, block_n, headdim)
+
+    monkeypatch.setitem(sys.modules, "dash_attn.schedule", types.SimpleNamespace(choose=choose, l2_model=l2_model))
     q, k, v, out, lse, dq, dk, dv = _bf16_inputs()
     interface._launch_bwd(out, q, k, v, out, lse, dq, dk, dv, 0.125, 1, -1, 0, 0.0, True, "auto", 4)
-    assert seen == [("causal", 10, 12, 64, 128, 4, 2, 128, None, 2, True)]
+    # The device's L2 size (the fixture reports 60 MiB) and the head dim reach the model's L2 term.
+    assert seen == [("causal", 10, 12, 64, 128, 4, 2, 128, None, 2, True, ("l2", 60 * 2**20, 64, 128, 64))]
     assert fake_cuda.calls[0][1][15] == interface.SCHEDULE_IDS["shift"]
 
 

@@ -6,7 +6,7 @@ import sys
 import numpy as np
 import pytest
 
-from dash_attn import schedule
+from dash_attn import _sched, schedule
 
 COSTS = ((1.0, 0.5), (3.0, 0.25), (1.0, 2.0))
 COSTS_R_LE_C = COSTS[:2]
@@ -179,3 +179,63 @@ def test_gantt_and_cli(tmp_path):
         assert name in proc.stdout
     assert "auto:" in proc.stdout
     assert cli.stat().st_size > 1000
+
+
+# The L2 term (simulate.h). H200: 60 MiB of L2; hdim 128 backward tiles 64 x 128; 16 heads, 16k tokens per row.
+H200_L2 = schedule.l2_model(60 * 2**20, 64, 128, 128)
+
+
+def _makespans(mask, seqlen, l2, names=("descending", "shift", "shift_causal")):
+    out = {}
+    for name in names:
+        p = schedule.plan(name, mask, seqlen, seqlen, 64, 128, 16, 16384 // seqlen, 132)
+        out[name] = schedule.simulate(p, record=False, l2=l2).makespan
+    return out
+
+
+def test_l2_model_sizes():
+    assert H200_L2.l2_tiles == 60 * 2**20 // (64 * 128 * 8)
+    assert schedule.l2_model(60 * 2**20, 64, 64, 256).miss == pytest.approx(2 * H200_L2.miss)
+    for bad in ((0, 64, 128, 128), (60 * 2**20, 0, 128, 128), (60 * 2**20, 64, 128, -1)):
+        with pytest.raises(ValueError):
+            schedule.l2_model(*bad)
+    p = schedule.plan("shift", "full", 1024, 1024, 64, 128, 16, 16, 132).problem
+    with pytest.raises(ValueError):
+        _sched.simulate(schedule.SCHEDULE_IDS["shift"], p, l2_tiles=-1)
+
+
+def test_l2_term_off_is_the_plain_dag():
+    for mask in ("full", "causal"):
+        plain = _makespans(mask, 2048, schedule.L2Model())
+        p = schedule.plan("shift", mask, 2048, 2048, 64, 128, 16, 8, 132)
+        assert schedule.simulate(p, record=False).makespan == plain["shift"]
+        assert _sched.simulate(schedule.SCHEDULE_IDS["shift"], p.problem)["l2_misses"] == 0
+
+
+def test_l2_term_ranks_the_schedules_like_the_h200():
+    """Measured on the H200 (benchmarks/RESULTS.md, 2026-11-29): full 1k/2k descending 1.43/1.55x the time of shift,
+    causal 1k/2k shift_causal 0.78/0.73x that of shift and descending; full 16k within 10%. The plain DAG ties them."""
+    for seqlen in (1024, 2048):
+        full = _makespans("full", seqlen, H200_L2)
+        assert full["descending"] >= 1.3 * full["shift"]
+        causal = _makespans("causal", seqlen, H200_L2)
+        assert causal["shift_causal"] <= 0.8 * min(causal["shift"], causal["descending"])
+        plain = _makespans("full", seqlen, schedule.L2Model())
+        assert plain["descending"] <= 1.05 * plain["shift"]
+    long = _makespans("full", 16384, H200_L2, ("descending", "shift"))
+    assert long["descending"] <= 1.05 * long["shift"]
+    for seqlen in (1024, 2048, 4096, 8192, 16384):
+        assert schedule.choose("full", seqlen, seqlen, 64, 128, 16, 16384 // seqlen, 132, l2=H200_L2) == "shift"
+        assert schedule.choose("causal", seqlen, seqlen, 64, 128, 16, 16384 // seqlen, 132,
+                               l2=H200_L2) == "shift_causal"
+
+
+def test_l2_misses_where_the_tiles_go():
+    """Shift runs a head's KV tiles side by side: only first touches miss. Tile-major descending at seqlen 1k gives
+    every concurrent CTA its own head: every visit misses (the ncu count: 3.35 GB of DRAM traffic vs 0.52 GB)."""
+    p = schedule.plan("shift", "full", 16384, 16384, 64, 128, 16, 1, 132).problem
+    s = _sched.simulate(schedule.SCHEDULE_IDS["shift"], p, l2_tiles=H200_L2.l2_tiles, miss=H200_L2.miss)
+    assert s["l2_misses"] == 16 * (16384 // 64)
+    p = schedule.plan("descending", "full", 1024, 1024, 64, 128, 16, 16, 132).problem
+    s = _sched.simulate(schedule.SCHEDULE_IDS["descending"], p, l2_tiles=H200_L2.l2_tiles, miss=H200_L2.miss)
+    assert s["l2_misses"] == 16 * 16 * (1024 // 64) * (1024 // 128)

@@ -2,10 +2,19 @@
 // Each visit is compute (c) then reduction (r) on its CTA, serial per CTA; in deterministic mode the reduction into
 // a dQ tile may start only after the previous one in that tile's accumulation order (semaphore == wait_target) has
 // finished. The makespan is the critical path of that DAG. Host-only; built into dash_attn._sched.
+//
+// Optional L2 term (l2_tiles > 0): a visit reads its Q and dO tiles and adds into the dQ accumulator tile of the same
+// (batch, head, Q tile). L2 is modelled as an LRU of l2_tiles such tiles, touched in simulated time order. A visit
+// whose tile is not in it fetches from DRAM, whose bandwidth the missing CTAs share: with f the fraction of misses
+// among the grid's last num_ctas visits, it takes max(c, f * miss) instead of c (miss: a visit's DRAM bytes at
+// 1/num_ctas of the bandwidth). Without this term the model cannot tell a schedule whose concurrent CTAs share Q tiles (shift: a
+// head's KV tiles run side by side) from one whose CTAs each stream their own (tile-major descending at seqlen 1k):
+// on the H200 the latter moved 3.35 GB through DRAM against 0.52 GB and ran 1.44x longer (benchmarks/RESULTS.md).
 #pragma once
 #include <algorithm>
 #include <cstdint>
 #include <functional>
+#include <list>
 #include <queue>
 #include <unordered_map>
 #include <utility>
@@ -24,6 +33,8 @@ enum class Dispatch : int32_t {
 
 struct SimOptions {
   double c = 1.0, r = 0.5;
+  int64_t l2_tiles = 0;  // (Q, dO, dQ accumulator) tile sets that fit in L2; 0 = no L2 term
+  double miss = 0.0;     // duration of a visit whose tile is not in L2
   bool deterministic = true;
   Dispatch dispatch = Dispatch::kStatic;
   bool record = false;  // keep per-visit timings and the critical path
@@ -33,6 +44,7 @@ struct SimResult {
   double makespan = 0.0;
   bool deadlock = false;
   int64_t visits_done = 0, visits_total = 0;
+  int64_t l2_misses = 0;  // visits whose tile was not in the modelled L2 (l2_tiles > 0)
   std::vector<double> cta_busy, cta_wait, cta_end;  // per CTA: working time, time spent stalled on semaphores, finish
   std::vector<int32_t> blocked_ctas;               // CTAs stuck on a semaphore when a deadlock was found
   // Recorded visits (record = true), in the order the simulator resolved them.
@@ -90,7 +102,7 @@ class Simulator {
     // A visit whose compute is done and whose reduction waits on a semaphore.
     bool blocked = false;
     Visit pending{};
-    double compute_end = 0.0;
+    double compute_time = 0.0, compute_end = 0.0;
     int64_t last_record = -1;
   };
   struct TileState {
@@ -133,15 +145,53 @@ class Simulator {
     }
     const Visit v = S::visit(p_, s.tile, s.next_visit);
     s.pending = v;
-    s.compute_end = now + o_.c;
     const int64_t key = tile_key(s.tile.batch, v.head, v.m_block);
     TileState& t = tiles_[key];
+    s.compute_time = o_.c;
+    if (o_.l2_tiles > 0) {
+      const bool hit = touch_l2(key);
+      const double f = record_miss(!hit);
+      res_.l2_misses += !hit;
+      if (!hit) s.compute_time = std::max(o_.c, f * o_.miss);
+    }
+    s.compute_end = now + s.compute_time;
     if (o_.deterministic && t.count != v.wait_target) {
       s.blocked = true;
       waiting_[key].push_back(c);
       return;
     }
     reduce(c, key, now);
+  }
+
+  // LRU of the tiles in L2: true if `key` was there; either way it is now the most recently used.
+  bool touch_l2(int64_t key) {
+    auto it = l2_pos_.find(key);
+    const bool hit = it != l2_pos_.end();
+    if (hit) {
+      l2_lru_.splice(l2_lru_.begin(), l2_lru_, it->second);
+      return true;
+    }
+    l2_lru_.push_front(key);
+    l2_pos_[key] = l2_lru_.begin();
+    if (static_cast<int64_t>(l2_lru_.size()) > o_.l2_tiles) {
+      l2_pos_.erase(l2_lru_.back());
+      l2_lru_.pop_back();
+    }
+    return false;
+  }
+
+  // Fraction of misses among the last num_ctas visits, this one included.
+  double record_miss(bool miss) {
+    const size_t n = static_cast<size_t>(p_.num_ctas);
+    if (recent_.size() < n) {
+      recent_.push_back(miss);
+    } else {
+      recent_misses_ -= recent_[recent_pos_];
+      recent_[recent_pos_] = miss;
+      recent_pos_ = (recent_pos_ + 1) % n;
+    }
+    recent_misses_ += miss;
+    return static_cast<double>(recent_misses_) / static_cast<double>(n);
   }
 
   // Runs the pending reduction of CTA c into tile `key`, then wakes whoever waits for the next position.
@@ -151,7 +201,7 @@ class Simulator {
       TileState& t = tiles_[key];
       const double rs = o_.deterministic ? std::max(s.compute_end, t.ready) : s.compute_end;
       const double re = rs + o_.r;
-      res_.cta_busy[c] += o_.c + o_.r;
+      res_.cta_busy[c] += s.compute_time + o_.r;
       res_.cta_wait[c] += rs - s.compute_end;
       if (o_.record) record(c, t, compute_start, rs, re);
       ++t.count;
@@ -172,7 +222,7 @@ class Simulator {
       list.erase(hit);
       if (list.empty()) waiting_.erase(w);
       c = next;
-      compute_start = ctas_[c].compute_end - o_.c;
+      compute_start = ctas_[c].compute_end - ctas_[c].compute_time;
     }
   }
 
@@ -182,6 +232,7 @@ class Simulator {
     res_.visits.push_back(VisitRecord{c, s.item_index, s.tile.batch, s.pending.head, s.tile.head_k, s.tile.n_block,
                                       s.pending.m_block, s.next_visit, s.pending.wait_target});
     res_.compute_start.push_back(cs);
+    compute_time_.push_back(s.compute_time);
     res_.reduce_start.push_back(rs);
     res_.reduce_end.push_back(re);
     cta_pred_.push_back(s.last_record);
@@ -207,7 +258,7 @@ class Simulator {
     while (v >= 0) {
       path.push_back(v);
       const int64_t cp = chain_pred_[v];
-      const bool chain_bound = cp >= 0 && res_.reduce_start[v] > res_.compute_start[v] + o_.c &&
+      const bool chain_bound = cp >= 0 && res_.reduce_start[v] > res_.compute_start[v] + compute_time_[v] &&
                                res_.reduce_end[cp] == res_.reduce_start[v];
       v = chain_bound ? cp : cta_pred_[v];
     }
@@ -224,6 +275,12 @@ class Simulator {
   std::unordered_map<int64_t, std::vector<int32_t>> waiting_;
   std::priority_queue<std::pair<double, int32_t>, std::vector<std::pair<double, int32_t>>, std::greater<>> ready_;
   std::vector<int64_t> cta_pred_, chain_pred_;
+  std::vector<double> compute_time_;  // per recorded visit
+  std::list<int64_t> l2_lru_;         // most recently used first
+  std::vector<char> recent_;          // miss (1) or hit of the last num_ctas visits, a ring
+  size_t recent_pos_ = 0;
+  int64_t recent_misses_ = 0;
+  std::unordered_map<int64_t, std::list<int64_t>::iterator> l2_pos_;
   SimResult res_;
 };
 

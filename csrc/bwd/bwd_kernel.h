@@ -34,6 +34,10 @@ __global__ void __launch_bounds__(BwdThreads::kNumThreads, 1)
   if constexpr (bwd_smem_slack<T>() > 0) base += (1024 - reinterpret_cast<uintptr_t>(smem_raw) % 1024) % 1024;
   auto& ss = *reinterpret_cast<BwdSharedStorage<T>*>(base);
 
+  // Lets the postprocess grid, a programmatic dependent of this one (bwd_launch.h), start on the SMs that this grid's
+  // CTAs leave; it synchronises per dQ tile itself (bwd_postprocess.h). Without a dependent this does nothing.
+  asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
+
   const int warp = threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   const int warp_group = threadIdx.x / 128;

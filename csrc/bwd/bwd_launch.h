@@ -1,7 +1,9 @@
 // Launch template of the backward: preprocess -> persistent main kernel -> postprocess, all on the caller's stream.
 // Instantiated once per (hdim, dtype, mask) by csrc/instantiations/bwd_*.cu; the schedule and the deterministic flag
 // are run-time parameters of the one kernel. `stages` (BwdStage bits, validated by dash_bwd_stages) picks which of
-// the three kernels are launched, so the benchmark can time them one by one; their order never changes.
+// the three kernels are launched, so the benchmark can time them one by one; their order never changes. After a main
+// kernel of the same call, the postprocess is a programmatic dependent launch (bwd_postprocess.h) unless SMs are
+// reserved (sm_margin > 0): its CTAs would otherwise sit on those SMs while the main kernel runs.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -36,15 +38,23 @@ struct BwdWorkspaceViews {
   int32_t* semaphores;
 };
 
+// The schedule's view of this launch: the kernel's tile sizes and mask, and the persistent grid size.
+template <class T>
+sched::Problem bwd_problem(const BwdParams& params) {
+  const AttnShape& s = params.shape;
+  sched::Problem prob{s.batch, s.nheads, s.nheads_k, s.seqlen_q, s.seqlen_k, T::kBlockM, T::kBlockN,
+                      T::kMask, s.window_left, s.window_right, 0};
+  prob.num_ctas = bwd_num_ctas(params, prob);
+  return prob;
+}
+
 // The persistent main kernel alone: it needs this call's preprocess to have run on the same workspace first.
 template <int kHeadDim, class Element, MaskKind kMask>
 void launch_bwd_main(const BwdParams& params, const BwdWorkspaceLayout& ws, const BwdWorkspaceViews& views,
                      cudaStream_t stream) {
   using T = BwdTraits<kHeadDim, Element, kMask>;
   const AttnShape& s = params.shape;
-  sched::Problem prob{s.batch, s.nheads, s.nheads_k, s.seqlen_q, s.seqlen_k, T::kBlockM, T::kBlockN,
-                      kMask, s.window_left, s.window_right, 0};
-  prob.num_ctas = bwd_num_ctas(params, prob);
+  const sched::Problem prob = bwd_problem<T>(params);
 
   auto make_qkv = [](const void* ptr, int32_t seqlen, int32_t heads, int32_t batch, const TensorStrides& st) {
     return make_tensor(make_gmem_ptr(static_cast<Element const*>(ptr)),
@@ -111,9 +121,19 @@ void run_bwd_(const BwdParams& params, cudaStream_t stream, int32_t stages) {
 
   PostprocessParams post{views.dq_accum, params.dq, params.dq_stride.row, params.dq_stride.head, params.dq_stride.batch,
                          s.seqlen_q, s.nheads, ws.num_m_blocks, s.softmax_scale, dq_aligned16(params),
-                         params.deterministic ? views.semaphores : nullptr};
+                         params.deterministic ? views.semaphores : nullptr, bwd_problem<T>(params)};
   if ((stages & BwdStage::kPostprocess) && ws.num_m_blocks > 0) {
-    bwd_postprocess_kernel<T><<<tile_grid, T::kNumMmaThreads, 0, stream>>>(post);
+    cudaLaunchAttribute overlap{};
+    overlap.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    overlap.val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = tile_grid;
+    cfg.blockDim = dim3(T::kNumMmaThreads);
+    cfg.dynamicSmemBytes = 0;
+    cfg.stream = stream;
+    cfg.attrs = &overlap;
+    cfg.numAttrs = (stages & BwdStage::kMain) && params.sm_margin == 0 ? 1 : 0;
+    cudaLaunchKernelEx(&cfg, bwd_postprocess_kernel<T>, post);
   }
 }
 

@@ -1,8 +1,15 @@
 // Backward postprocess, one CTA per (m_block, head, batch): dQ = softmax_scale * accumulator, cast to the input dtype
 // and written with dq's strides. The accumulator tile is in the consumers' register order (bwd_dq_writer.h); each
 // thread here plays consumer thread `tid` and recovers (row, col) of its elements from the same dQ WGMMA tiling.
+//
+// Overlap with the main kernel (deterministic mode): the postprocess is launched as a programmatic dependent of the
+// main kernel (bwd_launch.h), so its CTAs start on the SMs that main CTAs leave once they run out of work units,
+// and each CTA waits only for its own tile: the tile's semaphore reaching its number of contributing KV tiles means
+// every add into it has completed (the writer releases after the bulk reduce completed, bwd_dq_writer.h). Head-major
+// schedules finish heads wave by wave, so most tiles are converted during the main kernel's last, partial wave.
+// Non-deterministic mode counts nothing per tile and waits for the whole main kernel (griddepcontrol.wait).
 #pragma once
-#include "bwd/bwd_mainloop.h"
+#include "bwd/bwd_dq_writer.h"
 
 namespace dash::bwd {
 
@@ -15,7 +22,18 @@ struct PostprocessParams {
   bool aligned16;  // dq and its row/head/batch strides allow 16-byte stores
   // Deterministic mode: the per-tile add counts. A tile with none was never written (see bwd_preprocess.h): zeros.
   const int32_t* semaphores;
+  sched::Problem problem;  // the main kernel's tiling and mask: a tile's number of contributing KV tiles
 };
+
+// Deterministic mode: returns once all adds into the tile have completed (its semaphore equals the number of
+// contributors), with acquire semantics for the accumulator loads that follow.
+CUTLASS_DEVICE void wait_tile_complete(const int32_t* sem, int32_t contributors) {
+  uint32_t sleep_ns = 64;
+  while (ld_acquire_gpu(sem) != contributors) {
+    __nanosleep(sleep_ns);
+    sleep_ns = sleep_ns < 1024 ? 2 * sleep_ns : 1024;
+  }
+}
 
 // The cast tile goes through shared memory so that global writes are whole 16-byte row chunks: written straight from
 // the accumulator order, each warp store covered 8 rows x 16 bytes and the kernel ran at about a third of the
@@ -38,7 +56,15 @@ __global__ void __launch_bounds__(T::kNumMmaThreads) bwd_postprocess_kernel(cons
   const int tid = threadIdx.x;
   const int64_t tile_index = (int64_t(batch) * p.nheads + head) * p.num_m_blocks + m_block;
   const float4* acc = reinterpret_cast<const float4*>(p.dq_accum + tile_index * T::kDqElems);
-  const bool never_added = p.semaphores != nullptr && p.semaphores[tile_index] == 0;
+  bool never_added = false;
+  if (p.semaphores != nullptr) {
+    const int32_t contributors = sched::n_block_range(p.problem, m_block).size();
+    never_added = contributors == 0;
+    if (threadIdx.x == 0) wait_tile_complete(p.semaphores + tile_index, contributors);
+    __syncthreads();
+  } else {
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");  // no-op when not launched as a dependent
+  }
 
   typename T::TiledMmadQ mma_dq;
   auto thr = mma_dq.get_thread_slice(tid);
@@ -47,7 +73,8 @@ __global__ void __launch_bounds__(T::kNumMmaThreads) bwd_postprocess_kernel(cons
 
   CUTLASS_PRAGMA_UNROLL
   for (int c = 0; c < T::kDqPerThread / 4; ++c) {
-    const float4 v = never_added ? make_float4(0.f, 0.f, 0.f, 0.f) : acc[c * T::kNumMmaThreads + tid];
+    // L2: written by bulk reduces of other SMs, possibly while this CTA already ran.
+    const float4 v = never_added ? make_float4(0.f, 0.f, 0.f, 0.f) : __ldcg(acc + c * T::kNumMmaThreads + tid);
     const float vals[4] = {v.x, v.y, v.z, v.w};
     CUTLASS_PRAGMA_UNROLL
     for (int e = 0; e < 4; e += 2) {
@@ -76,6 +103,12 @@ __global__ void __launch_bounds__(T::kNumMmaThreads) bwd_postprocess_kernel(cons
       CUTLASS_PRAGMA_UNROLL
       for (int k = 0; k < 4; ++k) reinterpret_cast<uint32_t*>(dst)[k] = w[k];
     }
+  }
+  // A dependent grid that never waits for its primary could complete before it; the stream's next work must not start
+  // while the main kernel still stores dK/dV. The CTA dispatched last waits, so no other CTA is held back.
+  if (p.semaphores != nullptr && blockIdx.x == gridDim.x - 1 && blockIdx.y == gridDim.y - 1 &&
+      blockIdx.z == gridDim.z - 1) {
+    asm volatile("griddepcontrol.wait;\n" ::: "memory");
   }
 }
 

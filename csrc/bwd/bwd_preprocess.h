@@ -1,7 +1,7 @@
 // Backward preprocess, one CTA per (m_block, head, batch): D_i = rowsum(dO_i * O_i) in fp32, LSE converted to the
 // log2 domain, and this Q tile's semaphore zeroed, and (non-deterministic mode only) its fp32 dQ accumulator tile.
 // Deterministic mode leaves the accumulator alone: there the first add into a tile (wait_target 0) is a plain bulk
-// store (bwd_dq_writer.h), and the postprocess writes zeros for tiles nobody added into (semaphore still 0). That
+// store (bwd_dq_writer.h), and the postprocess writes zeros for tiles without contributing KV tiles. That
 // saves writing the whole fp32 accumulator once per call.
 // Padded rows (>= seqlen_q) and rows that saw no key in the forward (LSE = -inf) get LSE_log2 = +inf and D = 0, so
 // the main loop's exp2(S*scale*log2e - LSE_log2) is exactly 0 for them without a branch.

@@ -25,17 +25,17 @@ namespace dash::bwd {
 
 CUTLASS_DEVICE void bulk_reduce_add_f32(float* gmem, const float* smem, uint32_t bytes) {
   const uint32_t s = cute::cast_smem_ptr_to_uint(smem);
-  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;\n"
+  asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.L2::cache_hint.add.f32 [%0], [%1], %2, %3;\n"
                :
-               : "l"(gmem), "r"(s), "r"(bytes)
+               : "l"(gmem), "r"(s), "r"(bytes), "l"(uint64_t(cute::TMA::CacheHintSm90::EVICT_LAST))
                : "memory");
 }
 // Plain bulk store: the first add into a tile in deterministic mode, where nothing zeroed the accumulator.
 CUTLASS_DEVICE void bulk_store_f32(float* gmem, const float* smem, uint32_t bytes) {
   const uint32_t s = cute::cast_smem_ptr_to_uint(smem);
-  asm volatile("cp.async.bulk.global.shared::cta.bulk_group [%0], [%1], %2;\n"
+  asm volatile("cp.async.bulk.global.shared::cta.bulk_group.L2::cache_hint [%0], [%1], %2, %3;\n"
                :
-               : "l"(gmem), "r"(s), "r"(bytes)
+               : "l"(gmem), "r"(s), "r"(bytes), "l"(uint64_t(cute::TMA::CacheHintSm90::EVICT_LAST))
                : "memory");
 }
 CUTLASS_DEVICE void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }

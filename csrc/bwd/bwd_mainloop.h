@@ -395,8 +395,10 @@ CUTLASS_DEVICE void producer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<
               tma_partition(p.tma_k, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
           auto [tVgV, tVsV] =
               tma_partition(p.tma_v, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sV), group_modes<0, 2>(gV));
-          copy(p.tma_k.with(ss.kv_full), tKgK, tKsK);
-          copy(p.tma_v.with(ss.kv_full), tVgV, tVsV);
+          // L2 hints: K/V are read by this CTA alone; Q, dO and the dQ accumulator (bwd_dq_writer.h) by every CTA
+          // of the head, so they should outlive K/V in L2.
+          copy(p.tma_k.with(ss.kv_full, 0, TMA::CacheHintSm90::EVICT_FIRST), tKgK, tKsK);
+          copy(p.tma_v.with(ss.kv_full, 0, TMA::CacheHintSm90::EVICT_FIRST), tVgV, tVsV);
           state ^= 1;
         }
       }
@@ -435,8 +437,8 @@ CUTLASS_DEVICE void producer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<
             tma_partition(p.tma_q, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sQs), group_modes<0, 2>(gQ));
         auto [tOgO, tOsO] =
             tma_partition(p.tma_do, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sdOs), group_modes<0, 2>(gdO));
-        copy(p.tma_q.with(ss.q_full[stage]), tQgQ, tQsQ);
-        copy(p.tma_do.with(ss.q_full[stage]), tOgO, tOsO);
+        copy(p.tma_q.with(ss.q_full[stage], 0, TMA::CacheHintSm90::EVICT_LAST), tQgQ, tQsQ);
+        copy(p.tma_do.with(ss.q_full[stage], 0, TMA::CacheHintSm90::EVICT_LAST), tOgO, tOsO);
         const int64_t row0 = (int64_t(tile.batch) * get<2>(p.shape_q) + head) * p.seqlen_q_rounded +
                              int64_t(m_block) * T::kBlockM;
         SM90_BULK_COPY_G2S::copy(p.lse_log2 + row0, &ss.q_full[stage], ss.lse[stage], T::kRowStatBytes);

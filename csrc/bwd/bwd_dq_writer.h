@@ -9,8 +9,14 @@
 // Deterministic mode: the add into tile (b, h, m) is the visit's wait_target-th add of that tile. Spin (acquire) until
 // the tile's semaphore equals wait_target, add, wait until the reduce has fully COMPLETED (not merely finished reading
 // shared memory), fence, then release wait_target + 1. Releasing earlier would let the next CTA's add race with ours
-// and silently change the summation order. The first add (wait_target 0) is a plain bulk store: deterministic mode does
-// not zero the accumulator beforehand (bwd_preprocess.h).
+// and silently change the summation order.
+//
+// Both modes: nothing zeroes the accumulator (bwd_preprocess.h). The tile's first add in schedule order
+// (wait_target 0) is a plain bulk store, completed and released like a deterministic add. The non-deterministic mode
+// orders only that one: its other adds wait until the semaphore is 1 (the store has landed), then add in arrival
+// order without waiting for completion or releasing anything. Its waits are a subset of the deterministic mode's
+// (each add there waits, through the chain, for add 0), so every schedule that cannot deadlock deterministically
+// cannot deadlock here either (verify.h proves the former for 1..256 SMs).
 #pragma once
 #include <cstdio>
 
@@ -89,18 +95,18 @@ CUTLASS_DEVICE void dq_writer_loop(BwdKernelParams<T> const& p, BwdSharedStorage
     const int64_t tile_index = (int64_t(rec.batch) * nheads + rec.head) * p.num_m_blocks + rec.m_block;
     float* gdq = p.dq_accum + tile_index * T::kDqElems;
     int32_t* sem = p.semaphores + tile_index;
-    if (p.deterministic) {
-      spin_until(sem, rec.wait_target, SpinSite{rec.batch, rec.head, rec.m_block, rec.n_block, rec.wait_target});
-    }
-    if (p.deterministic && rec.wait_target == 0) {
+    const bool first = rec.wait_target == 0;
+    if (first) {
       bulk_store_f32(gdq, ss.dq[buf].data(), T::kDqBytes);
     } else {
+      const int32_t target = p.deterministic ? rec.wait_target : 1;
+      spin_until(sem, target, SpinSite{rec.batch, rec.head, rec.m_block, rec.n_block, target});
       bulk_reduce_add_f32(gdq, ss.dq[buf].data(), T::kDqBytes);
     }
     bulk_commit();
     bulk_wait_read_all();
     reinterpret_cast<Barrier&>(ss.dq_empty[buf]).arrive();  // consumers may stage into this buffer again
-    if (p.deterministic) {
+    if (p.deterministic || first) {
       bulk_wait_all();
       // Order the async-proxy writes of the reduce before the generic release that publishes them.
       asm volatile("fence.proxy.async.global;\n" ::: "memory");

@@ -111,8 +111,8 @@ void run_bwd_(const BwdParams& params, cudaStream_t stream, int32_t stages) {
   PreprocessParams pre{params.o, params.dout, params.lse,
                        params.o_stride.row, params.o_stride.head, params.o_stride.batch,
                        params.do_stride.row, params.do_stride.head, params.do_stride.batch,
-                       views.lse_log2, views.dsum, views.dq_accum, views.semaphores,
-                       s.seqlen_q, ws.seqlen_q_rounded, s.nheads, ws.num_m_blocks, !params.deterministic};
+                       views.lse_log2, views.dsum, views.semaphores,
+                       s.seqlen_q, ws.seqlen_q_rounded, s.nheads, ws.num_m_blocks};
   if ((stages & BwdStage::kPreprocess) && ws.num_m_blocks > 0) {
     bwd_preprocess_kernel<kHeadDim, T::kBlockM, Element><<<tile_grid, kPreprocessThreads, 0, stream>>>(pre);
   }

@@ -7,7 +7,7 @@
 // and each CTA waits only for its own tile: the tile's semaphore reaching its number of contributing KV tiles means
 // every add into it has completed (the writer releases after the bulk reduce completed, bwd_dq_writer.h). Head-major
 // schedules finish heads wave by wave, so most tiles are converted during the main kernel's last, partial wave.
-// Non-deterministic mode counts nothing per tile and waits for the whole main kernel (griddepcontrol.wait).
+// Non-deterministic mode does not count its adds per tile and waits for the whole main kernel (griddepcontrol.wait).
 #pragma once
 #include "bwd/bwd_dq_writer.h"
 
@@ -20,7 +20,7 @@ struct PostprocessParams {
   int32_t seqlen_q, nheads, num_m_blocks;
   float scale;
   bool aligned16;  // dq and its row/head/batch strides allow 16-byte stores
-  // Deterministic mode: the per-tile add counts. A tile with none was never written (see bwd_preprocess.h): zeros.
+  // Deterministic mode: the per-tile add counts (nullptr: non-deterministic mode, which counts only the first add).
   const int32_t* semaphores;
   sched::Problem problem;  // the main kernel's tiling and mask: a tile's number of contributing KV tiles
 };
@@ -56,10 +56,10 @@ __global__ void __launch_bounds__(T::kNumMmaThreads) bwd_postprocess_kernel(cons
   const int tid = threadIdx.x;
   const int64_t tile_index = (int64_t(batch) * p.nheads + head) * p.num_m_blocks + m_block;
   const float4* acc = reinterpret_cast<const float4*>(p.dq_accum + tile_index * T::kDqElems);
-  bool never_added = false;
+  // A tile without contributing KV tiles was never written (nothing zeroes the accumulator): its dQ is 0.
+  const int32_t contributors = sched::n_block_range(p.problem, m_block).size();
+  const bool never_added = contributors == 0;
   if (p.semaphores != nullptr) {
-    const int32_t contributors = sched::n_block_range(p.problem, m_block).size();
-    never_added = contributors == 0;
     if (threadIdx.x == 0) wait_tile_complete(p.semaphores + tile_index, contributors);
     __syncthreads();
   } else {

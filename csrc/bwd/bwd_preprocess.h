@@ -1,8 +1,8 @@
 // Backward preprocess, one CTA per (m_block, head, batch): D_i = rowsum(dO_i * O_i) in fp32, LSE converted to the
-// log2 domain, and this Q tile's semaphore zeroed, and (non-deterministic mode only) its fp32 dQ accumulator tile.
-// Deterministic mode leaves the accumulator alone: there the first add into a tile (wait_target 0) is a plain bulk
-// store (bwd_dq_writer.h), and the postprocess writes zeros for tiles without contributing KV tiles. That
-// saves writing the whole fp32 accumulator once per call.
+// log2 domain, and this Q tile's semaphore zeroed. The fp32 dQ accumulator is not zeroed: the first add into a tile
+// is a plain bulk store in both modes (bwd_dq_writer.h), and the postprocess writes zeros for tiles without
+// contributing KV tiles. That saves writing the whole accumulator once per call (H200, 16k tokens x 16 heads x d 128:
+// 134 MB, 0.047 vs 0.073 ms of preprocess).
 // Padded rows (>= seqlen_q) and rows that saw no key in the forward (LSE = -inf) get LSE_log2 = +inf and D = 0, so
 // the main loop's exp2(S*scale*log2e - LSE_log2) is exactly 0 for them without a branch.
 #pragma once
@@ -23,10 +23,8 @@ struct PreprocessParams {
   int64_t do_row, do_head, do_batch;
   float* lse_log2;  // (batch, nheads, seqlen_q_rounded)
   float* dsum;      // (batch, nheads, seqlen_q_rounded)
-  float* dq_accum;  // (batch, nheads, num_m_blocks, kBlockM * d)
   int32_t* semaphores;
   int32_t seqlen_q, seqlen_q_rounded, nheads, num_m_blocks;
-  bool zero_dq_accum;
 };
 
 constexpr int kPreprocessThreads = 256;
@@ -68,13 +66,6 @@ __global__ void __launch_bounds__(kPreprocessThreads) bwd_preprocess_kernel(cons
     }
   }
 
-  if (p.zero_dq_accum) {
-    float4* acc =
-        reinterpret_cast<float4*>(p.dq_accum + (bh * p.num_m_blocks + m_block) * int64_t(kBlockM) * kHeadDim);
-    for (int i = threadIdx.x; i < kBlockM * kHeadDim / 4; i += kPreprocessThreads) {
-      acc[i] = make_float4(0.f, 0.f, 0.f, 0.f);
-    }
-  }
   if (threadIdx.x == 0) p.semaphores[bh * p.num_m_blocks + m_block] = 0;
 }
 

@@ -36,7 +36,7 @@ CUTLASS_DEVICE void bulk_reduce_add_f32(float* gmem, const float* smem, uint32_t
                : "l"(gmem), "r"(s), "r"(bytes), "l"(uint64_t(cute::TMA::CacheHintSm90::EVICT_LAST))
                : "memory");
 }
-// Plain bulk store: the first add into a tile in deterministic mode, where nothing zeroed the accumulator.
+// Plain bulk store: the first add into a tile (both modes; nothing zeroes the accumulator).
 CUTLASS_DEVICE void bulk_store_f32(float* gmem, const float* smem, uint32_t bytes) {
   const uint32_t s = cute::cast_smem_ptr_to_uint(smem);
   asm volatile("cp.async.bulk.global.shared::cta.bulk_group.L2::cache_hint [%0], [%1], %2, %3;\n"

@@ -540,9 +540,11 @@ CUTLASS_DEVICE void consumer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<
     // Key row n of the tile is masked for query column m if n >= kv_rows (past seqlen_k) or, causal,
     // n - m > diagonal (tile coordinates). Read before the GEMMs: read after the S wait, the shared-memory load of the
     // tile indices sat behind the LSE loads and stalled every step.
-    const int n0 = srec.n_block * T::kBlockN;
-    const int kv_rows = seqlen_k - n0;
-    const int diagonal = srec.m_block * T::kBlockM + causal_offset - n0;
+    auto tile_limits = [&] {
+      const int n0 = srec.n_block * T::kBlockN;
+      return cute::make_tuple(seqlen_k - n0, srec.m_block * T::kBlockM + causal_offset - n0);
+    };
+    const auto [kv_rows, diagonal] = tile_limits();
     const bool need_mask = kv_rows < T::kBlockN || (T::kMask == MaskKind::kCausal && T::kBlockN - 1 > diagonal);
     if (first) {
       wait_barrier(ss.kv_full, kv_count & 1, WaitSite::kKvFull);
@@ -575,8 +577,10 @@ CUTLASS_DEVICE void consumer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<
     if constexpr (kLseInRegs) Cols::load(lse, lse_smem, tScS);
     warpgroup_fence_operand(tSrS);
     auto lse_of = [&](int i) { return kLseInRegs ? lse[Cols::slot(i)] : lse_smem[get<1>(tScS.offset(i))]; };
-    // Whether the element at offset d from this thread's first one is masked; limits relative to that element too.
-    auto is_masked = [](auto d, int thr_rows, int thr_diagonal) {
+    // Whether the element at offset d from this thread's first one (see AccCoords) is masked, given the tile's limits.
+    auto is_masked = [&](auto d, int rows, int diag) {
+      const int thr_rows = rows - tScS.n0();
+      const int thr_diagonal = diag - (tScS.n0() - tScS.m0());
       return get<0>(d) >= thr_rows || (T::kMask == MaskKind::kCausal && get<0>(d) - get<1>(d) > thr_diagonal);
     };
     // Tiles that need no mask (all but the diagonal and ragged-end ones) take a loop without the tests where the
@@ -589,26 +593,20 @@ CUTLASS_DEVICE void consumer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<
     if constexpr (kSeparateUnmaskedLoop) {
       if (need_mask) {
         // The limits are read again here rather than held across the GEMMs: the unmasked loop needs the registers.
-        const int n0_again = srec.n_block * T::kBlockN;
-        const int thr_rows = seqlen_k - n0_again - tScS.n0();
-        const int thr_diagonal = srec.m_block * T::kBlockM + causal_offset - n0_again - (tScS.n0() - tScS.m0());
+        const auto [rows, diag] = tile_limits();
         CUTLASS_PRAGMA_UNROLL
         for (int i = 0; i < size(tSrS); ++i) {
-          tSrS(i) = is_masked(tScS.offset(i), thr_rows, thr_diagonal)
-                        ? 0.f
-                        : exp2f(fmaf(tSrS(i), p.scale_log2, -lse_of(i)));
+          tSrS(i) = is_masked(tScS.offset(i), rows, diag) ? 0.f : exp2f(fmaf(tSrS(i), p.scale_log2, -lse_of(i)));
         }
       } else {
         CUTLASS_PRAGMA_UNROLL
         for (int i = 0; i < size(tSrS); ++i) tSrS(i) = exp2f(fmaf(tSrS(i), p.scale_log2, -lse_of(i)));
       }
     } else {
-      const int thr_rows = kv_rows - tScS.n0();
-      const int thr_diagonal = diagonal - (tScS.n0() - tScS.m0());
       CUTLASS_PRAGMA_UNROLL
       for (int i = 0; i < size(tSrS); ++i) {
         bool masked = false;
-        if (need_mask) masked = is_masked(tScS.offset(i), thr_rows, thr_diagonal);
+        if (need_mask) masked = is_masked(tScS.offset(i), kv_rows, diagonal);
         tSrS(i) = masked ? 0.f : exp2f(fmaf(tSrS(i), p.scale_log2, -lse_of(i)));
       }
     }

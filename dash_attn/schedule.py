@@ -474,7 +474,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     for name, t, wait, dead in rows:
         flag = "  DEADLOCK" if dead else ("  <- auto" if name == pick else "")
         print(f"{name:<14}{t:>12.1f}{t / best:>9.3f}{t / nondet:>12.3f}{wait:>18.1f}{flag}")
-    print(f"non-deterministic (arrival order, no waits): {nondet:.1f}")
+    print(f"non-deterministic (arrival order after each tile's first add): {nondet:.1f}")
     print(f"auto: {pick}")
     if args.plot:
         name = args.plot_schedule or pick

@@ -83,6 +83,26 @@ def test_nondeterministic_is_a_lower_envelope():
         assert nondet.makespan >= det.lower_bound - 1e-9
 
 
+def test_nondeterministic_waits_for_the_first_add_only():
+    """Non-deterministic mode: a tile's other adds wait for its first add in schedule order (a plain store in the
+    kernel, which zeroes nothing beforehand), for nothing else. Two KV tiles visiting the same Q tiles in lockstep:
+    the second CTA's first reduction waits r once, later ones find the tile's first add done."""
+    pl = schedule.plan("ascending", "full", 512, 256, 64, 128, 1, 1, 2)
+    res = schedule.simulate(pl, 1.0, 0.5, deterministic=False)
+    assert res.makespan == pytest.approx(8 * 1.5 + 0.5)
+    assert float(res.cta_wait.sum()) == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize("mask,seqlen_q,seqlen_k,heads", [("causal", 1000, 1000, 3), ("full", 700, 1300, 2)])
+def test_nondeterministic_never_deadlocks(mask, seqlen_q, seqlen_k, heads):
+    """The first-add waits are a subset of the deterministic chain's, so no SM count may deadlock them either."""
+    for name in schedule.SCHEDULES:
+        for ctas in range(1, 257):
+            pl = schedule.plan(name, mask, seqlen_q, seqlen_k, 64, 128, heads, 2, ctas)
+            res = schedule.simulate(pl, deterministic=False, record=False)
+            assert not res.deadlock, (name, ctas)
+
+
 def test_simulate_outputs():
     pl = schedule.plan("ascending", "causal", 1024, 1024, 64, 64, 2, 1, 6)
     res = schedule.simulate(pl)

@@ -1,7 +1,9 @@
 // DASH cost model of the backward main loop, as a discrete-event simulation of the persistent grid.
 // Each visit is compute (c) then reduction (r) on its CTA, serial per CTA; in deterministic mode the reduction into
 // a dQ tile may start only after the previous one in that tile's accumulation order (semaphore == wait_target) has
-// finished. The makespan is the critical path of that DAG. Host-only; built into dash_attn._sched.
+// finished. In non-deterministic mode only the tile's first reduction in that order (wait_target 0, a plain store in
+// the kernel, bwd_dq_writer.h) must have finished; the others run in arrival order. The makespan is the critical path
+// of that DAG. Host-only; built into dash_attn._sched.
 //
 // Optional L2 term (l2_tiles > 0): a visit reads its Q and dO tiles and adds into the dQ accumulator tile of the same
 // (batch, head, Q tile). L2 is modelled as an LRU of l2_tiles such tiles, touched in simulated time order. A visit
@@ -109,6 +111,10 @@ class Simulator {
     int32_t count = 0;
     double ready = 0.0;
     int64_t last_record = -1;
+    // Non-deterministic mode: the tile's first reduction (wait_target 0) has been resolved, its end and record.
+    bool first_done = false;
+    double first_end = 0.0;
+    int64_t first_record = -1;
   };
 
   int64_t tile_key(int32_t batch, int32_t head, int32_t m) const {
@@ -155,7 +161,8 @@ class Simulator {
       if (!hit) s.compute_time = std::max(o_.c, f * o_.miss);
     }
     s.compute_end = now + s.compute_time;
-    if (o_.deterministic && t.count != v.wait_target) {
+    const bool must_wait = o_.deterministic ? t.count != v.wait_target : v.wait_target != 0 && !t.first_done;
+    if (must_wait) {
       s.blocked = true;
       waiting_[key].push_back(c);
       return;
@@ -194,23 +201,38 @@ class Simulator {
     return static_cast<double>(recent_misses_) / static_cast<double>(n);
   }
 
-  // Runs the pending reduction of CTA c into tile `key`, then wakes whoever waits for the next position.
+  // Runs the pending reduction of CTA c into tile `key`, then wakes whoever it releases: in deterministic mode the
+  // CTA holding the tile's next position, in non-deterministic mode (after the tile's first reduction) every waiter.
   void reduce(int32_t c, int64_t key, double compute_start) {
     for (;;) {
       CtaState& s = ctas_[c];
       TileState& t = tiles_[key];
-      const double rs = o_.deterministic ? std::max(s.compute_end, t.ready) : s.compute_end;
+      const bool first = s.pending.wait_target == 0;
+      const double after = o_.deterministic ? t.ready : (first ? 0.0 : t.first_end);
+      const double rs = std::max(s.compute_end, after);
       const double re = rs + o_.r;
       res_.cta_busy[c] += s.compute_time + o_.r;
       res_.cta_wait[c] += rs - s.compute_end;
-      if (o_.record) record(c, t, compute_start, rs, re);
+      if (o_.record) record(c, compute_start, rs, re, o_.deterministic || first ? t.last_record : t.first_record);
       ++t.count;
       t.ready = std::max(t.ready, re);
       ++res_.visits_done;
       s.blocked = false;
       if (++s.next_visit == s.num_visits) s.has_tile = false;
       ready_.push({re, c});
-      if (!o_.deterministic) return;
+      if (!o_.deterministic) {
+        if (!first) return;
+        t.first_done = true;
+        t.first_end = re;
+        t.first_record = s.last_record;
+        auto w = waiting_.find(key);
+        if (w == waiting_.end()) return;
+        const std::vector<int32_t> woken = std::move(w->second);
+        waiting_.erase(w);
+        // Their reductions release nothing further, so this recursion is one level deep.
+        for (const int32_t x : woken) reduce(x, key, ctas_[x].compute_end - ctas_[x].compute_time);
+        return;
+      }
       // Hand the tile to the CTA holding the next accumulation position, if it is already waiting.
       auto w = waiting_.find(key);
       if (w == waiting_.end()) return;
@@ -226,7 +248,8 @@ class Simulator {
     }
   }
 
-  void record(int32_t c, const TileState& t, double cs, double rs, double re) {
+  // chain: the recorded reduction this one waited for (-1: none), for the critical path.
+  void record(int32_t c, double cs, double rs, double re, int64_t chain) {
     CtaState& s = ctas_[c];
     const int64_t id = static_cast<int64_t>(res_.visits.size());
     res_.visits.push_back(VisitRecord{c, s.item_index, s.tile.batch, s.pending.head, s.tile.head_k, s.tile.n_block,
@@ -236,7 +259,7 @@ class Simulator {
     res_.reduce_start.push_back(rs);
     res_.reduce_end.push_back(re);
     cta_pred_.push_back(s.last_record);
-    chain_pred_.push_back(t.last_record);
+    chain_pred_.push_back(chain);
     s.last_record = id;
     tiles_[tile_key(s.tile.batch, s.pending.head, s.pending.m_block)].last_record = id;
   }

@@ -29,6 +29,6 @@ def test_allowances_pass_up_to_their_budget_and_fail_above():
     assert run(BWD128.format(1), 16, 12, 16).returncode == 0
     assert run(BWD128.format(0), 16, 12, 12).returncode == 1
     assert run(BWD128.format(1), 24, 20, 20).returncode == 1
-    assert run(BWD64, 40, 36, 40).returncode == 0
-    result = run(BWD64, 56, 60, 60)
-    assert result.returncode == 1 and "allowed: 48" in result.stdout
+    assert run(BWD64, 24, 24, 24).returncode == 0
+    result = run(BWD64, 40, 36, 40)
+    assert result.returncode == 1 and "allowed: 32" in result.stdout

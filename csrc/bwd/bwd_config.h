@@ -46,6 +46,9 @@ struct BwdConfig;
 // kDqBuffers: partial-dQ staging buffers between the consumers and the dQ writer. With two, the consumers stage step
 // t+1's dQ while the writer still waits for its turn on step t's tile (deterministic mode), instead of stalling.
 // kSmemGapAfterV: bytes left free between V and dS^T in shared memory. A measured layout choice, not a derived one.
+// kDsStoreAddressSwizzle: the consumers store dS^T through a view whose swizzle acts on the shared-memory address
+// (cute's position-independent swizzle) instead of on the layout offset. The store addresses then become 32-bit adds
+// of constants to one base instead of a 64-bit swizzle computation per stmatrix, and the consumers spill less.
 
 // hdim 128: 64 x 128 tiles (what FA3 uses for causal). With P^T taken from registers there is no P^T buffer, which
 // leaves room for two 32 KB partial-dQ staging buffers next to 2 Q/dO stages, K, V and two dS^T buffers (226 KB).
@@ -63,6 +66,8 @@ struct BwdConfig<128> {
   // 1024-byte alignment of dS^T); without it the backward measured 1.5-2.5% slower at seqlen 8k-16k (H200, two
   // runs of 3 alternating repetitions, one in each order). Same bank mapping either way; the cause is not understood.
   static constexpr int kSmemGapAfterV = 1024;
+  // Measured on the H200 (3 alternating runs): causal within +-1.5%, full 1-2.5% slower (spills 4 -> 0 bytes).
+  static constexpr bool kDsStoreAddressSwizzle = false;
 };
 
 // hdim 64: 128 x 128 tiles. P^T from registers (H200: +8-17% over the shared-memory round trip) frees the room for
@@ -78,6 +83,8 @@ struct BwdConfig<64> {
   using dQSplit = WarpGroupSplit<2, 1>;  // dQ (128 x 64): each warpgroup owns 64 query rows
   static constexpr DkvOperandA kDkvA = DkvOperandA::kPtRegisters;
   static constexpr int kSmemGapAfterV = 0;  // the second dQ buffer needs the room
+  // H200, 3 alternating runs: 1-5% faster on full and causal masks; spills 28/36 -> 20/24 bytes (full/causal).
+  static constexpr bool kDsStoreAddressSwizzle = true;
 };
 
 // hdim 256: 64 x 64 tiles, one stage (a second stage of Q and dO would not fit next to K, V and the dQ staging).
@@ -92,6 +99,7 @@ struct BwdConfig<256> {
   using dQSplit = WarpGroupSplit<1, 2>;
   static constexpr DkvOperandA kDkvA = DkvOperandA::kSharedMemory;  // P^T rows are shared across warpgroups
   static constexpr int kSmemGapAfterV = 0;
+  static constexpr bool kDsStoreAddressSwizzle = false;  // not measured at hdim 256
 };
 
 // Whether every stride (in elements) of a (batch, seqlen, heads, d) tensor is a multiple of n.

@@ -502,7 +502,14 @@ CUTLASS_DEVICE void consumer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<
   auto r2s = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma_sdp);
   auto r2s_thr = r2s.get_thread_slice(tid);
   Tensor tPsPt = r2s_thr.partition_D(sPt);
-  Tensor tPsdSt = r2s_thr.partition_D(sdSt);
+  auto ds_store_view = [&] {  // see BwdConfig::kDsStoreAddressSwizzle
+    if constexpr (T::Cfg::kDsStoreAddressSwizzle) {
+      return cute::as_position_independent_swizzle_tensor(sdSt);
+    } else {
+      return sdSt;
+    }
+  };
+  Tensor tPsdSt = r2s_thr.partition_D(ds_store_view());
 
   const int seqlen_q = get<0>(p.shape_q);
   const int seqlen_k = get<0>(p.shape_k);

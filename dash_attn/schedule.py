@@ -42,10 +42,10 @@ DISPATCH = {"static": 0, "greedy": 1, "greedy_head_major": 2}
 # H200 separates them by up to 1.5x at short sequences: there a tile-major order gives each concurrent CTA its own
 # head, so every visit streams its Q, dO and dQ accumulator tiles from DRAM (ncu, seqlen 1k full: descending 3.35 GB
 # of DRAM traffic against 0.52 GB for shift, L2 hit rate 32% against 88%; benchmarks/RESULTS.md). The L2 term of the
-# simulator (simulate.h: an LRU of tiles plus a bandwidth-shared miss cost, calibrated below) reproduces that ranking
-# when `choose` knows the L2 size and head dim. What is left between the model's makespans and the GPU is a few
-# percent at long sequences, so makespans within _MODEL_TOLERANCE of the best count as ties, and ties follow the
-# measured ranking of the mask.
+# simulator (simulate.h: an LRU of tiles plus a bandwidth-shared miss cost and a latency per miss, calibrated below)
+# reproduces that ranking when `choose` knows the L2 size and head dim. What is left are near-ties that the GPU does
+# not separate either (shift and shift_causal on full masks), so makespans within _MODEL_TOLERANCE of the best count
+# as ties, and ties follow the measured ranking of the mask.
 _MODEL_TOLERANCE = 0.05
 # The measured ranking per mask (windows: the batch-invariant orders first, not yet measured on the GPU).
 _PREFERENCE = {
@@ -58,6 +58,12 @@ _PREFERENCE = {
 # H200 (hdim 128, seqlen 1k/2k: measured descending / shift 1.43 / 1.55, model 1.52 / 1.50); the nominal ratio of the
 # bytes to the FLOPs at 550 TFLOPS and 4 TB/s gives 1.3.
 _L2_MISS_COST = 1.8
+# ... and what a miss adds to a visit when bandwidth is not the limit (the DRAM latency the two-stage load pipeline
+# does not hide), in units of c. Without it the model put descending 3% ahead of shift_causal at causal 4k-16k, where
+# a quarter of descending's visits miss; the H200 measured descending 1.20/1.14/1.07x slower (hdim 128, C++ suite,
+# 2026-11-29 23:51 UTC). Fitted on the 20 descending-vs-shift(_causal) rows of that run (hdim 128 and 64, full and
+# causal, 1k-16k): 0.3 ranks all 20 like the GPU (0 ranked 5 the other way), mean ratio error 0.09 (0: 0.14).
+_L2_MISS_LATENCY = 0.3
 # `choose` simulates at most this many visits per schedule; larger problems are scaled down proportionally
 # (fewer (batch, KV head) pairs and CTAs, same tile geometry) so that `auto` stays fast.
 _CHOOSE_VISIT_BUDGET = 400_000
@@ -241,9 +247,11 @@ def _lower_bound(p: "_sched.Problem", items: Dict[str, np.ndarray], c: float, r:
 @dataclasses.dataclass(frozen=True)
 class L2Model:
     """The simulator's L2 term: how many (Q, dO, dQ accumulator) tile sets fit in L2, and the time of a visit whose
-    set comes from DRAM (see simulate.h). l2_tiles = 0 turns the term off."""
+    set comes from DRAM (see simulate.h), and what a miss adds when bandwidth is not the limit. l2_tiles = 0 turns the
+    term off."""
     l2_tiles: int = 0
     miss: float = 0.0
+    latency: float = 0.0
 
 
 def l2_model(l2_bytes: int, block_m: int, block_n: int, headdim: int) -> L2Model:
@@ -252,7 +260,7 @@ def l2_model(l2_bytes: int, block_m: int, block_n: int, headdim: int) -> L2Model
     if l2_bytes <= 0 or block_m <= 0 or block_n <= 0 or headdim <= 0:
         raise ValueError("l2_bytes, block_m, block_n and headdim must be positive")
     tile_set_bytes = block_m * headdim * (2 + 2 + 4)
-    return L2Model(max(1, l2_bytes // tile_set_bytes), _L2_MISS_COST * 128 / block_n)
+    return L2Model(max(1, l2_bytes // tile_set_bytes), _L2_MISS_COST * 128 / block_n, _L2_MISS_LATENCY)
 
 
 def _simulate_problem(schedule: str, p, c: float, r: float, deterministic: bool, dispatch: str,
@@ -260,7 +268,8 @@ def _simulate_problem(schedule: str, p, c: float, r: float, deterministic: bool,
     if dispatch not in DISPATCH:
         raise ValueError(f"dispatch must be one of {sorted(DISPATCH)}")
     return _sched.simulate(_schedule_id(schedule), p, c=c, r=r, deterministic=deterministic,
-                           dispatch=DISPATCH[dispatch], record=record, l2_tiles=l2.l2_tiles, miss=l2.miss)
+                           dispatch=DISPATCH[dispatch], record=record, l2_tiles=l2.l2_tiles, miss=l2.miss,
+                           miss_latency=l2.latency)
 
 
 def simulate(plan: Plan, c: float = 1.0, r: float = 0.5, deterministic: bool = True, dispatch: str = "static",
@@ -321,8 +330,12 @@ def _choose_cached(mask: str, seqlen_q: int, seqlen_k: int, block_m: int, block_
     preference = _PREFERENCE[mask]
     makespan = {}
     for name in preference:
-        s = _sched.simulate(SCHEDULE_IDS[name], p, c=c, r=r, deterministic=deterministic, dispatch=0, record=False,
-                            l2_tiles=l2_tiles, miss=l2.miss)
+        # Both modes are ranked by the deterministic simulation: the non-deterministic kernel walks the same order,
+        # and the model's arrival-order run keeps its CTAs in lockstep where the GPU's drift apart, which makes it
+        # overrate tile-major orders (with the latency term it picked descending at causal 16k, hdim 128, where the
+        # H200 measured non-det shift_causal 2-5% faster: benchmarks/RESULTS.md, 2026-11-30).
+        s = _sched.simulate(SCHEDULE_IDS[name], p, c=c, r=r, deterministic=True, dispatch=0, record=False,
+                            l2_tiles=l2_tiles, miss=l2.miss, miss_latency=l2.latency)
         if not s["deadlock"]:  # cannot happen for static dispatch (tested); guarded so `auto` never picks a hang
             makespan[name] = s["makespan"]
     best_time = min(makespan.values())
@@ -334,7 +347,8 @@ def choose(mask: str, seqlen_q: int, seqlen_k: int, block_m: int, block_n: int, 
            deterministic: bool = True, c: float = 1.0, r: float = 0.5, l2: L2Model = L2Model()) -> str:
     """The `auto` rule: the schedule with the smallest predicted makespan on `num_sms` CTAs (cached per shape),
     with the L2 term when `l2` is given (l2_model). Makespans within _MODEL_TOLERANCE of the best are ties, broken
-    by the measured ranking of the mask."""
+    by the measured ranking of the mask. `deterministic` selects nothing: both modes get the deterministic ranking
+    (see _choose_cached)."""
     window = None if window is None else (int(window[0]), int(window[1]))
     return _choose_cached(mask, int(seqlen_q), int(seqlen_k), int(block_m), int(block_n), int(nheads), int(batch),
                           int(num_sms), window, int(nheads if nheads_k is None else nheads_k), bool(deterministic),
@@ -421,13 +435,13 @@ def _predict_all(mask, seqlen_q, seqlen_k, block_m, block_n, nheads, batch, num_
     rows = []
     for name in SCHEDULES:
         s = _sched.simulate(SCHEDULE_IDS[name], p, c=c, r=r, deterministic=True, dispatch=0, record=False,
-                            l2_tiles=l2.l2_tiles, miss=l2.miss)
+                            l2_tiles=l2.l2_tiles, miss=l2.miss, miss_latency=l2.latency)
         wait = float(np.sum(s["cta_wait"]))
         rows.append((name, float(s["makespan"]), wait, bool(s["deadlock"])))
     # The non-deterministic kernel walks the visit order `auto` picks; the fastest one stands in for it here.
     fastest = min(rows, key=lambda row: row[1])[0]
     nd = _sched.simulate(SCHEDULE_IDS[fastest], p, c=c, r=r, deterministic=False, dispatch=0, record=False,
-                         l2_tiles=l2.l2_tiles, miss=l2.miss)
+                         l2_tiles=l2.l2_tiles, miss=l2.miss, miss_latency=l2.latency)
     return rows, float(nd["makespan"])
 
 
@@ -468,7 +482,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                   nheads_k, True, args.c, args.r, l2)
     print(f"mask={args.mask} seqlen_q={args.seqlen} seqlen_k={seqlen_k} hdim={args.hdim} "
           f"tile=({block_m},{block_n}) heads={args.heads}/{nheads_k} batch={batch} CTAs={args.num_sms} "
-          f"c={args.c:g} r={args.r:g} L2 tiles={l2.l2_tiles} miss={l2.miss:g}")
+          f"c={args.c:g} r={args.r:g} L2 tiles={l2.l2_tiles} miss={l2.miss:g} latency={l2.latency:g}")
     print(f"{'schedule':<14}{'makespan':>12}{'vs best':>9}{'vs non-det':>12}{'stall (CTA-sum)':>18}")
     best = min(t for _, t, _, _ in rows)
     for name, t, wait, dead in rows:

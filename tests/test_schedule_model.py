@@ -1,5 +1,6 @@
 """The DASH cost model: closed forms of issue 3 hold exactly in the simulator, the schedules reach the lower bound
 where design.md says they do, and the Python API / CLI around it work."""
+import dataclasses
 import subprocess
 import sys
 
@@ -234,7 +235,9 @@ def test_l2_term_off_is_the_plain_dag():
 
 def test_l2_term_ranks_the_schedules_like_the_h200():
     """Measured on the H200 (benchmarks/RESULTS.md, 2026-11-29): full 1k/2k descending 1.43/1.55x the time of shift,
-    causal 1k/2k shift_causal 0.78/0.73x that of shift and descending; full 16k within 10%. The plain DAG ties them."""
+    causal 1k/2k shift_causal 0.78/0.73x that of shift and descending; full 16k descending 1.08x shift; causal
+    4k/8k/16k descending 1.20/1.14/1.07x shift_causal (the latency term: without it the model had descending 3%
+    ahead there). The plain DAG ties them."""
     for seqlen in (1024, 2048):
         full = _makespans("full", seqlen, H200_L2)
         assert full["descending"] >= 1.3 * full["shift"]
@@ -243,7 +246,17 @@ def test_l2_term_ranks_the_schedules_like_the_h200():
         plain = _makespans("full", seqlen, schedule.L2Model())
         assert plain["descending"] <= 1.05 * plain["shift"]
     long = _makespans("full", 16384, H200_L2, ("descending", "shift"))
-    assert long["descending"] <= 1.05 * long["shift"]
+    assert long["shift"] < long["descending"] <= 1.15 * long["shift"]
+    # The non-deterministic backward gets the deterministic ranking: at causal 16k the arrival-order simulation
+    # alone would pick descending, which the H200 measured 2-5% slower than shift_causal without determinism too.
+    assert schedule.choose("causal", 16384, 16384, 64, 128, 16, 1, 132, deterministic=False,
+                           l2=H200_L2) == "shift_causal"
+    for seqlen in (4096, 8192, 16384):
+        causal = _makespans("causal", seqlen, H200_L2, ("descending", "shift_causal"))
+        assert causal["shift_causal"] < causal["descending"] <= 1.25 * causal["shift_causal"]
+    no_latency = dataclasses.replace(H200_L2, latency=0.0)
+    causal = _makespans("causal", 8192, no_latency, ("descending", "shift_causal"))
+    assert causal["descending"] < causal["shift_causal"]
     for seqlen in (1024, 2048, 4096, 8192, 16384):
         assert schedule.choose("full", seqlen, seqlen, 64, 128, 16, 16384 // seqlen, 132, l2=H200_L2) == "shift"
         assert schedule.choose("causal", seqlen, seqlen, 64, 128, 16, 16384 // seqlen, 132,

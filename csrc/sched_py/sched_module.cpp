@@ -91,16 +91,19 @@ py::dict enumerate_py(int32_t kind, const Problem& p) {
 }
 
 py::dict simulate_py(int32_t kind, const Problem& p, double c, double r, bool deterministic, int32_t dispatch,
-                     bool record, int64_t l2_tiles, double miss) {
+                     bool record, int64_t l2_tiles, double miss, double miss_latency) {
   if (dispatch < 0 || dispatch > 2) {
     throw std::invalid_argument("dispatch must be 0 (static), 1 (greedy), 2 (greedy head-major)");
   }
   host::SimOptions o;
   o.c = c;
   o.r = r;
-  if (l2_tiles < 0 || miss < 0.0) throw std::invalid_argument("l2_tiles and miss must be >= 0");
+  if (l2_tiles < 0 || miss < 0.0 || miss_latency < 0.0) {
+    throw std::invalid_argument("l2_tiles, miss and miss_latency must be >= 0");
+  }
   o.l2_tiles = l2_tiles;
   o.miss = miss;
+  o.miss_latency = miss_latency;
   o.deterministic = deterministic;
   o.dispatch = static_cast<host::Dispatch>(dispatch);
   o.record = record;
@@ -191,10 +194,10 @@ PYBIND11_MODULE(_sched, m) {
         "Everything the static persistent grid executes: per-visit and per-item columns (numpy).");
   m.def("simulate", &simulate_py, py::arg("kind"), py::arg("problem"), py::arg("c") = 1.0, py::arg("r") = 0.5,
         py::arg("deterministic") = true, py::arg("dispatch") = 0, py::arg("record") = false, py::arg("l2_tiles") = 0,
-        py::arg("miss") = 0.0,
+        py::arg("miss") = 0.0, py::arg("miss_latency") = 0.0,
         "DASH DAG cost model of the persistent grid. dispatch: 0 static (the kernel), 1 greedy in launch order, "
         "2 greedy head-major (model only). l2_tiles > 0: L2 as an LRU of that many (Q, dO, dQ) tiles; a visit "
-        "that misses takes max(c, miss) (see simulate.h).");
+        "that misses takes max(c + miss_latency, f * miss) (see simulate.h).");
   m.def("verify", &verify_py, py::arg("kind"), py::arg("problem"), py::arg("cta_lo"), py::arg("cta_hi"),
         "Coverage, accumulation-order and deadlock checks for every CTA count in [cta_lo, cta_hi]; returns errors.");
 }

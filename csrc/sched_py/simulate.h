@@ -8,10 +8,13 @@
 // Optional L2 term (l2_tiles > 0): a visit reads its Q and dO tiles and adds into the dQ accumulator tile of the same
 // (batch, head, Q tile). L2 is modelled as an LRU of l2_tiles such tiles, touched in simulated time order. A visit
 // whose tile is not in it fetches from DRAM, whose bandwidth the missing CTAs share: with f the fraction of misses
-// among the grid's last num_ctas visits, it takes max(c, f * miss) instead of c (miss: a visit's DRAM bytes at
-// 1/num_ctas of the bandwidth). Without this term the model cannot tell a schedule whose concurrent CTAs share Q tiles (shift: a
-// head's KV tiles run side by side) from one whose CTAs each stream their own (tile-major descending at seqlen 1k):
-// on the H200 the latter moved 3.35 GB through DRAM against 0.52 GB and ran 1.44x longer (benchmarks/RESULTS.md).
+// among the grid's last num_ctas visits, it takes max(c + miss_latency, f * miss) instead of c (miss: a visit's DRAM
+// bytes at 1/num_ctas of the bandwidth; miss_latency: what the two-stage load pipeline does not hide of a DRAM fetch
+// when bandwidth is not the limit, which is what separates the schedules at causal 4k-16k, where only a quarter of
+// descending's visits miss). Without this term the model cannot tell a schedule whose concurrent CTAs share Q tiles
+// (shift: a head's KV tiles run side by side) from one whose CTAs each stream their own (tile-major descending at
+// seqlen 1k): on the H200 the latter moved 3.35 GB through DRAM against 0.52 GB and ran 1.44x longer
+// (benchmarks/RESULTS.md).
 #pragma once
 #include <algorithm>
 #include <cstdint>
@@ -36,7 +39,8 @@ enum class Dispatch : int32_t {
 struct SimOptions {
   double c = 1.0, r = 0.5;
   int64_t l2_tiles = 0;  // (Q, dO, dQ accumulator) tile sets that fit in L2; 0 = no L2 term
-  double miss = 0.0;     // duration of a visit whose tile is not in L2
+  double miss = 0.0;     // duration of a visit whose tile is not in L2, bandwidth-bound
+  double miss_latency = 0.0;  // time a miss adds to a visit when bandwidth is not the limit
   bool deterministic = true;
   Dispatch dispatch = Dispatch::kStatic;
   bool record = false;  // keep per-visit timings and the critical path
@@ -158,7 +162,7 @@ class Simulator {
       const bool hit = touch_l2(key);
       const double f = record_miss(!hit);
       res_.l2_misses += !hit;
-      if (!hit) s.compute_time = std::max(o_.c, f * o_.miss);
+      if (!hit) s.compute_time = std::max(o_.c + o_.miss_latency, f * o_.miss);
     }
     s.compute_end = now + s.compute_time;
     const bool must_wait = o_.deterministic ? t.count != v.wait_target : v.wait_target != 0 && !t.first_done;

@@ -322,8 +322,8 @@ def _scaled_for_choose(mask: str, seqlen_q: int, seqlen_k: int, block_m: int, bl
 
 @functools.lru_cache(maxsize=4096)
 def _choose_cached(mask: str, seqlen_q: int, seqlen_k: int, block_m: int, block_n: int, nheads: int, batch: int,
-                   num_sms: int, window: Optional[Tuple[int, int]], nheads_k: int, deterministic: bool,
-                   c: float, r: float, l2: L2Model) -> str:
+                   num_sms: int, window: Optional[Tuple[int, int]], nheads_k: int, c: float, r: float,
+                   l2: L2Model) -> str:
     p = _scaled_for_choose(mask, seqlen_q, seqlen_k, block_m, block_n, nheads, batch, num_sms, window, nheads_k)
     # A scaled-down problem has fewer CTAs; it gets the same share of L2 per CTA.
     l2_tiles = max(1, l2.l2_tiles * p.num_ctas // num_sms) if l2.l2_tiles > 0 else 0
@@ -351,8 +351,8 @@ def choose(mask: str, seqlen_q: int, seqlen_k: int, block_m: int, block_n: int, 
     (see _choose_cached)."""
     window = None if window is None else (int(window[0]), int(window[1]))
     return _choose_cached(mask, int(seqlen_q), int(seqlen_k), int(block_m), int(block_n), int(nheads), int(batch),
-                          int(num_sms), window, int(nheads if nheads_k is None else nheads_k), bool(deterministic),
-                          float(c), float(r), l2)
+                          int(num_sms), window, int(nheads if nheads_k is None else nheads_k), float(c), float(r),
+                          l2)
 
 
 def _draw_gantt(ax, plan: Plan, res: SimResult, max_ctas: int, title: Optional[str]) -> None:

@@ -372,9 +372,8 @@ class Bench {
     const double bwd_flops_p = bwd_flops(p.batch, p.nheads, p.seqlen, p.seqlen, p.headdim, p.causal());
     dash::BwdParams bwd = make_bwd_params(p, buf, num_sms_, opt_.sm_margin);
     bwd.deterministic = false;
-    // The visit order `auto` gives the non-deterministic backward: without waits the cost model ties every order and
-    // dash_attn.schedule breaks ties by the measured ranking (the staggered orders beat descending's lockstep walk on
-    // the H200): shift on full masks, shift_causal on causal ones.
+    // The visit order `auto` gives the non-deterministic backward (dash_attn.schedule ranks it like the deterministic
+    // one): shift on full masks, shift_causal on causal ones at every standard shape.
     bwd.schedule = p.causal() ? ScheduleKind::kShiftCausal : ScheduleKind::kShift;
     float nondet_ms = 0.f;
     if (!measure_bwd(p, buf, bwd, "bwd non-det", bwd_flops_p, 0.f, &nondet_ms)) return false;

@@ -1,7 +1,7 @@
 // dash_bench: times the kernel library through its C ABI (csrc/common/params.h) without torch or Python, so kernel
 // work is measured without framework overhead. For every (hdim built, mask, seqlen) it times the forward, the
-// non-deterministic backward and the deterministic backward of every schedule, and prints ms, TFLOPS (FLOPs as in
-// benchmarks/flops.py) and the det/non-det ratio. Deterministic rows are also run twice and compared bitwise.
+// non-deterministic backward and the deterministic backward of every schedule (those timed round-robin, call by call),
+// and prints ms, TFLOPS (FLOPs as in benchmarks/flops.py) and the det/non-det ratio. Deterministic rows are also run twice and compared bitwise.
 // Backward rows also time each of the backward's kernels alone (preprocess, main, postprocess; --no-stages skips it)
 // through dash_bwd_stages, so a change to the main kernel can be told apart from the fixed cost around it.
 //
@@ -15,6 +15,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -370,17 +371,36 @@ class Bench {
     if (!opt_.run_bwd) return true;
 
     const double bwd_flops_p = bwd_flops(p.batch, p.nheads, p.seqlen, p.seqlen, p.headdim, p.causal());
+    // The non-deterministic backward first, then every deterministic schedule; all timed round-robin (see
+    // EventTimer::time_round_robin). The non-deterministic visit order is the one `auto` gives it
+    // (dash_attn.schedule ranks it like the deterministic one): shift on full masks, shift_causal on causal ones at
+    // every standard shape.
+    std::vector<dash::BwdParams> variants;
+    std::vector<std::string> names;
     dash::BwdParams bwd = make_bwd_params(p, buf, num_sms_, opt_.sm_margin);
     bwd.deterministic = false;
-    // The visit order `auto` gives the non-deterministic backward (dash_attn.schedule ranks it like the deterministic
-    // one): shift on full masks, shift_causal on causal ones at every standard shape.
     bwd.schedule = p.causal() ? ScheduleKind::kShiftCausal : ScheduleKind::kShift;
-    float nondet_ms = 0.f;
-    if (!measure_bwd(p, buf, bwd, "bwd non-det", bwd_flops_p, 0.f, &nondet_ms)) return false;
+    variants.push_back(bwd);
+    names.push_back("bwd non-det");
     for (const NamedSchedule& s : opt_.schedules) {
       bwd.deterministic = true;
       bwd.schedule = s.kind;
-      if (!measure_bwd(p, buf, bwd, std::string("bwd ") + s.name, bwd_flops_p, nondet_ms, nullptr)) return false;
+      variants.push_back(bwd);
+      names.push_back(std::string("bwd ") + s.name);
+    }
+    // Every variant of one problem needs the same workspace size (it depends on the shape only).
+    const size_t ws = dash_bwd_workspace_bytes(&variants.front());
+    buf.workspace.grow(ws);
+    std::vector<std::function<int()>> launches;
+    for (dash::BwdParams& v : variants) {
+      v.workspace = buf.workspace.ptr;
+      v.workspace_bytes = ws;
+      launches.push_back([this, &v] { return dash_bwd(&v, stream_); });
+    }
+    const std::vector<TimingResult> times = timer_.time_round_robin(launches, opt_.timing);
+    const float nondet_ms = times.front().status == 0 ? times.front().median_ms : 0.f;
+    for (size_t i = 0; i < variants.size(); ++i) {
+      if (!report_bwd(p, buf, variants[i], names[i], bwd_flops_p, times[i], nondet_ms)) return false;
     }
     return true;
   }
@@ -397,35 +417,32 @@ class Bench {
     print_row(r, opt_.stages);
   }
 
-  template <class Launch>
-  bool measure(const Problem& p, const std::string& variant, Launch&& launch, double flops, Row* out = nullptr) {
+  // The row of one timing result; *alive turns false when the CUDA context is lost.
+  Row timed_row(const Problem& p, const std::string& variant, const TimingResult& t, double flops, bool* alive) {
     Row r{p, variant, "ok"};
-    const TimingResult t = timer_.time(launch, opt_.timing);
-    bool alive = true;
+    *alive = true;
     if (t.status != 0) {
-      alive = describe_failure(t.status, &r.status);
+      *alive = describe_failure(t.status, &r.status);
     } else {
       r.ms = t.median_ms;
       r.tflops = tflops(flops, t.median_ms);
     }
-    if (out != nullptr) {
-      *out = r;
-    } else {
-      emit(r);
-    }
+    return r;
+  }
+
+  template <class Launch>
+  bool measure(const Problem& p, const std::string& variant, Launch&& launch, double flops) {
+    bool alive = true;
+    emit(timed_row(p, variant, timer_.time(launch, opt_.timing), flops, &alive));
     return alive;
   }
 
-  bool measure_bwd(const Problem& p, ProblemBuffers& buf, dash::BwdParams& bwd, const std::string& variant,
-                   double flops, float nondet_ms, float* ms_out) {
-    const size_t ws = dash_bwd_workspace_bytes(&bwd);
-    buf.workspace.grow(ws);
-    bwd.workspace = buf.workspace.ptr;
-    bwd.workspace_bytes = ws;
-    Row r;
-    bool alive = measure(p, variant, [&] { return dash_bwd(&bwd, stream_); }, flops, &r);
-    if (r.status == "ok") {
-      if (ms_out != nullptr) *ms_out = r.ms;
+  // One backward row from its round-robin timing, then (if asked) its kernels alone and the bitwise repeat check.
+  bool report_bwd(const Problem& p, ProblemBuffers& buf, const dash::BwdParams& bwd, const std::string& variant,
+                  double flops, const TimingResult& t, float nondet_ms) {
+    bool alive = true;
+    Row r = timed_row(p, variant, t, flops, &alive);
+    if (alive && r.status == "ok") {
       if (bwd.deterministic && nondet_ms > 0) r.ratio = nondet_ms / r.ms;
       if (opt_.stages) alive = measure_stages(bwd, flops, &r.stages);
       if (alive && bwd.deterministic && opt_.det_check) r.repeat = repeat_check(bwd, buf);

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
+#include <functional>
 #include <vector>
 
 namespace dash::bench {
@@ -44,6 +45,58 @@ class EventTimer {
   EventTimer& operator=(const EventTimer&) = delete;
 
   // `launch` enqueues one call on the stream and returns 0 or an error code (the C ABI's convention).
+  // Several launches timed round-robin: each is warmed up, then every round flushes L2 before each launch and times
+  // each launch once, in order; one median per launch. Timed one after the other instead, a slow spell of the GPU
+  // falls on whichever launch it meets: on the H200 the same row position (about 1.3 s into a run of 16k rows) came
+  // out 10-20% slow in four runs of one binary, whatever schedule sat there. Round-robin spreads it over all launches,
+  // so their ratios (deterministic / non-deterministic) stay fair. A launch that fails stops the timing of all.
+  std::vector<TimingResult> time_round_robin(const std::vector<std::function<int()>>& launches,
+                                             const TimingConfig& cfg) {
+    const size_t n = launches.size();
+    const int iters = std::max(1, cfg.iters);
+    std::vector<TimingResult> results(n);
+    auto failed = [&](int rc) {
+      for (TimingResult& r : results) r.status = rc;
+      return results;
+    };
+    for (size_t v = 0; v < n; ++v) {
+      for (int i = 0; i < cfg.warmup; ++i) {
+        if (const int rc = launches[v](); rc != 0) return failed(rc);
+      }
+    }
+    std::vector<cudaEvent_t> events(2 * n * iters);
+    for (cudaEvent_t& e : events) DASH_BENCH_CUDA(cudaEventCreate(&e));
+    int status = 0;
+    for (int i = 0; i < iters && status == 0; ++i) {
+      for (size_t v = 0; v < n && status == 0; ++v) {
+        if (cfg.flush_l2 && flush_buf_ != nullptr) {
+          DASH_BENCH_CUDA(cudaMemsetAsync(flush_buf_, i & 0xff, flush_bytes_, stream_));
+        }
+        const size_t e = 2 * (static_cast<size_t>(i) * n + v);
+        DASH_BENCH_CUDA(cudaEventRecord(events[e], stream_));
+        status = launches[v]();
+        DASH_BENCH_CUDA(cudaEventRecord(events[e + 1], stream_));
+      }
+    }
+    DASH_BENCH_CUDA(cudaStreamSynchronize(stream_));
+    if (status != 0) {
+      for (cudaEvent_t e : events) cudaEventDestroy(e);
+      return failed(status);
+    }
+    for (size_t v = 0; v < n; ++v) {
+      std::vector<float> ms(iters);
+      for (int i = 0; i < iters; ++i) {
+        const size_t e = 2 * (static_cast<size_t>(i) * n + v);
+        DASH_BENCH_CUDA(cudaEventElapsedTime(&ms[i], events[e], events[e + 1]));
+      }
+      std::sort(ms.begin(), ms.end());
+      results[v].median_ms = ms[iters / 2];
+      results[v].min_ms = ms.front();
+    }
+    for (cudaEvent_t e : events) cudaEventDestroy(e);
+    return results;
+  }
+
   template <class Launch>
   TimingResult time(Launch&& launch, const TimingConfig& cfg) {
     return time(launch, cfg, [] { return 0; });

@@ -39,7 +39,7 @@ test-gpu:
 # Compile the kernel TUs of one (hdim, dtype) without a GPU and fail on register spills or stack frames beyond the
 # measured allowances listed in csrc/tools/check_spills.py.
 CHECK_DIRECTIONS ?= fwd bwd
-CHECK_MASKS ?= full causal
+CHECK_MASKS ?= full causal window
 check-kernels:
 	@mkdir -p build/check
 	@set -o pipefail; for f in $(foreach d,$(CHECK_DIRECTIONS),$(foreach m,$(CHECK_MASKS),\
@@ -53,7 +53,7 @@ PREBUILD_DTYPES ?= bf16 fp16
 PREBUILD_DEFS = $(foreach h,$(PREBUILD_HDIMS),-DDASH_ENABLE_HDIM_$(h)) \
 	$(foreach d,$(PREBUILD_DTYPES),-DDASH_ENABLE_$(shell echo $(d) | tr a-z A-Z))
 PREBUILD_SRCS = csrc/fwd/fwd_dispatch.cu csrc/bwd/bwd_dispatch.cu \
-	$(foreach h,$(PREBUILD_HDIMS),$(foreach d,$(PREBUILD_DTYPES),$(foreach m,full causal,$(foreach dir,fwd bwd,\
+	$(foreach h,$(PREBUILD_HDIMS),$(foreach d,$(PREBUILD_DTYPES),$(foreach m,full causal window,$(foreach dir,fwd bwd,\
 	csrc/instantiations/$(dir)_hdim$(h)_$(d)_$(m).cu))))
 PREBUILD_OBJS = $(patsubst %.cu,build/prebuilt/%.o,$(notdir $(PREBUILD_SRCS)))
 vpath %.cu csrc/fwd csrc/bwd csrc/instantiations

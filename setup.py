@@ -28,7 +28,7 @@ ROOT = pathlib.Path(__file__).resolve().parent
 CSRC = ROOT / "csrc"
 ALL_HDIMS = (64, 128, 256)
 ALL_DTYPES = ("fp16", "bf16")
-MASKS = ("full", "causal")
+MASKS = ("full", "causal", "window")
 
 
 def _env_list(name, allowed, cast=str):

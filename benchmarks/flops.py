@@ -27,6 +27,18 @@ def causal_area(seqlen_q, seqlen_k):
     return partial + (seqlen_q - first_full) * seqlen_k
 
 
+def band_area(seqlen_q, seqlen_k, left, right):
+    """Visible pairs of a sliding window: row i sees keys [i + d - left, i + d + right] within [0, seqlen_k),
+    d = seqlen_k - seqlen_q; a negative bound is absent. Counted exactly (no half-square convention for bands)."""
+    d = seqlen_k - seqlen_q
+    area = 0
+    for i in range(seqlen_q):
+        lo = 0 if left < 0 else max(0, i + d - left)
+        hi = seqlen_k - 1 if right < 0 else min(seqlen_k - 1, i + d + right)
+        area += max(0, hi - lo + 1)
+    return area
+
+
 def score_area(seqlen_q, seqlen_k, causal):
     return causal_area(seqlen_q, seqlen_k) if causal else seqlen_q * seqlen_k
 

@@ -123,7 +123,7 @@ def _choose_schedule(mask: int, seqlen_q: int, seqlen_k: int, block_m: int, bloc
 def _check_cuda(q: torch.Tensor, mask: int, softcap: float, varlen: bool):
     validation.check_cuda_device(q.device)
     ext = _extension()
-    validation.check_cuda_features(q.shape[-1], _supported_head_dims(), mask == MaskKind.WINDOW, softcap, varlen)
+    validation.check_cuda_features(q.shape[-1], _supported_head_dims(), softcap, varlen)
     return ext
 
 

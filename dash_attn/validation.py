@@ -170,15 +170,11 @@ def check_cuda_device(device: torch.device) -> None:
                            "reference path")
 
 
-def check_cuda_features(headdim: int, supported_head_dims: Sequence[int], window: bool, softcap: float,
-                        varlen: bool) -> None:
+def check_cuda_features(headdim: int, supported_head_dims: Sequence[int], softcap: float, varlen: bool) -> None:
     """Features the CUDA kernels do not implement yet: refuse them instead of computing something else."""
     if headdim not in supported_head_dims:
         raise ValueError(f"head dim {headdim} has no compiled CUDA kernel; the build has "
                          f"{sorted(supported_head_dims)}: pad the head dim or rebuild with DASH_ATTN_HDIMS")
-    if window:
-        raise NotImplementedError("sliding-window attention is not implemented in the CUDA kernels yet: use "
-                                  "window_size=(-1, -1) (optionally causal=True) or CPU tensors")
     if softcap > 0.0:
         raise NotImplementedError("softcap is not implemented in the CUDA kernels yet: use softcap=0.0 or CPU tensors")
     if varlen:

@@ -367,12 +367,11 @@ def test_non_hopper_gpu_is_refused(monkeypatch):
 
 @pytest.mark.parametrize("kwargs, error, message", [
     (dict(headdim=96), ValueError, "head dim 96"),
-    (dict(window=True), NotImplementedError, "sliding-window"),
     (dict(softcap=1.0), NotImplementedError, "softcap"),
     (dict(varlen=True), NotImplementedError, "varlen"),
 ])
 def test_cuda_feature_gaps_are_refused(kwargs, error, message):
-    args = dict(headdim=128, supported_head_dims=[64, 128], window=False, softcap=0.0, varlen=False)
+    args = dict(headdim=128, supported_head_dims=[64, 128], softcap=0.0, varlen=False)
     args.update(kwargs)
     with pytest.raises(error, match=message):
         validation.check_cuda_features(**args)
@@ -440,9 +439,15 @@ def test_launch_refuses_unsupported_head_dim_before_launch(fake_cuda):
     q, k, v, out, lse, *_ = _bf16_inputs(headdim=32)
     with pytest.raises(ValueError, match="head dim 32"):
         interface._launch_fwd(q, k, v, out, lse, 0.125, 0, -1, -1, 0.0)
-    with pytest.raises(NotImplementedError):
-        interface._launch_fwd(*_bf16_inputs()[:5], 0.125, 2, 3, 0, 0.0)
+    with pytest.raises(NotImplementedError, match="softcap"):
+        interface._launch_fwd(*_bf16_inputs()[:5], 0.125, 0, -1, -1, 5.0)
     assert fake_cuda.calls == []
+
+
+def test_launch_passes_sliding_window_bounds(fake_cuda):
+    interface._launch_fwd(*_bf16_inputs()[:5], 0.125, 2, 3, 0, 0.0)
+    name, args = fake_cuda.calls[0]
+    assert name == "fwd" and args[5:] == (0.125, 2, 3, 0, 0.0)
 
 
 @pytest.mark.parametrize("schedule, expected", [("ascending", 0), ("descending", 1), ("spt", 2), ("shift", 3),

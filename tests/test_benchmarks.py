@@ -70,6 +70,26 @@ def test_cpp_mirror_matches_python(tmp_path):
     assert [float(x) for x in out] == pytest.approx(expected, rel=1e-15)
 
 
+@pytest.mark.skipif(shutil.which("g++") is None, reason="needs g++ to compile csrc/bench/bench_flops.h")
+def test_cpp_band_area_matches_python_and_brute_force(tmp_path):
+    cases = [(17, 17, 3, 0), (113, 257, 5, 3), (257, 113, -1, 40), (300, 300, 100, -1), (64, 64, 0, 0),
+             (1000, 1000, 999, 0), (50, 80, 200, 200)]
+    src = tmp_path / "band_check.cpp"
+    lines = ['#include <cstdio>', '#include "bench/bench_flops.h"', "int main() {"]
+    lines += [f'  std::printf("%.17g\\n", dash::bench::band_area({sq}, {sk}, {lf}, {rt}));' for sq, sk, lf, rt in cases]
+    lines.append("  return 0;\n}")
+    src.write_text("\n".join(lines))
+    exe = tmp_path / "band_check"
+    subprocess.run(["g++", "-std=c++17", "-O1", f"-I{ROOT / 'csrc'}", str(src), "-o", str(exe)], check=True)
+    out = [float(x) for x in subprocess.run([str(exe)], check=True, capture_output=True, text=True).stdout.split()]
+    for (sq, sk, lf, rt), got in zip(cases, out):
+        d = sk - sq
+        brute = sum(1 for i in range(sq) for j in range(sk)
+                    if (lf < 0 or j >= i + d - lf) and (rt < 0 or j <= i + d + rt))
+        assert got == flops.band_area(sq, sk, lf, rt) == brute
+    assert flops.band_area(1000, 1000, 999, 0) == flops.causal_area(1000, 1000) + 500
+
+
 def test_quick_grid_and_defaults():
     quick = bench_attn.parse_args(["--quick"])
     assert quick.hdims == [128] and quick.seqlens == [2048, 8192]

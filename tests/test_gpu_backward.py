@@ -28,21 +28,21 @@ def make_inputs(batch, seqlen_q, seqlen_k, nheads, nheads_k, headdim, dtype, see
     return q, k, v, dout
 
 
-def reference_grads(q, k, v, dout, causal):
+def reference_grads(q, k, v, dout, causal, window=(-1, -1)):
     """(float32 reference grads, low-precision autograd baseline grads)."""
     qf, kf, vf = q.float(), k.float(), v.float()
-    out, lse = attention_ref(qf, kf, vf, causal=causal, return_lse=True)
-    ref = attention_bwd_ref(dout.float(), qf, kf, vf, out, lse, causal=causal)
+    out, lse = attention_ref(qf, kf, vf, causal=causal, window_size=window, return_lse=True)
+    ref = attention_bwd_ref(dout.float(), qf, kf, vf, out, lse, causal=causal, window_size=window)
     leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
-    base_out = attention_ref(*leaves, causal=causal, upcast=False)
+    base_out = attention_ref(*leaves, causal=causal, window_size=window, upcast=False)
     base = torch.autograd.grad(base_out, leaves, dout)
     return ref, base
 
 
-def kernel_grads(q, k, v, dout, causal, schedule, deterministic, sm_margin=0, poison=False):
+def kernel_grads(q, k, v, dout, causal, schedule, deterministic, sm_margin=0, poison=False, window=(-1, -1)):
     leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
-    out = dash_attn.flash_attn_func(*leaves, causal=causal, deterministic=deterministic, schedule=schedule,
-                                    sm_margin=sm_margin)
+    out = dash_attn.flash_attn_func(*leaves, causal=causal, window_size=window, deterministic=deterministic,
+                                    schedule=schedule, sm_margin=sm_margin)
     if poison:
         poison_allocator()
     out.backward(dout)
@@ -51,10 +51,10 @@ def kernel_grads(q, k, v, dout, causal, schedule, deterministic, sm_margin=0, po
 
 
 def check_backward(batch, seqlen_q, seqlen_k, nheads, nheads_k, headdim, dtype, causal, schedule, deterministic,
-                   poison=False, sm_margin=0):
+                   poison=False, sm_margin=0, window=(-1, -1)):
     q, k, v, dout = make_inputs(batch, seqlen_q, seqlen_k, nheads, nheads_k, headdim, dtype)
-    grads = kernel_grads(q, k, v, dout, causal, schedule, deterministic, sm_margin, poison)
-    ref, base = reference_grads(q, k, v, dout, causal)
+    grads = kernel_grads(q, k, v, dout, causal, schedule, deterministic, sm_margin, poison, window)
+    ref, base = reference_grads(q, k, v, dout, causal, window)
     for name, g, r, b, x in zip(("dq", "dk", "dv"), grads, ref, base, (q, k, v)):
         assert g.shape == x.shape and g.dtype == dtype, f"{name} has shape {g.shape} / dtype {g.dtype}"
         assert torch.isfinite(g).all(), f"{name} has NaN/Inf (unwritten or overflowed elements)"
@@ -73,6 +73,30 @@ BWD_SEQLENS = [(1, 1), (17, 17), (113, 257), (257, 113), (1023, 1023)]
 def test_backward_schedule_mask_gqa_shapes(seqlen_q, seqlen_k, group, causal, schedule):
     """Every schedule x mask x GQA ratio x odd shape, deterministic mode, bf16, the main head dim."""
     check_backward(2, seqlen_q, seqlen_k, 8, 8 // group, main_head_dim(), torch.bfloat16, causal, schedule, True)
+
+
+# Sliding windows (left, right) around the bottom-right diagonal: both sides, one side each, a band narrower than a
+# tile (rows whose band falls outside seqlen_k see no key), and (0, 0) (each row sees one key).
+WINDOWS = [(64, 64), (100, 0), (-1, 40), (300, -1), (5, 3), (0, 0)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("seqlen_q, seqlen_k", [(113, 257), (257, 113), (1023, 1023)],
+                         ids=["113x257", "257x113", "1023x1023"])
+@pytest.mark.parametrize("window", WINDOWS, ids=[f"w{a}_{b}" for a, b in WINDOWS])
+@pytest.mark.parametrize("schedule", SCHEDULES)
+def test_backward_sliding_window(seqlen_q, seqlen_k, window, schedule):
+    """Every schedule x window x odd shape, deterministic mode, GQA 4:2, bf16, the main head dim."""
+    check_backward(2, seqlen_q, seqlen_k, 4, 2, main_head_dim(), torch.bfloat16, False, schedule, True,
+                   window=window)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("deterministic", [True, False], ids=["det", "nondet"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("headdim", supported_head_dims())
+def test_backward_sliding_window_head_dims(deterministic, dtype, headdim):
+    check_backward(2, 1023, 1023, 4, 2, headdim, dtype, False, "auto", deterministic, window=(200, 57))
 
 
 @pytest.mark.gpu

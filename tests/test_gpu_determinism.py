@@ -19,7 +19,8 @@ EXPLICIT_SCHEDULES = [s for s in dash_attn.SCHEDULES if s != "auto"]
 # Only these orders are a function of the KV index alone (tests/test_schedule_invariance.py proves it on the CPU);
 # spt/shift/shift_causal order by wave, and waves depend on the grid size.
 SM_INDEPENDENT_SCHEDULES = ["ascending", "descending"]
-MASKS = {"full": 0, "causal": 1}
+# (mask id, window_left, window_right): the window cuts both sides of every row's band.
+MASKS = {"full": (0, -1, -1), "causal": (1, -1, 0), "window": (2, 150, 37)}
 # Modest but tile-rich: several Q and KV tiles per head, ragged last tiles, GQA (dK/dV reduced across 4 heads).
 SHAPE = dict(batch=2, seqlen=1013, nheads=8, nheads_k=2)
 
@@ -39,15 +40,14 @@ class Problem:
         self.k = randn(batch, seqlen, nheads_k, headdim)
         self.v = randn(batch, seqlen, nheads_k, headdim)
         self.dout = randn(batch, seqlen, nheads, headdim)
-        self.mask = MASKS[mask]
-        self.window_right = 0 if mask == "causal" else -1
+        self.mask, self.window_left, self.window_right = MASKS[mask]
         self.scale = headdim ** -0.5
-        self.out, self.lse = torch.ops.dash_attn.fwd(self.q, self.k, self.v, self.scale, self.mask, -1,
-                                                     self.window_right, 0.0, True, "auto", 0)
+        self.out, self.lse = torch.ops.dash_attn.fwd(self.q, self.k, self.v, self.scale, self.mask,
+                                                     self.window_left, self.window_right, 0.0, True, "auto", 0)
 
     def grads(self, schedule, deterministic=True, sm_margin=0):
         return torch.ops.dash_attn.bwd(self.dout, self.q, self.k, self.v, self.out, self.lse, self.scale, self.mask,
-                                       -1, self.window_right, 0.0, deterministic, schedule, sm_margin)
+                                       self.window_left, self.window_right, 0.0, deterministic, schedule, sm_margin)
 
 
 def count_mismatches(problem, schedule, repeats, reference=None, sm_margin=0, before_each=None):

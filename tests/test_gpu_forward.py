@@ -35,17 +35,19 @@ def finite_lse_rows_match(lse, ref_lse):
     assert torch.isfinite(lse[~masked]).all(), "lse must be finite on every row that sees a key"
 
 
-def check_forward(batch, seqlen_q, seqlen_k, nheads, nheads_k, headdim, dtype, causal, poison=False, seed=SEED):
+def check_forward(batch, seqlen_q, seqlen_k, nheads, nheads_k, headdim, dtype, causal, poison=False, seed=SEED,
+                  window=(-1, -1)):
     q, k, v = make_qkv(batch, seqlen_q, seqlen_k, nheads, nheads_k, headdim, dtype, seed)
     if poison:
         poison_allocator()
-    out, lse = dash_attn.flash_attn_func(q, k, v, causal=causal, return_attn_probs=True)
+    out, lse = dash_attn.flash_attn_func(q, k, v, causal=causal, window_size=window, return_attn_probs=True)
     torch.cuda.synchronize()
     assert out.shape == q.shape and out.dtype == dtype
     assert lse.shape == (batch, nheads, seqlen_q) and lse.dtype == torch.float32
 
-    ref_out, ref_lse = attention_ref(q.float(), k.float(), v.float(), causal=causal, return_lse=True)
-    base_out, base_lse = attention_ref(q, k, v, causal=causal, upcast=False, return_lse=True)
+    ref_out, ref_lse = attention_ref(q.float(), k.float(), v.float(), causal=causal, window_size=window,
+                                     return_lse=True)
+    base_out, base_lse = attention_ref(q, k, v, causal=causal, window_size=window, upcast=False, return_lse=True)
     assert torch.isfinite(out).all(), "output has NaN/Inf (unwritten or overflowed elements)"
     assert_within("out", out, ref_out, tolerance(base_out, ref_out, dtype))
 
@@ -98,6 +100,20 @@ def test_forward_poisoned_outputs(seqlen_q, seqlen_k, causal, headdim):
     check_forward(batch, seqlen_q, seqlen_k, nheads, nheads // 2, headdim, torch.bfloat16, causal, poison=True)
 
 
+# (left, right) around the bottom-right diagonal; (5, 3) is narrower than a tile, (0, 0) shows one key per row.
+WINDOWS = [(64, 64), (100, 0), (-1, 40), (300, -1), (5, 3), (0, 0)]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("seqlen_q, seqlen_k", [(113, 257), (257, 113), (1023, 1023)],
+                         ids=["113x257", "257x113", "1023x1023"])
+@pytest.mark.parametrize("window", WINDOWS, ids=[f"w{a}_{b}" for a, b in WINDOWS])
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
+@pytest.mark.parametrize("headdim", supported_head_dims())
+def test_forward_sliding_window(seqlen_q, seqlen_k, window, dtype, headdim):
+    check_forward(2, seqlen_q, seqlen_k, 4, 2, headdim, dtype, False, window=window)
+
+
 @pytest.mark.gpu
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_forward_bitwise_reproducible(causal):
@@ -137,8 +153,6 @@ def test_unsupported_features_are_refused_on_cuda():
     q, k, v = make_qkv(1, 64, 64, 2, 2, headdim, torch.bfloat16)
     with pytest.raises(NotImplementedError, match="softcap"):
         dash_attn.flash_attn_func(q, k, v, softcap=5.0)
-    with pytest.raises(NotImplementedError, match="window"):
-        dash_attn.flash_attn_func(q, k, v, window_size=(8, 8))
     with pytest.raises(ValueError, match="dtype"):
         dash_attn.flash_attn_func(q.float(), k.float(), v.float())
     cu = torch.tensor([0, 64], dtype=torch.int32, device="cuda")

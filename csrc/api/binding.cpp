@@ -94,8 +94,11 @@ dash::AttnShape make_shape(const at::Tensor& q, const at::Tensor& k, double soft
   TORCH_CHECK_VALUE(head_dim_built(s.headdim), "dash_attn: head dim ", s.headdim, " is not built");
   TORCH_CHECK_VALUE(s.nheads_k > 0 && s.nheads % s.nheads_k == 0, "dash_attn: nheads (", s.nheads,
                     ") must be divisible by nheads_k (", s.nheads_k, ")");
-  TORCH_CHECK_VALUE(s.mask != dash::MaskKind::kWindow && s.softcap == 0.0f,
-                    "dash_attn: sliding windows and softcap are not implemented in the CUDA kernels yet");
+  TORCH_CHECK_VALUE(s.softcap == 0.0f, "dash_attn: softcap is not implemented in the CUDA kernels yet");
+  // int32 bounds (-1: unbounded); the diagonal arithmetic adds them to tile offsets, so they stay below 2^30.
+  TORCH_CHECK_VALUE(window_left >= -1 && window_left < (int64_t{1} << 30) && window_right >= -1 &&
+                        window_right < (int64_t{1} << 30),
+                    "dash_attn: window bounds must lie in [-1, 2^30), got (", window_left, ", ", window_right, ")");
   return s;
 }
 

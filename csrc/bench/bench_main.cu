@@ -1,7 +1,8 @@
 // dash_bench: times the kernel library through its C ABI (csrc/common/params.h) without torch or Python, so kernel
 // work is measured without framework overhead. For every (hdim built, mask, seqlen) it times the forward, the
-// non-deterministic backward and the deterministic backward of every schedule (those timed round-robin, call by call),
-// and prints ms, TFLOPS (FLOPs as in benchmarks/flops.py) and the det/non-det ratio. Deterministic rows are also run twice and compared bitwise.
+// non-deterministic backward and the deterministic backward of every schedule (those timed round-robin, call by
+// call), and prints ms, TFLOPS (FLOPs as in benchmarks/flops.py) and the det/non-det ratio. Deterministic rows are
+// also run twice and compared bitwise.
 // Backward rows also time each of the backward's kernels alone (preprocess, main, postprocess; --no-stages skips it)
 // through dash_bwd_stages, so a change to the main kernel can be told apart from the fixed cost around it.
 //
@@ -71,12 +72,15 @@ std::vector<DType> built_dtypes() {
 }
 
 const char* dtype_name(DType d) { return d == DType::kBFloat16 ? "bf16" : "fp16"; }
-const char* mask_name(MaskKind m) { return m == MaskKind::kCausal ? "causal" : "full"; }
+const char* mask_name(MaskKind m) {
+  return m == MaskKind::kCausal ? "causal" : m == MaskKind::kWindow ? "window" : "full";
+}
 
 struct Options {
   std::vector<int> hdims;
   std::vector<int> seqlens = {1024, 2048, 4096, 8192, 16384};
   std::vector<MaskKind> masks = {MaskKind::kFull, MaskKind::kCausal};
+  int window_left = 1024, window_right = 0;  // --masks window
   std::vector<NamedSchedule> schedules{std::begin(kSchedules), std::end(kSchedules)};
   DType dtype = DType::kBFloat16;
   int tokens = 16384;
@@ -98,7 +102,8 @@ void usage(const char* argv0) {
       "  --hdims 64,128        head dims (default: all built into this binary)\n"
       "  --seqlens 1024,...    sequence lengths (default 1024,2048,4096,8192,16384)\n"
       "  --tokens N            batch x seqlen per row (default 16384)\n"
-      "  --masks full,causal   masks (default both)\n"
+      "  --masks full,causal   masks (default both; also window)\n"
+      "  --window L,R          the window mask's bounds around the diagonal, -1 = unbounded (default 1024,0)\n"
       "  --schedules a,b       deterministic schedules: ascending,descending,spt,shift,shift_causal (default all)\n"
       "  --heads N             query heads (default %d / hdim)\n"
       "  --gqa R               query heads per KV head (default 1)\n"
@@ -170,8 +175,15 @@ Options parse_args(int argc, char** argv) {
       for (const auto& s : split(value(i))) {
         if (s == "full") o.masks.push_back(MaskKind::kFull);
         else if (s == "causal") o.masks.push_back(MaskKind::kCausal);
-        else bad_arg(argv[0], "--masks: unknown mask '" + s + "' (full, causal)");
+        else if (s == "window") o.masks.push_back(MaskKind::kWindow);
+        else bad_arg(argv[0], "--masks: unknown mask '" + s + "' (full, causal, window)");
       }
+    } else if (a == "--window") {
+      const std::vector<std::string> lr = split(value(i));
+      if (lr.size() != 2) bad_arg(argv[0], "--window takes LEFT,RIGHT");
+      o.window_left = parse_int(argv[0], a, lr[0], -1);
+      o.window_right = parse_int(argv[0], a, lr[1], -1);
+      if (o.window_left < 0 && o.window_right < 0) bad_arg(argv[0], "--window -1,-1 is the full mask");
     } else if (a == "--schedules") {
       o.schedules.clear();
       for (const auto& s : split(value(i))) {
@@ -370,7 +382,7 @@ class Bench {
     if (opt_.run_fwd && !measure(p, "fwd", [&] { return dash_fwd(&fwd, stream_); }, fwd_flops_of(p))) return false;
     if (!opt_.run_bwd) return true;
 
-    const double bwd_flops_p = bwd_flops(p.batch, p.nheads, p.seqlen, p.seqlen, p.headdim, p.causal());
+    const double bwd_flops_p = kBwdFlopsPerFwd * fwd_flops_of(p);
     // The non-deterministic backward first, then every deterministic schedule; all timed round-robin (see
     // EventTimer::time_round_robin). The non-deterministic visit order is the one `auto` gives it
     // (dash_attn.schedule ranks it like the deterministic one): shift on full masks, shift_causal on causal ones at
@@ -379,7 +391,9 @@ class Bench {
     std::vector<std::string> names;
     dash::BwdParams bwd = make_bwd_params(p, buf, num_sms_, opt_.sm_margin);
     bwd.deterministic = false;
-    bwd.schedule = p.causal() ? ScheduleKind::kShiftCausal : ScheduleKind::kShift;
+    bwd.schedule = p.causal() ? ScheduleKind::kShiftCausal
+                   : p.mask == MaskKind::kWindow ? ScheduleKind::kDescending
+                                                 : ScheduleKind::kShift;
     variants.push_back(bwd);
     names.push_back("bwd non-det");
     for (const NamedSchedule& s : opt_.schedules) {
@@ -409,6 +423,10 @@ class Bench {
 
  private:
   double fwd_flops_of(const Problem& p) const {
+    if (p.mask == MaskKind::kWindow) {
+      return fwd_flops_of_area(p.batch, p.nheads, band_area(p.seqlen, p.seqlen, p.window_left, p.window_right),
+                               p.headdim);
+    }
     return fwd_flops(p.batch, p.nheads, p.seqlen, p.seqlen, p.headdim, p.causal());
   }
 
@@ -588,7 +606,8 @@ int main(int argc, char** argv) {
     }
     for (MaskKind m : opt.masks) {
       for (int s : opt.seqlens) {
-        const Problem p{std::max(1, opt.tokens / s), s, nheads, nheads / opt.gqa, h, m, opt.dtype};
+        const Problem p{std::max(1, opt.tokens / s), s, nheads, nheads / opt.gqa, h, m, opt.dtype,
+                        opt.window_left, opt.window_right};
         alive = alive && bench.run_problem(p);
         if (!alive) break;
       }

@@ -63,6 +63,7 @@ struct Problem {
   int batch, seqlen, nheads, nheads_k, headdim;
   MaskKind mask;
   DType dtype;
+  int window_left = -1, window_right = -1;  // MaskKind::kWindow only
   size_t q_elems() const { return size_t(batch) * seqlen * nheads * headdim; }
   size_t k_elems() const { return size_t(batch) * seqlen * nheads_k * headdim; }
   bool causal() const { return mask == MaskKind::kCausal; }
@@ -102,6 +103,10 @@ inline dash::AttnShape make_shape(const Problem& p) {
   s.headdim = p.headdim;
   s.dtype = p.dtype;
   s.mask = p.mask;
+  if (p.mask == MaskKind::kWindow) {
+    s.window_left = p.window_left;
+    s.window_right = p.window_right;
+  }
   s.softmax_scale = 1.0f / std::sqrt(static_cast<float>(p.headdim));
   return s;
 }

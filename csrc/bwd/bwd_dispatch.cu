@@ -24,8 +24,11 @@ int run_masked(const dash::BwdParams& p, cudaStream_t stream, int32_t stages) {
     case dash::MaskKind::kCausal:
       dash::bwd::run_bwd_<kHeadDim, Element, dash::MaskKind::kCausal>(p, stream, stages);
       break;
+    case dash::MaskKind::kWindow:
+      dash::bwd::run_bwd_<kHeadDim, Element, dash::MaskKind::kWindow>(p, stream, stages);
+      break;
     default:
-      return -1;  // sliding windows: not instantiated yet
+      return -1;
   }
   return static_cast<int>(cudaGetLastError());
 }

@@ -89,7 +89,9 @@ void launch_bwd_main(const BwdParams& params, const BwdWorkspaceLayout& ws, cons
       params.dk,
       params.dv,
       params.dk_stride.row, params.dk_stride.head, params.dk_stride.batch,
-      params.dv_stride.row, params.dv_stride.head, params.dv_stride.batch};
+      params.dv_stride.row, params.dv_stride.head, params.dv_stride.batch,
+      s.window_left,
+      s.window_right};
 
   constexpr size_t smem = bwd_smem_bytes<T>();
   auto kernel = bwd_main_kernel<T>;

@@ -178,6 +178,9 @@ struct BwdKernelParams {
   void* dv;
   int64_t dk_row, dk_head, dk_batch;
   int64_t dv_row, dv_head, dv_batch;
+  // MaskKind::kWindow only (-1: that side unbounded). Last, so that the other fields keep the offsets (and the
+  // full/causal kernels the exact SASS) they had before windows existed.
+  int32_t window_left, window_right;
 };
 
 using Barrier = cutlass::arch::ClusterBarrier;
@@ -544,15 +547,22 @@ CUTLASS_DEVICE void consumer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<
     }
     // The tile's first dK/dV GEMMs overwrite the accumulators (no clear(): see wgmma_gemm).
     const bool first = flags & VisitRecord::kFirst;
-    // Key row n of the tile is masked for query column m if n >= kv_rows (past seqlen_k) or, causal,
-    // n - m > diagonal (tile coordinates). Read before the GEMMs: read after the S wait, the shared-memory load of the
-    // tile indices sat behind the LSE loads and stalled every step.
+    // Key row n of the tile is masked for query column m if n >= kv_rows (past seqlen_k) or n - m leaves the band
+    // around the tile's diagonal (tile coordinates): causal, n - m > diagonal; a window, n - m > diagonal + right or
+    // n - m < diagonal - left (a negative bound is absent). Read before the GEMMs: read after the S wait, the
+    // shared-memory load of the tile indices sat behind the LSE loads and stalled every step.
     auto tile_limits = [&] {
       const int n0 = srec.n_block * T::kBlockN;
       return cute::make_tuple(seqlen_k - n0, srec.m_block * T::kBlockM + causal_offset - n0);
     };
     const auto [kv_rows, diagonal] = tile_limits();
-    const bool need_mask = kv_rows < T::kBlockN || (T::kMask == MaskKind::kCausal && T::kBlockN - 1 > diagonal);
+    // n - m spans [-(kBlockM - 1), kBlockN - 1] in a tile.
+    auto cuts_window = [&](int diag) {
+      return (p.window_right >= 0 && T::kBlockN - 1 > diag + p.window_right) ||
+             (p.window_left >= 0 && 1 - T::kBlockM < diag - p.window_left);
+    };
+    const bool need_mask = kv_rows < T::kBlockN || (T::kMask == MaskKind::kCausal && T::kBlockN - 1 > diagonal) ||
+                           (T::kMask == MaskKind::kWindow && cuts_window(diagonal));
     if (first) {
       wait_barrier(ss.kv_full, kv_count & 1, WaitSite::kKvFull);
       ++kv_count;
@@ -588,7 +598,13 @@ CUTLASS_DEVICE void consumer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<
     auto is_masked = [&](auto d, int rows, int diag) {
       const int thr_rows = rows - tScS.n0();
       const int thr_diagonal = diag - (tScS.n0() - tScS.m0());
-      return get<0>(d) >= thr_rows || (T::kMask == MaskKind::kCausal && get<0>(d) - get<1>(d) > thr_diagonal);
+      if constexpr (T::kMask == MaskKind::kWindow) {
+        const int nm = get<0>(d) - get<1>(d);
+        return get<0>(d) >= thr_rows || (p.window_right >= 0 && nm > thr_diagonal + p.window_right) ||
+               (p.window_left >= 0 && nm < thr_diagonal - p.window_left);
+      } else {
+        return get<0>(d) >= thr_rows || (T::kMask == MaskKind::kCausal && get<0>(d) - get<1>(d) > thr_diagonal);
+      }
     };
     // Tiles that need no mask (all but the diagonal and ragged-end ones) take a loop without the tests where the
     // tests are per element (causal) or the LSE comes from shared memory per element (hdim 64): there, with the
@@ -596,7 +612,7 @@ CUTLASS_DEVICE void consumer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<
     // constant bank per element, on the stretch between the S wait and the dV GEMM while the tensor cores wait for
     // P. H200, 3 alternating runs: causal 4k-16k +2-5% (hdim 128, shift_causal), hdim 64 +1-9%. With only the row
     // test (full mask, LSE in registers) the separate loop measured 1-5% slower, so that case keeps one loop.
-    constexpr bool kSeparateUnmaskedLoop = T::kMask == MaskKind::kCausal || !kLseInRegs;
+    constexpr bool kSeparateUnmaskedLoop = T::kMask != MaskKind::kFull || !kLseInRegs;
     if constexpr (kSeparateUnmaskedLoop) {
       if (need_mask) {
         // The limits are read again here rather than held across the GEMMs: the unmasked loop needs the registers.

@@ -24,8 +24,11 @@ int dispatch_mask(const dash::FwdParams& p, cudaStream_t stream) {
     case dash::MaskKind::kCausal:
       dash::fwd::run_fwd_<kHeadDim, Element, dash::MaskKind::kCausal>(p, stream);
       return 0;
+    case dash::MaskKind::kWindow:
+      dash::fwd::run_fwd_<kHeadDim, Element, dash::MaskKind::kWindow>(p, stream);
+      return 0;
     default:
-      return -1;  // sliding window: not implemented in the forward yet
+      return -1;
   }
 }
 
@@ -69,7 +72,7 @@ int dispatch_headdim(const dash::FwdParams& p, cudaStream_t stream) {
 extern "C" int dash_fwd(const dash::FwdParams* params, void* stream) {
   if (params == nullptr) { return -1; }
   dash::AttnShape const& s = params->shape;
-  if (s.softcap != 0.f || s.mask == dash::MaskKind::kWindow) { return -1; }
+  if (s.softcap != 0.f) { return -1; }
   if (s.nheads_k <= 0 || s.nheads % s.nheads_k != 0) { return -1; }
   if (params->lse == nullptr || params->o == nullptr) { return -1; }
   int const status = dispatch_headdim(*params, static_cast<cudaStream_t>(stream));

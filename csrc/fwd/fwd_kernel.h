@@ -64,10 +64,10 @@ struct FwdKernel {
       auto const& sched = params.scheduler;
       for (auto cur = Scheduler::first(); Scheduler::valid(sched, cur); cur = Scheduler::next(sched, cur)) {
         auto const tile = Scheduler::decode(sched, cur);
-        int const n_blocks = Mainloop::n_block_max(params.mainloop, tile.m_block);
-        if (n_blocks <= 0) { continue; }
+        auto const keys = Mainloop::key_tiles(params.mainloop, tile.m_block);
+        if (keys.lo >= keys.hi) { continue; }
         Mainloop::load(params.mainloop, smem, pipeline_k, pipeline_v, write_k, write_v, tile.m_block, tile.head,
-                       tile.batch, n_blocks, first_tile);
+                       tile.batch, keys, first_tile);
         first_tile = false;
       }
       if (!first_tile) { Mainloop::load_tail(); }
@@ -85,10 +85,10 @@ struct FwdKernel {
       auto const& sched = params.scheduler;
       for (auto cur = Scheduler::first(); Scheduler::valid(sched, cur); cur = Scheduler::next(sched, cur)) {
         auto const tile = Scheduler::decode(sched, cur);
-        int const n_blocks = Mainloop::n_block_max(params.mainloop, tile.m_block);
-        if (n_blocks > 0) {
+        auto const keys = Mainloop::key_tiles(params.mainloop, tile.m_block);
+        if (keys.lo < keys.hi) {
           Mainloop::mma(params.mainloop, smem, pipeline_k, pipeline_v, read_k, read_v, q_phase, thread_idx,
-                        tile.m_block, n_blocks, tOrO, softmax);
+                        tile.m_block, keys, tOrO, softmax);
           q_phase ^= 1;
         } else {
           // Every key is masked for these rows: O = 0 and LSE = -inf.

@@ -1,7 +1,7 @@
 // Forward mainloop: the producer warp streams Q once per tile and K/V tile by tile through two TMA/mbarrier rings; the
 // consumer warpgroups compute S = Q K^T with WGMMA, run the online softmax on the accumulator registers and add
 // P V into the O accumulator. Key tiles are walked from the last one down so that the tiles that need masking
-// (ragged seqlen_k, causal diagonal) come first and the steady state runs mask-free.
+// (ragged seqlen_k, causal diagonal, the right edge of a window) come first and the steady state runs mask-free.
 #pragma once
 
 #include <algorithm>
@@ -229,6 +229,7 @@ struct FwdMainloop {
   static constexpr int kBlockN = Traits::kBlockN;
   static constexpr int kHeadDim = Traits::kHeadDim;
   static constexpr bool kCausal = Traits::kCausal;
+  static constexpr bool kWindow = Traits::kMask == MaskKind::kWindow;
   using SharedStorage = typename Traits::SharedStorage;
   using PipelineKV = typename Traits::PipelineKV;
   using PipelineState = typename Traits::PipelineState;
@@ -259,6 +260,7 @@ struct FwdMainloop {
     int32_t seqlen_k;
     int32_t head_ratio;  // nheads / nheads_k
     float scale_log2;    // softmax_scale * log2(e)
+    int32_t window_left, window_right;  // kWindow only (-1: that side unbounded)
   };
 
   static Params make_params(FwdParams const& p) {
@@ -279,7 +281,9 @@ struct FwdMainloop {
             s.seqlen_q,
             s.seqlen_k,
             s.nheads / s.nheads_k,
-            s.softmax_scale * static_cast<float>(M_LOG2E)};
+            s.softmax_scale * static_cast<float>(M_LOG2E),
+            s.window_left,
+            s.window_right};
   }
 
   CUTLASS_DEVICE static void prefetch_descriptors(Params const& p) {
@@ -288,14 +292,22 @@ struct FwdMainloop {
     cute::prefetch_tma_descriptor(p.tma_v.get_tma_descriptor());
   }
 
-  // Number of key tiles query tile m_block sees (tiles [0, n_block_max)); 0 means the whole tile is masked.
-  CUTLASS_DEVICE static int n_block_max(Params const& p, int m_block) {
-    int last_col = p.seqlen_k;
-    if constexpr (kCausal) {
-      // Bottom-right alignment: row i sees keys j <= i + seqlen_k - seqlen_q.
-      last_col = min(last_col, (m_block + 1) * kBlockM + p.seqlen_k - p.seqlen_q);
-    }
-    return last_col <= 0 ? 0 : (last_col + kBlockN - 1) / kBlockN;
+  // The band of keys around the bottom-right diagonal: row i sees keys j with
+  // i + d - left <= j <= i + d + right, d = seqlen_k - seqlen_q; a negative bound is absent. Causal is (-1, 0).
+  CUTLASS_DEVICE static int band_left(Params const& p) { return kWindow ? p.window_left : -1; }
+  CUTLASS_DEVICE static int band_right(Params const& p) { return kCausal ? 0 : kWindow ? p.window_right : -1; }
+
+  // Key tiles [lo, hi) that query tile m_block sees; empty (lo >= hi) when the whole tile is masked.
+  struct KeyTiles {
+    int lo, hi;
+  };
+  CUTLASS_DEVICE static KeyTiles key_tiles(Params const& p, int m_block) {
+    int last_col = p.seqlen_k;  // exclusive
+    if (band_right(p) >= 0) last_col = min(last_col, (m_block + 1) * kBlockM + p.seqlen_k - p.seqlen_q + band_right(p));
+    int first_col = 0;
+    if (band_left(p) >= 0) first_col = max(0, m_block * kBlockM + p.seqlen_k - p.seqlen_q - band_left(p));
+    int const hi = last_col <= 0 ? 0 : (last_col + kBlockN - 1) / kBlockN;
+    return {kWindow ? min(first_col / kBlockN, hi) : 0, hi};
   }
 
   // Producer: one warp; lane 0 issues every TMA and carries the expect-tx arrivals (it is the pipelines' leader).
@@ -303,7 +315,7 @@ struct FwdMainloop {
   // the same order. Q is rewritten only after the consumers signal that the previous tile's QK^T GEMMs are done.
   CUTLASS_DEVICE static void load(Params const& p, SharedStorage& smem, PipelineKV& pipeline_k,
                                   PipelineKV& pipeline_v, PipelineState& write_k, PipelineState& write_v,
-                                  int m_block, int head, int batch, int n_blocks, bool first_tile) {
+                                  int m_block, int head, int batch, KeyTiles tiles, bool first_tile) {
     using namespace cute;
     bool const issuer = cutlass::canonical_lane_idx() == 0;
     int const head_k = head / p.head_ratio;
@@ -341,7 +353,7 @@ struct FwdMainloop {
       ++write_v;
     };
 
-    int n_block = n_blocks - 1;
+    int n_block = tiles.hi - 1;
     load_k(n_block);
     if (!first_tile) {
       cutlass::arch::NamedBarrier::arrive_and_wait(Traits::kNumConsumerThreads + cutlass::NumThreadsPerWarp,
@@ -351,11 +363,11 @@ struct FwdMainloop {
       cutlass::arch::ClusterTransactionBarrier::arrive_and_expect_tx(&smem.barrier_q, Traits::kTmaBytesQ);
       copy(p.tma_q.with(smem.barrier_q), tQgQ, tQsQ);
     }
-    for (; n_block > 0; --n_block) {
+    for (; n_block > tiles.lo; --n_block) {
       load_k(n_block - 1);
       load_v(n_block);
     }
-    load_v(0);
+    load_v(tiles.lo);
   }
 
   // Called once by the producer after its last tile: matches the consumers' query-empty arrival of that tile so
@@ -366,7 +378,7 @@ struct FwdMainloop {
   }
 
   // Scores of key tile n_block that are outside the mask become -inf. Only the last key tile can be ragged; the
-  // causal limit moves with the row.
+  // band limits move with the row.
   template <class TensorS, class TensorC>
   CUTLASS_DEVICE static void apply_mask(Params const& p, TensorS& s, TensorC const& coord, int m_block,
                                         int n_block) {
@@ -374,31 +386,37 @@ struct FwdMainloop {
     int const col_limit_k = p.seqlen_k - n_block * kBlockN;
     CUTLASS_PRAGMA_UNROLL
     for (int r = 0; r < size<0>(s); ++r) {
-      int col_limit = col_limit_k;
-      if constexpr (kCausal) {
-        int const row = m_block * kBlockM + get<0>(coord(r, 0));
-        col_limit = min(col_limit, row + 1 + p.seqlen_k - p.seqlen_q - n_block * kBlockN);
+      int col_limit = col_limit_k;  // exclusive
+      int col_start = 0;
+      int const row = m_block * kBlockM + get<0>(coord(r, 0));
+      if (band_right(p) >= 0) {
+        col_limit = min(col_limit, row + 1 + p.seqlen_k - p.seqlen_q - n_block * kBlockN + band_right(p));
       }
+      if (band_left(p) >= 0) col_start = row + p.seqlen_k - p.seqlen_q - n_block * kBlockN - band_left(p);
       CUTLASS_PRAGMA_UNROLL
       for (int c = 0; c < size<1>(s); ++c) {
-        if (get<1>(coord(r, c)) >= col_limit) { s(r, c) = -INFINITY; }
+        int const col = get<1>(coord(r, c));
+        if (col >= col_limit || (kWindow && col < col_start)) { s(r, c) = -INFINITY; }
       }
     }
   }
 
   CUTLASS_DEVICE static bool needs_mask(Params const& p, int m_block, int n_block) {
+    int const diag = p.seqlen_k - p.seqlen_q;
     bool const ragged = (n_block + 1) * kBlockN > p.seqlen_k;
-    bool const diagonal = kCausal && (n_block + 1) * kBlockN - 1 > m_block * kBlockM + p.seqlen_k - p.seqlen_q;
-    return ragged || diagonal;
+    // Some key right of the first row's band, or left of the last row's band.
+    bool const right = band_right(p) >= 0 && (n_block + 1) * kBlockN - 1 > m_block * kBlockM + diag + band_right(p);
+    bool const left = band_left(p) >= 0 && n_block * kBlockN < (m_block + 1) * kBlockM - 1 + diag - band_left(p);
+    return ragged || right || left;
   }
 
   // Consumer: computes the unnormalised O tile (accumulator tOrO, cleared here) and the softmax statistics for one
-  // query tile with n_blocks > 0 key tiles. Overlap inside each warpgroup: the QK^T GEMM of tile n and the PV GEMM
-  // of tile n+1 are in flight together while the previous softmax result is converted.
+  // query tile with a non-empty range of key tiles. Overlap inside each warpgroup: the QK^T GEMM of tile n and the PV
+  // GEMM of tile n+1 are in flight together while the previous softmax result is converted.
   template <class FragO, class Softmax>
   CUTLASS_DEVICE static void mma(Params const& p, SharedStorage& smem, PipelineKV& pipeline_k,
                                  PipelineKV& pipeline_v, PipelineState& read_k, PipelineState& read_v,
-                                 uint32_t q_phase, int thread_idx, int m_block, int n_blocks, FragO& tOrO,
+                                 uint32_t q_phase, int thread_idx, int m_block, KeyTiles tiles, FragO& tOrO,
                                  Softmax& softmax) {
     using namespace cute;
     typename Traits::TiledMmaQK mma_qk;
@@ -433,7 +451,7 @@ struct FwdMainloop {
 
     using Turns = WarpGroupTurns<Traits>;
     int const wg = thread_idx / cutlass::NumThreadsPerWarpGroup;
-    int n_block = n_blocks - 1;
+    int n_block = tiles.hi - 1;
     pipeline_k.consumer_wait(read_k);
     Turns::begin(wg);
     warpgroup_gemm<-1>(mma_qk, tSrQ, tSrK(_, _, _, read_k.index()), tSrS, /*zero_init=*/true);
@@ -451,7 +469,7 @@ struct FwdMainloop {
     cute::array<float, Softmax::kNumRows> correction;
     CUTLASS_PRAGMA_UNROLL
     for (int r = 0; r < Softmax::kNumRows; ++r) { correction[r] = 1.f; }
-    for (--n_block; n_block >= 0; --n_block) {
+    for (--n_block; n_block >= tiles.lo; --n_block) {
       pipeline_k.consumer_wait(read_k);
       Turns::begin(wg);
       warpgroup_gemm<-1>(mma_qk, tSrQ, tSrK(_, _, _, read_k.index()), tSrS, /*zero_init=*/true);

@@ -8,7 +8,7 @@ import pathlib
 
 HDIMS = (64, 128, 256)
 DTYPES = {"fp16": "cutlass::half_t", "bf16": "cutlass::bfloat16_t"}
-MASKS = {"full": "MaskKind::kFull", "causal": "MaskKind::kCausal"}
+MASKS = {"full": "MaskKind::kFull", "causal": "MaskKind::kCausal", "window": "MaskKind::kWindow"}
 # (header, launch template, params struct, parameters after the stream): the backward also takes its stage mask.
 DIRECTIONS = {
     "fwd": ("fwd/fwd_launch.h", "dash::fwd::run_fwd_", "FwdParams", ""),

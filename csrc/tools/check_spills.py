@@ -14,8 +14,14 @@ import sys
 SPILL = re.compile(r"(\d+) bytes spill stores, (\d+) bytes spill loads")
 STACK = re.compile(r"(\d+) bytes stack frame")
 
-# (regex on the mangled kernel name, allowed bytes, why). MaskKindE0 = full mask, E1 = causal.
+# (regex on the mangled kernel name, allowed bytes, why); the first match applies. MaskKindE0 = full mask,
+# E1 = causal, E2 = sliding window.
 ALLOWANCES = [
+    # Sliding windows as first built (2026-11-30), not tuned yet: the band tests carry two run-time bounds through
+    # the masked P loop.
+    (r"bwd_main_kernel.*BwdTraitsILi128E.*MaskKindE2", 40, "hdim 128 window: 36-40 bytes"),
+    (r"bwd_main_kernel.*BwdTraitsILi64E.*MaskKindE2", 96, "hdim 64 window: 68-96 bytes"),
+    (r"bwd_main_kernel.*BwdTraitsILi256E.*MaskKindE2", 24, "hdim 256 window: 20 bytes"),
     (r"bwd_main_kernel.*BwdTraitsILi128E.*MaskKindE0", 8,
      "hdim 128 full: one value (4 bytes, 8-byte stack frame); in the SASS the one spill sits in the set-up before "
      "the step loop"),

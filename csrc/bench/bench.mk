@@ -28,7 +28,7 @@ BENCH_LDLIBS ?=
 
 bench_hdims := $(strip $(subst $(bench_comma),$(bench_space),$(H)))
 bench_dtypes := $(strip $(subst $(bench_comma),$(bench_space),$(DT)))
-bench_masks := full causal
+bench_masks := full causal window
 bench_config := h$(subst $(bench_space),-,$(bench_hdims))_$(subst $(bench_space),-,$(bench_dtypes))
 bench_obj_dir := $(BENCH_BUILD_DIR)/obj_$(bench_config)
 

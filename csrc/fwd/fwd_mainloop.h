@@ -1,7 +1,8 @@
 // Forward mainloop: the producer warp streams Q once per tile and K/V tile by tile through two TMA/mbarrier rings; the
 // consumer warpgroups compute S = Q K^T with WGMMA, run the online softmax on the accumulator registers and add
 // P V into the O accumulator. Key tiles are walked from the last one down so that the tiles that need masking
-// (ragged seqlen_k, causal diagonal, the right edge of a window) come first and the steady state runs mask-free.
+// (ragged seqlen_k, causal diagonal, the right edge of a window) come first and the steady state runs mask-free; a
+// window's left edge comes last, masked too.
 #pragma once
 
 #include <algorithm>
@@ -303,7 +304,9 @@ struct FwdMainloop {
   };
   CUTLASS_DEVICE static KeyTiles key_tiles(Params const& p, int m_block) {
     int last_col = p.seqlen_k;  // exclusive
-    if (band_right(p) >= 0) last_col = min(last_col, (m_block + 1) * kBlockM + p.seqlen_k - p.seqlen_q + band_right(p));
+    if (band_right(p) >= 0) {
+      last_col = min(last_col, (m_block + 1) * kBlockM + p.seqlen_k - p.seqlen_q + band_right(p));
+    }
     int first_col = 0;
     if (band_left(p) >= 0) first_col = max(0, m_block * kBlockM + p.seqlen_k - p.seqlen_q - band_left(p));
     int const hi = last_col <= 0 ? 0 : (last_col + kBlockN - 1) / kBlockN;

@@ -45,16 +45,24 @@ class Problem:
     nheads_k: int
     headdim: int
     causal: bool
+    window: tuple = (-1, -1)  # (left, right) around the bottom-right diagonal; (-1, -1): no window
+
+    @property
+    def windowed(self):
+        return tuple(self.window) != (-1, -1)
 
     @property
     def mask(self):
-        return "causal" if self.causal else "full"
+        return "window" if self.windowed else "causal" if self.causal else "full"
 
     @property
     def gqa(self):
         return self.nheads // self.nheads_k
 
     def flops(self, direction):
+        if self.windowed:
+            return flops_lib.window_flops(direction, self.batch, self.nheads, self.seqlen_q, self.seqlen_k,
+                                          self.headdim, tuple(self.window))
         return flops_lib.flops(direction, self.batch, self.nheads, self.seqlen_q, self.seqlen_k, self.headdim,
                                self.causal)
 
@@ -79,7 +87,9 @@ def parse_args(argv):
     p.add_argument("--quick", action="store_true", help="hdim 128, seqlen 2k and 8k, fewer repeats (~1 minute)")
     p.add_argument("--hdims", type=int_list, default=None, help="comma list (default 128,64)")
     p.add_argument("--seqlens", type=int_list, default=None, help="comma list (default 1024..16384)")
-    p.add_argument("--masks", type=str_list, default=["full", "causal"], help="comma list of full,causal")
+    p.add_argument("--masks", type=str_list, default=["full", "causal"], help="comma list of full,causal,window")
+    p.add_argument("--window", type=int_list, default=[1024, 0],
+                   help="LEFT,RIGHT of the window mask around the diagonal, -1 = unbounded (default 1024,0)")
     p.add_argument("--gqa", type=int_list, default=[1], help="comma list of nheads/nheads_k ratios (default 1)")
     p.add_argument("--tokens", type=int, default=16384, help="batch x seqlen per row (default 16384)")
     p.add_argument("--nheads", type=int, default=None, help="query heads (default 2048 / hdim)")
@@ -109,8 +119,10 @@ def parse_args(argv):
     args.warmup_ms = args.warmup_ms if args.warmup_ms is not None else (10.0 if args.quick else 25.0)
     args.rep_ms = args.rep_ms if args.rep_ms is not None else (40.0 if args.quick else 100.0)
     for mask in args.masks:
-        if mask not in ("full", "causal"):
-            p.error(f"--masks: unknown mask {mask!r} (use full,causal)")
+        if mask not in ("full", "causal", "window"):
+            p.error(f"--masks: unknown mask {mask!r} (use full,causal,window)")
+    if len(args.window) != 2 or min(args.window) < -1 or args.window == [-1, -1]:
+        p.error("--window takes LEFT,RIGHT, each >= -1 and not both -1 (that is the full mask)")
     for name in args.schedules:
         if name not in peers.DASH_SCHEDULES:
             p.error(f"--schedules: unknown schedule {name!r} (use {','.join(peers.DASH_SCHEDULES)})")
@@ -133,7 +145,7 @@ def problems(args):
             for mask in args.masks:
                 for seqlen in args.seqlens:
                     yield Problem(max(1, args.tokens // seqlen), seqlen, seqlen, nheads, nheads // gqa, hdim,
-                                  mask == "causal")
+                                  mask == "causal", tuple(args.window) if mask == "window" else (-1, -1))
 
 
 # ---------------------------------------------------------------- timing
@@ -269,7 +281,7 @@ class Runner:
         self.rows.append({
             "direction": direction, "hdim": problem.headdim, "nheads": problem.nheads, "nheads_k": problem.nheads_k,
             "gqa": problem.gqa, "batch": problem.batch, "seqlen_q": problem.seqlen_q, "seqlen_k": problem.seqlen_k,
-            "mask": problem.mask, "impl": impl.key, "label": impl.label, "family": impl.family,
+            "mask": problem.mask, "window": list(problem.window), "impl": impl.key, "label": impl.label, "family": impl.family,
             "deterministic": impl.deterministic, "schedule": impl.schedule or "", "ms": ms, "tflops": tflops,
             "status": status, "reason": reason,
         })
@@ -425,7 +437,8 @@ def build_tables(rows, summary, impls):
     for (direction, gqa, hdim, mask), group in sorted(group_rows(rows).items(), key=order):
         cols = [i for i in impls if any(r["impl"] == i.key for r in group)]
         cells = {(r["seqlen_q"], r["impl"]): r for r in group}
-        title = (f"{direction.upper()} TFLOPS  hdim {hdim}  {mask}  heads q/kv {group[0]['nheads']}/"
+        mask_text = f"window {tuple(group[0]['window'])}" if mask == "window" else mask
+        title = (f"{direction.upper()} TFLOPS  hdim {hdim}  {mask_text}  heads q/kv {group[0]['nheads']}/"
                  f"{group[0]['nheads_k']}  ({group[0]['batch'] * group[0]['seqlen_q']} tokens per row)")
         header = ["seqlen"] + [c.label for c in cols]
         if direction == "bwd":
@@ -492,7 +505,7 @@ def plot(rows, impls, out_dir):
         panels_by_figure.setdefault((direction, gqa), {})[(hdim, mask)] = group
     for (direction, gqa), panels in sorted(panels_by_figure.items()):
         hdims = sorted({h for h, _ in panels}, reverse=True)
-        masks = [m for m in ("full", "causal") if any(pm == m for _, pm in panels)]
+        masks = [m for m in ("full", "causal", "window") if any(pm == m for _, pm in panels)]
         fig, axes = plt.subplots(len(hdims), len(masks), figsize=(6 * len(masks), 4 * len(hdims)), squeeze=False)
         for (hdim, mask), group in panels.items():
             ax = axes[hdims.index(hdim)][masks.index(mask)]
@@ -612,7 +625,8 @@ def main(argv=None):
     print(render_text(tables))
     notes = [i.note for i in impls if i.note and any(r["impl"] == i.key and r["tflops"] for r in runner.rows)]
     notes += unavailable_notes(runner.rows)
-    notes.append("TFLOPS: benchmarks/flops.py (forward 4*b*h*sq*sk*d, causal halved; backward 2.5x forward).")
+    notes.append("TFLOPS: benchmarks/flops.py (forward 4*b*h*sq*sk*d, causal halved, windows: the visible band "
+                 "only; backward 2.5x forward).")
     print()
     for note in notes:
         print(f"note: {note}")

@@ -61,6 +61,14 @@ def flops(direction, batch, nheads, seqlen_q, seqlen_k, headdim, causal):
     raise ValueError(f"direction must be 'fwd' or 'bwd', got {direction!r}")
 
 
+def window_flops(direction, batch, nheads, seqlen_q, seqlen_k, headdim, window):
+    """FLOPs of a sliding-window attention, window = (left, right): the visible band only (band_area)."""
+    fwd = 4 * batch * nheads * band_area(seqlen_q, seqlen_k, *window) * headdim
+    if direction not in ("fwd", "bwd"):
+        raise ValueError(f"direction must be 'fwd' or 'bwd', got {direction!r}")
+    return fwd if direction == "fwd" else BWD_FLOPS_PER_FWD * fwd
+
+
 def tflops(n_flops, ms):
     """Rate in TFLOPS for n_flops done in ms milliseconds."""
     return n_flops / (ms * 1e-3) / 1e12

@@ -129,7 +129,7 @@ class DashImpl(Impl):
 
     def forward(self, q, k, v, problem):
         return _first(self._module.flash_attn_func(
-            q, k, v, causal=problem.causal, deterministic=self.deterministic,
+            q, k, v, causal=problem.causal, window_size=tuple(problem.window), deterministic=self.deterministic,
             schedule=self.schedule, sm_margin=self.sm_margin, return_attn_probs=False))
 
 
@@ -151,6 +151,8 @@ class SdpaImpl(Impl):
             return f"torch.nn.attention.sdpa_kernel missing ({exc})"
         if not hasattr(SDPBackend, self._BACKENDS[self.backend]):
             return f"this torch has no SDPBackend.{self._BACKENDS[self.backend]}"
+        if problem.windowed:
+            return "SDPA has no sliding-window mask (an explicit attn_mask would pick another kernel)"
         if problem.causal and problem.seqlen_q != problem.seqlen_k:
             return "SDPA is_causal is top-left aligned; dash_attn's causal mask is bottom-right"
         return None
@@ -201,17 +203,23 @@ class FlexImpl(Impl):
         return self._reason
 
     def _block_mask(self, problem, device):
-        if not problem.causal:
+        if not problem.causal and not problem.windowed:
             return None
-        key = (problem.seqlen_q, problem.seqlen_k)
+        left, right = tuple(problem.window) if problem.windowed else (-1, 0)
+        key = (problem.seqlen_q, problem.seqlen_k, left, right)
         if key not in self._masks:
             offset = problem.seqlen_k - problem.seqlen_q
 
-            def bottom_right_causal(b, h, q_idx, kv_idx):
-                return kv_idx <= q_idx + offset
+            def bottom_right_band(b, h, q_idx, kv_idx):
+                visible = q_idx >= 0  # all-true of the right shape
+                if right >= 0:
+                    visible = visible & (kv_idx <= q_idx + offset + right)
+                if left >= 0:
+                    visible = visible & (kv_idx >= q_idx + offset - left)
+                return visible
 
             self._masks[key] = self._flex.create_block_mask(
-                bottom_right_causal, None, None, problem.seqlen_q, problem.seqlen_k, device=device)
+                bottom_right_band, None, None, problem.seqlen_q, problem.seqlen_k, device=device)
         return self._masks[key]
 
     def forward(self, q, k, v, problem):
@@ -248,7 +256,8 @@ class Fa3Impl(Impl):
         return self._reason
 
     def forward(self, q, k, v, problem):
-        return _first(self._module.flash_attn_func(q, k, v, causal=problem.causal, deterministic=self.deterministic))
+        return _first(self._module.flash_attn_func(q, k, v, causal=problem.causal, window_size=tuple(problem.window),
+                                                   deterministic=self.deterministic))
 
 
 def build_impls(schedules, peer_keys, with_dash=True, sm_margin=0):

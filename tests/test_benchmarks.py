@@ -90,6 +90,17 @@ def test_cpp_band_area_matches_python_and_brute_force(tmp_path):
     assert flops.band_area(1000, 1000, 999, 0) == flops.causal_area(1000, 1000) + 500
 
 
+def test_window_problems_count_the_band_only():
+    args = bench_attn.parse_args(["--masks", "window", "--window", "1024,0", "--hdims", "128", "--seqlens", "4096"])
+    (problem,) = list(bench_attn.problems(args))
+    assert problem.mask == "window" and problem.window == (1024, 0)
+    area = flops.band_area(4096, 4096, 1024, 0)
+    assert problem.flops("fwd") == 4 * problem.batch * problem.nheads * area * 128
+    assert problem.flops("bwd") == 2.5 * problem.flops("fwd")
+    with pytest.raises(SystemExit):
+        bench_attn.parse_args(["--masks", "window", "--window", "-1,-1"])
+
+
 def test_quick_grid_and_defaults():
     quick = bench_attn.parse_args(["--quick"])
     assert quick.hdims == [128] and quick.seqlens == [2048, 8192]

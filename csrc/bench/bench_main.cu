@@ -386,7 +386,7 @@ class Bench {
     // The non-deterministic backward first, then every deterministic schedule; all timed round-robin (see
     // EventTimer::time_round_robin). The non-deterministic visit order is the one `auto` gives it
     // (dash_attn.schedule ranks it like the deterministic one): shift on full masks, shift_causal on causal ones at
-    // every standard shape.
+    // every standard shape, descending on windows (ranked first there on ties).
     std::vector<dash::BwdParams> variants;
     std::vector<std::string> names;
     dash::BwdParams bwd = make_bwd_params(p, buf, num_sms_, opt_.sm_margin);
@@ -588,6 +588,10 @@ int main(int argc, char** argv) {
       dash_bwd_tile_shape(h, static_cast<int32_t>(m), &bm, &bn);
       std::printf("note: hdim %d %s backward tile %d x %d (block_m x block_n)\n", h, mask_name(m), bm, bn);
     }
+  }
+  if (std::find(opt.masks.begin(), opt.masks.end(), MaskKind::kWindow) != opt.masks.end()) {
+    std::printf("note: window mask (left, right) = (%d, %d) around the bottom-right diagonal; FLOPs count the band\n",
+                opt.window_left, opt.window_right);
   }
   std::printf("\n");
 

@@ -5,7 +5,8 @@
 //   CPLUS_INCLUDE_PATH=/usr/local/cuda/include/cccl nvcc -std=c++17 -O3 --use_fast_math \
 //     -gencode arch=compute_90a,code=sm_90a --expt-relaxed-constexpr --expt-extended-lambda \
 //     -Icsrc -I<cutlass>/include -DDASH_ENABLE_HDIM_64 -DDASH_ENABLE_HDIM_128 -DDASH_ENABLE_HDIM_256 -DDASH_ENABLE_BF16 \
-//     tests/cpp/test_bwd.cu csrc/bwd/bwd_dispatch.cu csrc/instantiations/bwd_hdim{64,128,256}_bf16_{full,causal}.cu \
+//     tests/cpp/test_bwd.cu csrc/bwd/bwd_dispatch.cu \
+//     csrc/instantiations/bwd_hdim{64,128,256}_bf16_{full,causal,window}.cu \
 //     -o build/test_bwd
 //   Debug variant: add -DDASH_BWD_SPIN_TRAP (optionally -DDASH_BWD_SPIN_TRAP_LOG2=21 -DDASH_BWD_WAIT_TRAP_LOG2=18 so a
 //   stuck semaphore or mbarrier traps within about a second and prints where).
@@ -64,10 +65,22 @@ void parallel_for(int n, F&& f) {
   for (auto& th : ts) th.join();
 }
 
+// Mask of a test problem: the kernel's kind and the window bounds passed with it (-1: unbounded side).
+struct MaskSpec {
+  const char* name;
+  dash::MaskKind kind;
+  int left, right;
+};
+constexpr MaskSpec kFullMask{"full", dash::MaskKind::kFull, -1, -1};
+constexpr MaskSpec kCausalMask{"causal", dash::MaskKind::kCausal, -1, 0};
+// Narrower than a tile on both sides, so both edges cut through tiles; rows without keys appear where sq > sk.
+constexpr MaskSpec kWindowMask{"window", dash::MaskKind::kWindow, 37, 11};
+const MaskSpec kMasks[] = {kFullMask, kCausalMask, kWindowMask};
+
 // Host copies of one problem, layout (batch, seqlen, heads, d) contiguous.
 struct Problem {
   Shape s;
-  bool causal;
+  MaskSpec mask;
   float scale;
   std::vector<Elem> q, k, v, o, dout;
   std::vector<float> lse;  // (b, h, sq)
@@ -77,7 +90,11 @@ struct Problem {
 size_t qidx(const Shape& s, int b, int i, int h) { return ((size_t(b) * s.sq + i) * s.h + h) * s.d; }
 size_t kidx(const Shape& s, int b, int j, int h) { return ((size_t(b) * s.sk + j) * s.hk + h) * s.d; }
 
-bool visible(const Problem& p, int i, int j) { return !p.causal || j <= i + p.s.sk - p.s.sq; }
+// Query row i sees key j inside the band around the bottom-right diagonal.
+bool visible(const Problem& p, int i, int j) {
+  const int diag = i + p.s.sk - p.s.sq;
+  return (p.mask.left < 0 || j >= diag - p.mask.left) && (p.mask.right < 0 || j <= diag + p.mask.right);
+}
 
 void fill_random(std::vector<Elem>& x, size_t n, std::mt19937& rng) {
   std::normal_distribution<float> nd(0.f, 1.f);
@@ -215,8 +232,7 @@ struct DeviceProblem {
     CHECK_CUDA(cudaMemcpy(lse, p.lse.data(), p.lse.size() * sizeof(float), cudaMemcpyHostToDevice));
     dash::BwdParams& bp = params;
     bp.shape = dash::AttnShape{s.b, s.sq, s.sk, s.h, s.hk, s.d, dash::DType::kBFloat16,
-                               p.causal ? dash::MaskKind::kCausal : dash::MaskKind::kFull, -1, p.causal ? 0 : -1,
-                               p.scale, 0.f};
+                               p.mask.kind, p.mask.left, p.mask.right, p.scale, 0.f};
     const dash::TensorStrides qs{int64_t(s.sq) * s.h * s.d, int64_t(s.h) * s.d, s.d};
     const dash::TensorStrides ks{int64_t(s.sk) * s.hk * s.d, int64_t(s.hk) * s.d, s.d};
     bp.q = q, bp.k = k, bp.v = v, bp.o = o, bp.dout = dout, bp.lse = lse, bp.dq = dq, bp.dk = dk, bp.dv = dv;
@@ -286,10 +302,10 @@ void test_correctness(bool small_only) {
 #endif
   if (small_only) shapes = {{1, 2, 1, 130, 200, 128}};
   std::printf("== correctness (max|err|/max(max|ref|, 1e-2), sum|err|/sum|ref|; pass if the first < 2e-2) ==\n");
-  for (bool causal : {false, true}) {
+  for (const MaskSpec& mask : kMasks) {
     for (const Shape& s : shapes) {
-      Problem p{s, causal, 1.f / std::sqrt(float(s.d))};
-      build_problem(p, true, 1234u + s.sq * 7 + s.sk + causal);
+      Problem p{s, mask, 1.f / std::sqrt(float(s.d))};
+      build_problem(p, true, 1234u + s.sq * 7 + s.sk + static_cast<uint32_t>(mask.kind));
       DeviceProblem dp(p);
       // Every schedule on every mask: shift / shift_causal fall back where their preconditions fail.
       for (int si = 0; si < kNumScheds; ++si) {
@@ -306,7 +322,7 @@ void test_correctness(bool small_only) {
                           ev.rel() < 2e-2;
           if (!ok) ++g_failures;
           std::printf("%s %-6s d%-3d b%d h%d hk%d sq%-5d sk%-5d %-12s %-6s rc=%d dq %.2e/%.2e dk %.2e/%.2e dv %.2e/%.2e%s\n",
-                      ok ? "PASS" : "FAIL", causal ? "causal" : "full", s.d, s.b, s.h, s.hk, s.sq, s.sk, kSchedNames[si],
+                      ok ? "PASS" : "FAIL", mask.name, s.d, s.b, s.h, s.hk, s.sq, s.sk, kSchedNames[si],
                       det ? "det" : "nondet", rc, eq.rel(), eq.mean_rel(), ek.rel(), ek.mean_rel(), ev.rel(),
                       ev.mean_rel(), (eq.nan || ek.nan || ev.nan) ? " NaN" : "");
         }
@@ -342,13 +358,14 @@ void test_determinism(int reps, int long_reps) {
   dims.push_back(256);
 #endif
   for (int d : dims)
-  for (bool causal : {false, true}) {
+  for (const MaskSpec& mask : kMasks) {
     const Shape s{2, 16, 4, 1024, 1024, d};
-    Problem p{s, causal, 1.f / std::sqrt(float(s.d))};
-    build_problem(p, false, 99u + causal);
+    Problem p{s, mask, 1.f / std::sqrt(float(s.d))};
+    build_problem(p, false, 99u + static_cast<uint32_t>(mask.kind));
     DeviceProblem dp(p);
     for (int si = 0; si < kNumScheds; ++si) {
-      const int n = d != 128 ? std::max(2, reps / 5) : (si == 1 && causal) ? long_reps : reps;
+      const bool long_run = si == 1 && mask.kind == dash::MaskKind::kCausal;
+      const int n = d != 128 ? std::max(2, reps / 5) : long_run ? long_reps : reps;
       std::vector<Elem> dq0, dk0, dv0, dq, dk, dv;
       int mismatches = 0, rc_bad = 0;
       for (int r = 0; r < n; ++r) {
@@ -366,7 +383,7 @@ void test_determinism(int reps, int long_reps) {
       const bool ok = mismatches == 0 && rc_bad == 0;
       if (!ok) ++g_failures;
       std::printf("%s %-6s d%-3d b2 h16 hk4 s1024 %-12s %d calls: %d differ from the first\n", ok ? "PASS" : "FAIL",
-                  causal ? "causal" : "full", d, kSchedNames[si], n, mismatches);
+                  mask.name, d, kSchedNames[si], n, mismatches);
     }
   }
   CHECK_CUDA(cudaFree(busy));
@@ -374,10 +391,10 @@ void test_determinism(int reps, int long_reps) {
 
 void test_margins() {
   std::printf("== determinism across sm_margin 0/4/18 ==\n");
-  for (bool causal : {false, true}) {
+  for (const MaskSpec& mask : kMasks) {
     const Shape s{2, 16, 4, 1024, 1024, 128};
-    Problem p{s, causal, 1.f / std::sqrt(float(s.d))};
-    build_problem(p, false, 7u + causal);
+    Problem p{s, mask, 1.f / std::sqrt(float(s.d))};
+    build_problem(p, false, 7u + static_cast<uint32_t>(mask.kind));
     DeviceProblem dp(p);
     for (int si = 0; si < kNumScheds; ++si) {
       std::vector<Elem> dq0, dk0, dv0, dq, dk, dv;
@@ -396,7 +413,7 @@ void test_margins() {
       const bool promised = si <= 1;
       if (promised && !same) ++g_failures;
       std::printf("%s %-6s %-12s identical across margins: %s%s\n", (!promised || same) ? "PASS" : "FAIL",
-                  causal ? "causal" : "full", kSchedNames[si], same ? "yes" : "no",
+                  mask.name, kSchedNames[si], same ? "yes" : "no",
                   promised ? "" : " (not promised)");
     }
   }
@@ -414,7 +431,7 @@ void bench() {
   for (bool causal : {false, true}) {
     for (int seqlen : {1024, 2048, 4096, 8192, 16384}) {
       const Shape s{16384 / seqlen, 16, 16, seqlen, seqlen, 128};
-      Problem p{s, causal, 1.f / std::sqrt(float(s.d))};
+      Problem p{s, causal ? kCausalMask : kFullMask, 1.f / std::sqrt(float(s.d))};
       build_problem(p, false, 5u);
       DeviceProblem dp(p);
       double flops = 2.5 * 4.0 * s.b * s.h * double(s.sq) * s.sk * s.d;

@@ -19,7 +19,9 @@ template <class Traits>
 struct FwdKernel {
   using Mainloop = FwdMainloop<Traits>;
   using Epilogue = FwdEpilogue<Traits>;
-  using Scheduler = FwdTileScheduler<Traits::kCausal ? TileOrder::kPairedHeavyFirst : TileOrder::kHeadMajor>;
+  using Scheduler = FwdTileScheduler<Traits::kCausal                      ? TileOrder::kPairedHeavyFirst
+                                     : Traits::kMask == MaskKind::kWindow ? TileOrder::kHeadMajorSnake
+                                                                          : TileOrder::kHeadMajor>;
   using SharedStorage = typename Traits::SharedStorage;
   using PipelineKV = typename Traits::PipelineKV;
   using PipelineState = typename Traits::PipelineState;

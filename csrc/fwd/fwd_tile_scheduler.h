@@ -16,13 +16,18 @@
 // With an odd tile count per head a pair would include a half-cost self pair, so all tiles then go to the tail.
 // Every wave of the unit sequence is dealt out in alternating direction (boustrophedon): with a plain round robin
 // CTA 0 would take the heaviest tile of every tail wave.
+//
+// Sliding windows (kHeadMajorSnake): head-major like the full mask, but dealt out boustrophedon too. A band's tiles
+// cost the same except near the ends of the sequence; with a plain round robin and a grid that is a multiple of the
+// tiles per head (132 CTAs, 22 tiles of 192 rows at seqlen 4096), every CTA got the same query tile in every wave, so
+// the light tiles always went to the same CTAs (H200, hdim 64, window (4096, 0) at 4k: 244 TFLOPS).
 #pragma once
 
 #include <cutlass/cutlass.h>
 
 namespace dash::fwd {
 
-enum class TileOrder : int { kHeadMajor = 0, kPairedHeavyFirst = 1 };
+enum class TileOrder : int { kHeadMajor = 0, kPairedHeavyFirst = 1, kHeadMajorSnake = 2 };
 
 template <TileOrder kOrder>
 struct FwdTileScheduler {
@@ -87,7 +92,7 @@ struct FwdTileScheduler {
 
   // Index in the unit sequence of the unit the counter stands for.
   CUTLASS_DEVICE static int position(int counter) {
-    if constexpr (kOrder == TileOrder::kPairedHeavyFirst) {
+    if constexpr (kOrder != TileOrder::kHeadMajor) {
       int const grid = gridDim.x;
       int const wave = counter / grid;
       int const slot = counter - wave * grid;

@@ -41,7 +41,7 @@ DISPATCH = {"static": 0, "greedy": 1, "greedy_head_major": 2}
 # `choose` ranks by predicted makespan. The DAG alone (c, r) ties the schedules on most standard shapes, while the
 # H200 separates them by up to 1.5x at short sequences: there a tile-major order gives each concurrent CTA its own
 # head, so every visit streams its Q, dO and dQ accumulator tiles from DRAM (ncu, seqlen 1k full: descending 3.35 GB
-# of DRAM traffic against 0.52 GB for shift, L2 hit rate 32% against 88%; benchmarks/RESULTS.md). The L2 term of the
+# of DRAM traffic against 0.52 GB for shift, L2 hit rate 32% against 88%; benchmarks/RESULTS_HISTORY.md). The L2 term of the
 # simulator (simulate.h: an LRU of tiles plus a bandwidth-shared miss cost and a latency per miss, calibrated below)
 # reproduces that ranking when `choose` knows the L2 size and head dim. What is left are near-ties that the GPU does
 # not separate either (shift and shift_causal on full masks), so makespans within _MODEL_TOLERANCE of the best count

@@ -44,14 +44,19 @@ class EventTimer {
   EventTimer(const EventTimer&) = delete;
   EventTimer& operator=(const EventTimer&) = delete;
 
-  // `launch` enqueues one call on the stream and returns 0 or an error code (the C ABI's convention).
-  // Several launches timed round-robin: each is warmed up, then every round flushes L2 before each launch and times
-  // each launch once, in order; one median per launch. Timed one after the other instead, a slow spell of the GPU
-  // falls on whichever launch it meets: on the H200 the same row position (about 1.3 s into a run of 16k rows) came
-  // out 10-20% slow in four runs of one binary, whatever schedule sat there. Round-robin spreads it over all launches,
-  // so their ratios (deterministic / non-deterministic) stay fair. A launch that fails stops the timing of all.
+  // A launch enqueues one call on the stream and returns 0 or an error code (the C ABI's convention); `prepare` (same
+  // convention) is enqueued before every call, warm-up included, after the L2 flush and before the start event: a
+  // launch that needs fresh state from another kernel (the backward's main kernel needs its preprocess) is timed
+  // alone, yet finds the cache as that kernel leaves it, as it would inside the whole call.
+  //
+  // Several launches are timed round-robin: each is warmed up, then every round flushes L2 before each launch and
+  // times each launch once, in order; one median per launch. Timed one after the other instead, a slow spell of the
+  // GPU falls on whichever launch it meets: on the H200 the same row position (about 1.3 s into a run of 16k rows)
+  // came out 10-20% slow in four runs of one binary, whatever schedule sat there. Round-robin spreads it over all
+  // launches, so their ratios (deterministic / non-deterministic) stay fair. A failing call stops the timing of all.
   std::vector<TimingResult> time_round_robin(const std::vector<std::function<int()>>& launches,
-                                             const TimingConfig& cfg) {
+                                             const TimingConfig& cfg,
+                                             const std::function<int()>& prepare = [] { return 0; }) {
     const size_t n = launches.size();
     const int iters = std::max(1, cfg.iters);
     std::vector<TimingResult> results(n);
@@ -61,7 +66,9 @@ class EventTimer {
     };
     for (size_t v = 0; v < n; ++v) {
       for (int i = 0; i < cfg.warmup; ++i) {
-        if (const int rc = launches[v](); rc != 0) return failed(rc);
+        int rc = prepare();
+        if (rc == 0) rc = launches[v]();
+        if (rc != 0) return failed(rc);
       }
     }
     std::vector<cudaEvent_t> events(2 * n * iters);
@@ -72,6 +79,7 @@ class EventTimer {
         if (cfg.flush_l2 && flush_buf_ != nullptr) {
           DASH_BENCH_CUDA(cudaMemsetAsync(flush_buf_, i & 0xff, flush_bytes_, stream_));
         }
+        if ((status = prepare()) != 0) break;
         const size_t e = 2 * (static_cast<size_t>(i) * n + v);
         DASH_BENCH_CUDA(cudaEventRecord(events[e], stream_));
         status = launches[v]();
@@ -97,48 +105,10 @@ class EventTimer {
     return results;
   }
 
-  template <class Launch>
-  TimingResult time(Launch&& launch, const TimingConfig& cfg) {
-    return time(launch, cfg, [] { return 0; });
-  }
-
-  // Same, with `prepare` (same convention) enqueued before every call, warm-up included, after the L2 flush and
-  // before the start event: a launch that needs fresh state from another kernel (the backward's main kernel needs
-  // its preprocess) is timed alone, yet finds the cache as that kernel leaves it, as it would inside the whole call.
-  template <class Launch, class Prepare>
-  TimingResult time(Launch&& launch, const TimingConfig& cfg, Prepare&& prepare) {
-    TimingResult result;
-    for (int i = 0; i < cfg.warmup; ++i) {
-      if ((result.status = prepare()) != 0 || (result.status = launch()) != 0) return result;
-    }
-    const int iters = std::max(1, cfg.iters);
-    std::vector<cudaEvent_t> starts(iters), ends(iters);
-    for (int i = 0; i < iters; ++i) {
-      DASH_BENCH_CUDA(cudaEventCreate(&starts[i]));
-      DASH_BENCH_CUDA(cudaEventCreate(&ends[i]));
-    }
-    for (int i = 0; i < iters && result.status == 0; ++i) {
-      if (cfg.flush_l2 && flush_buf_ != nullptr) {
-        DASH_BENCH_CUDA(cudaMemsetAsync(flush_buf_, i & 0xff, flush_bytes_, stream_));
-      }
-      if ((result.status = prepare()) != 0) break;
-      DASH_BENCH_CUDA(cudaEventRecord(starts[i], stream_));
-      result.status = launch();
-      DASH_BENCH_CUDA(cudaEventRecord(ends[i], stream_));
-    }
-    DASH_BENCH_CUDA(cudaStreamSynchronize(stream_));
-    if (result.status == 0) {
-      std::vector<float> ms(iters);
-      for (int i = 0; i < iters; ++i) DASH_BENCH_CUDA(cudaEventElapsedTime(&ms[i], starts[i], ends[i]));
-      std::sort(ms.begin(), ms.end());
-      result.median_ms = ms[iters / 2];
-      result.min_ms = ms.front();
-    }
-    for (int i = 0; i < iters; ++i) {
-      cudaEventDestroy(starts[i]);
-      cudaEventDestroy(ends[i]);
-    }
-    return result;
+  // One launch alone (a round of one).
+  TimingResult time(const std::function<int()>& launch, const TimingConfig& cfg,
+                    const std::function<int()>& prepare = [] { return 0; }) {
+    return time_round_robin({launch}, cfg, prepare).front();
   }
 
  private:

@@ -47,12 +47,18 @@ DISPATCH = {"static": 0, "greedy": 1, "greedy_head_major": 2}
 # not separate either (shift and shift_causal on full masks), so makespans within _MODEL_TOLERANCE of the best count
 # as ties, and ties follow the measured ranking of the mask.
 _MODEL_TOLERANCE = 0.05
-# The measured ranking per mask (windows: the batch-invariant orders first, not yet measured on the GPU).
+# The measured ranking per mask. Windows: spt measured 0-3.6% faster than descending on all ten rows of the H200 window
+# suite (hdim 128 and 64; (1024, 0), (512, 512), (4096, 0); 4k and 16k; benchmarks/RESULTS.md, 2026-11-30).
 _PREFERENCE = {
     "full": ("shift", "shift_causal", "descending", "spt", "ascending"),
     "causal": ("shift_causal", "shift", "descending", "spt", "ascending"),
-    "window": ("descending", "shift", "shift_causal", "spt", "ascending"),
+    "window": ("spt", "descending", "shift", "shift_causal", "ascending"),
 }
+# Masks whose ranking uses the L2 term. It was fitted on full and causal masks; on windows both candidate orders take
+# the same compulsory misses (one per tile set) and the term only moves when they happen, which ranked descending
+# 3-9% ahead of spt at 16k where the H200 measured spt 1-3.6% ahead. Without it the model ties the two on all ten rows
+# (spt / descending 1.00-1.02) and the measured ranking decides.
+_L2_TERM_MASKS = ("full", "causal")
 # L2 term: time of a visit whose (Q, dO, dQ accumulator) tile set comes from DRAM at 1/num_ctas of the bandwidth, in
 # units of c, for 128-wide KV tiles (bytes per visit over FLOPs per visit scale as 1 / block_n). Calibrated on the
 # H200 (hdim 128, seqlen 1k/2k: measured descending / shift 1.43 / 1.55, model 1.52 / 1.50); the nominal ratio of the
@@ -326,7 +332,7 @@ def _choose_cached(mask: str, seqlen_q: int, seqlen_k: int, block_m: int, block_
                    l2: L2Model) -> str:
     p = _scaled_for_choose(mask, seqlen_q, seqlen_k, block_m, block_n, nheads, batch, num_sms, window, nheads_k)
     # A scaled-down problem has fewer CTAs; it gets the same share of L2 per CTA.
-    l2_tiles = max(1, l2.l2_tiles * p.num_ctas // num_sms) if l2.l2_tiles > 0 else 0
+    l2_tiles = max(1, l2.l2_tiles * p.num_ctas // num_sms) if l2.l2_tiles > 0 and mask in _L2_TERM_MASKS else 0
     preference = _PREFERENCE[mask]
     makespan = {}
     for name in preference:

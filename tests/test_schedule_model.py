@@ -140,13 +140,19 @@ def test_varlen_plans_each_sequence():
 def test_choose_follows_the_measured_ranking_within_the_model_tolerance():
     """The model ties or nearly ties the schedules on these shapes; the H200 measured shift (full) and shift_causal
     (causal, also where the model puts descending 3% ahead) clearly faster (benchmarks/RESULTS.md), so `auto` picks
-    them; windows keep the batch-invariant descending on ties."""
+    them; windows rank without the L2 term and pick spt, which the H200 measured 0-3.6% ahead of descending."""
     assert schedule.choose("full", 1024, 1024, 64, 128, 16, 16, 132) == "shift"
     for seqlen in (1024, 2048, 4096, 8192, 16384):
         assert schedule.choose("causal", seqlen, seqlen, 64, 128, 16, 16384 // seqlen, 132) == "shift_causal"
         assert schedule.choose("causal", seqlen, seqlen, 64, 128, 16, 16384 // seqlen, 132,
                                deterministic=False) == "shift_causal"
-    assert schedule.choose("window", 4096, 4096, 64, 128, 16, 4, 132, window=(512, 512)) == "descending"
+    l2 = schedule.l2_model(60 << 20, 64, 128, 128)
+    for window in ((1024, 0), (512, 512), (4096, 0)):
+        for seqlen in (4096, 16384):
+            if window == (4096, 0) and seqlen == 4096:
+                continue  # a causal mask (the Python API passes it as one)
+            assert schedule.choose("window", seqlen, seqlen, 64, 128, 16, 16384 // seqlen, 132, window=window,
+                                   l2=l2) == "spt"
 
 
 def test_choose():

@@ -56,8 +56,8 @@ _PREFERENCE = {
 }
 # Masks whose ranking uses the L2 term. It was fitted on full and causal masks; on windows both candidate orders take
 # the same compulsory misses (one per tile set) and the term only moves when they happen, which ranked descending
-# 3-9% ahead of spt at 16k where the H200 measured spt 1-3.6% ahead. Without it the model ties the two on all ten rows
-# (spt / descending 1.00-1.02) and the measured ranking decides.
+# 3-9% ahead of spt at 16k where the H200 measured spt 0-2.7% ahead. Without it the model ties the two on all ten
+# rows (spt / descending 1.00-1.02) and the measured ranking decides.
 _L2_TERM_MASKS = ("full", "causal")
 # L2 term: time of a visit whose (Q, dO, dQ accumulator) tile set comes from DRAM at 1/num_ctas of the bandwidth, in
 # units of c, for 128-wide KV tiles (bytes per visit over FLOPs per visit scale as 1 / block_n). Calibrated on the

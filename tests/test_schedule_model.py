@@ -146,13 +146,15 @@ def test_choose_follows_the_measured_ranking_within_the_model_tolerance():
         assert schedule.choose("causal", seqlen, seqlen, 64, 128, 16, 16384 // seqlen, 132) == "shift_causal"
         assert schedule.choose("causal", seqlen, seqlen, 64, 128, 16, 16384 // seqlen, 132,
                                deterministic=False) == "shift_causal"
-    l2 = schedule.l2_model(60 << 20, 64, 128, 128)
-    for window in ((1024, 0), (512, 512), (4096, 0)):
-        for seqlen in (4096, 16384):
-            if window == (4096, 0) and seqlen == 4096:
-                continue  # a causal mask (the Python API passes it as one)
-            assert schedule.choose("window", seqlen, seqlen, 64, 128, 16, 16384 // seqlen, 132, window=window,
-                                   l2=l2) == "spt"
+    for hdim, heads in ((128, 16), (64, 32)):  # the H200 window suite's rows
+        block_m, block_n = schedule.tile_shape(hdim, "window")
+        l2 = schedule.l2_model(60 << 20, block_m, block_n, hdim)
+        for window in ((1024, 0), (512, 512), (4096, 0)):
+            for seqlen in (4096, 16384):
+                if window == (4096, 0) and seqlen == 4096:
+                    continue  # a causal mask (the Python API passes it as one)
+                assert schedule.choose("window", seqlen, seqlen, block_m, block_n, heads, 16384 // seqlen, 132,
+                                       window=window, l2=l2) == "spt"
 
 
 def test_choose():

@@ -108,9 +108,9 @@ CUTLASS_DEVICE void dq_writer_loop(BwdKernelParams<T> const& p, BwdSharedStorage
     reinterpret_cast<Barrier&>(ss.dq_empty[buf]).arrive();  // consumers may stage into this buffer again
     if (p.deterministic || first) {
       bulk_wait_all();
-      // Order the async-proxy writes of the reduce before the generic release that publishes them.
+      // Order the async-proxy writes of the reduce before the generic release that publishes them. The release
+      // store is itself a gpu-scope fence; a __threadfence() (fence.sc.gpu) here as well cost 1-2% (measured).
       asm volatile("fence.proxy.async.global;\n" ::: "memory");
-      __threadfence();
       st_release_gpu(sem, rec.wait_target + 1);
     }
   }

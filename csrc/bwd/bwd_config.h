@@ -122,7 +122,7 @@ inline BwdTileConfig bwd_tile_config(int32_t headdim) {
 //   dq_accum   fp32 (batch, nheads, seqlen_q rounded up to kBlockM, d), tiles in the dQ writer's permuted order
 //   lse_log2   fp32 (batch, nheads, seqlen_q_rounded)
 //   dsum       fp32 (batch, nheads, seqlen_q_rounded)   D = rowsum(dO * O)
-//   semaphores int32 (batch, nheads, num_m_blocks)      dQ accumulation position per Q tile (deterministic mode)
+//   semaphores int32 (batch, nheads, num_m_blocks)      completed dQ adds per Q tile (both modes)
 struct BwdWorkspaceLayout {
   int32_t num_m_blocks = 0;
   int32_t seqlen_q_rounded = 0;

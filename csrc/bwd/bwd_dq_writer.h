@@ -13,10 +13,16 @@
 //
 // Both modes: nothing zeroes the accumulator (bwd_preprocess.h). The tile's first add in schedule order
 // (wait_target 0) is a plain bulk store, completed and released like a deterministic add. The non-deterministic mode
-// orders only that one: its other adds wait until the semaphore is 1 (the store has landed), then add in arrival
-// order without waiting for completion or releasing anything. Its waits are a subset of the deterministic mode's
-// (each add there waits, through the chain, for add 0), so every schedule that cannot deadlock deterministically
-// cannot deadlock here either (verify.h proves the former for 1..256 SMs).
+// orders only that one: its other adds wait until the semaphore is at least 1 (the store has landed), then add in
+// arrival order. Each of them is counted (+1 on the semaphore, release) once it has completed, which the writer learns
+// without stalling only one add later (wait_group 1), so that the postprocess can convert a tile as soon as its count
+// reaches its number of contributors in both modes. Its waits are a subset of the deterministic mode's (each add there
+// waits, through the chain, for add 0), so every schedule that cannot deadlock deterministically cannot deadlock here
+// either (verify.h proves the former for 1..256 SMs).
+//
+// Release cost: the release store after fence.proxy.async is already a gpu-scope fence; an extra __threadfence()
+// (fence.sc.gpu) before it cost 1-2% deterministically, and in the per-add count of the non-deterministic mode it
+// made that mode 3-6% slower at hdim 128 full 4k-16k (H200, alternating A/B runs).
 #pragma once
 #include <cstdio>
 
@@ -58,6 +64,9 @@ CUTLASS_DEVICE int32_t ld_acquire_gpu(const int32_t* p) {
 CUTLASS_DEVICE void st_release_gpu(int32_t* p, int32_t v) {
   asm volatile("st.release.gpu.global.s32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
 }
+CUTLASS_DEVICE void red_add_release_gpu(int32_t* p, int32_t v) {
+  asm volatile("red.release.gpu.global.add.s32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
+}
 
 struct SpinSite {
   int32_t batch, head, m_block, n_block, wait_target;
@@ -69,7 +78,9 @@ CUTLASS_DEVICE void spin_until(const int32_t* sem, int32_t target, const SpinSit
 #endif
   int32_t observed;
   // `observed` is only reported by the debug trap.
-  while ((observed = ld_acquire_gpu(sem)) != target) {
+  // Deterministic mode: the semaphore never passes target before this add releases, so >= means ==.
+  // Non-deterministic mode: the other adds keep counting past the first store's 1.
+  while ((observed = ld_acquire_gpu(sem)) < target) {
 #ifdef DASH_BWD_SPIN_TRAP
     if (++spins == (uint64_t(1) << DASH_BWD_SPIN_TRAP_LOG2)) {
       printf("dash_bwd: dQ semaphore spin timeout: batch %d head %d m_block %d n_block %d wait_target %d observed %d\n",
@@ -86,6 +97,10 @@ CUTLASS_DEVICE void spin_until(const int32_t* sem, int32_t target, const SpinSit
 template <class T>
 CUTLASS_DEVICE void dq_writer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<T>& ss) {
   const int nheads = get<2>(p.shape_q);
+  // Non-deterministic mode: the semaphore of an arrival-order add that has not been counted yet. It is counted once
+  // an add issued after it forces its completion (wait_group 1), so that the writer never waits for the completion
+  // of the add it has just issued.
+  int32_t* uncounted = nullptr;
   for (uint32_t dq_count = 0;; ++dq_count) {
     const RingPos pos = ring_pos<T::kDqBuffers>(dq_count);
     const int buf = pos.index;
@@ -108,13 +123,23 @@ CUTLASS_DEVICE void dq_writer_loop(BwdKernelParams<T> const& p, BwdSharedStorage
     reinterpret_cast<Barrier&>(ss.dq_empty[buf]).arrive();  // consumers may stage into this buffer again
     if (p.deterministic || first) {
       bulk_wait_all();
-      // Order the async-proxy writes of the reduce before the generic release that publishes them. The release
-      // store is itself a gpu-scope fence; a __threadfence() (fence.sc.gpu) here as well cost 1-2% (measured).
+      // Order the async-proxy writes of the reduce before the generic release that publishes them.
       asm volatile("fence.proxy.async.global;\n" ::: "memory");
       st_release_gpu(sem, rec.wait_target + 1);
+    } else {
+      if (uncounted != nullptr) {
+        asm volatile("cp.async.bulk.wait_group 1;\n" ::: "memory");
+        asm volatile("fence.proxy.async.global;\n" ::: "memory");
+        red_add_release_gpu(uncounted, 1);
+      }
+      uncounted = sem;
     }
   }
   bulk_wait_all();  // the CTA must not exit while a reduce still reads its shared memory
+  if (uncounted != nullptr) {
+    asm volatile("fence.proxy.async.global;\n" ::: "memory");
+    red_add_release_gpu(uncounted, 1);
+  }
 }
 
 }  // namespace dash::bwd

@@ -123,7 +123,7 @@ void run_bwd_(const BwdParams& params, cudaStream_t stream, int32_t stages) {
 
   PostprocessParams post{views.dq_accum, params.dq, params.dq_stride.row, params.dq_stride.head, params.dq_stride.batch,
                          s.seqlen_q, s.nheads, ws.num_m_blocks, s.softmax_scale, dq_aligned16(params),
-                         params.deterministic ? views.semaphores : nullptr, bwd_problem<T>(params)};
+                         views.semaphores, bwd_problem<T>(params)};
   if ((stages & BwdStage::kPostprocess) && ws.num_m_blocks > 0) {
     cudaLaunchAttribute overlap{};
     overlap.id = cudaLaunchAttributeProgrammaticStreamSerialization;

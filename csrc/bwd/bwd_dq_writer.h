@@ -55,6 +55,10 @@ CUTLASS_DEVICE void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n"
 CUTLASS_DEVICE void bulk_wait_read_all() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
 // Writes to global memory have been performed.
 CUTLASS_DEVICE void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
+// ... for every group but the newest.
+CUTLASS_DEVICE void bulk_wait_all_but_newest() { asm volatile("cp.async.bulk.wait_group 1;\n" ::: "memory"); }
+// Orders the completed async-proxy writes of this thread before a generic release that publishes them.
+CUTLASS_DEVICE void fence_async_writes() { asm volatile("fence.proxy.async.global;\n" ::: "memory"); }
 
 CUTLASS_DEVICE int32_t ld_acquire_gpu(const int32_t* p) {
   int32_t v;
@@ -66,6 +70,11 @@ CUTLASS_DEVICE void st_release_gpu(int32_t* p, int32_t v) {
 }
 CUTLASS_DEVICE void red_add_release_gpu(int32_t* p, int32_t v) {
   asm volatile("red.release.gpu.global.add.s32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
+}
+// Non-deterministic mode: counts one completed add into the tile of `sem` (the caller has waited for its completion).
+CUTLASS_DEVICE void count_completed_add(int32_t* sem) {
+  fence_async_writes();
+  red_add_release_gpu(sem, 1);
 }
 
 struct SpinSite {
@@ -97,9 +106,10 @@ CUTLASS_DEVICE void spin_until(const int32_t* sem, int32_t target, const SpinSit
 template <class T>
 CUTLASS_DEVICE void dq_writer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<T>& ss) {
   const int nheads = get<2>(p.shape_q);
-  // Non-deterministic mode: the semaphore of an arrival-order add that has not been counted yet. It is counted once
-  // an add issued after it forces its completion (wait_group 1), so that the writer never waits for the completion
-  // of the add it has just issued.
+  // Non-deterministic mode: the semaphore of an arrival-order add that has not been counted yet. It is counted when
+  // the next arrival-order add has been issued (then waiting for all but the newest group never waits for the add
+  // just issued), or at the end; a first store in between leaves it pending, so that the release path of first
+  // stores and deterministic adds stays as it was measured.
   int32_t* uncounted = nullptr;
   for (uint32_t dq_count = 0;; ++dq_count) {
     const RingPos pos = ring_pos<T::kDqBuffers>(dq_count);
@@ -123,23 +133,18 @@ CUTLASS_DEVICE void dq_writer_loop(BwdKernelParams<T> const& p, BwdSharedStorage
     reinterpret_cast<Barrier&>(ss.dq_empty[buf]).arrive();  // consumers may stage into this buffer again
     if (p.deterministic || first) {
       bulk_wait_all();
-      // Order the async-proxy writes of the reduce before the generic release that publishes them.
-      asm volatile("fence.proxy.async.global;\n" ::: "memory");
+      fence_async_writes();
       st_release_gpu(sem, rec.wait_target + 1);
     } else {
       if (uncounted != nullptr) {
-        asm volatile("cp.async.bulk.wait_group 1;\n" ::: "memory");
-        asm volatile("fence.proxy.async.global;\n" ::: "memory");
-        red_add_release_gpu(uncounted, 1);
+        bulk_wait_all_but_newest();
+        count_completed_add(uncounted);
       }
       uncounted = sem;
     }
   }
   bulk_wait_all();  // the CTA must not exit while a reduce still reads its shared memory
-  if (uncounted != nullptr) {
-    asm volatile("fence.proxy.async.global;\n" ::: "memory");
-    red_add_release_gpu(uncounted, 1);
-  }
+  if (uncounted != nullptr) count_completed_add(uncounted);
 }
 
 }  // namespace dash::bwd

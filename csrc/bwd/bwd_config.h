@@ -22,7 +22,8 @@ namespace dash::bwd {
 struct BwdTileConfig {
   int32_t block_m;
   int32_t block_n;
-  int32_t stages;  // depth of the Q/dO/LSE/D pipeline
+  int32_t stages;    // depth of the Q/dO/LSE/D pipeline
+  int32_t dq_parts;  // semaphores per dQ tile (BwdConfig::kDqParts)
 };
 
 // (warpgroups along M, warpgroups along N) of one GEMM; the product is the number of consumer warpgroups.
@@ -45,6 +46,12 @@ template <int kHeadDim>
 struct BwdConfig;
 // kDqBuffers: partial-dQ staging buffers between the consumers and the dQ writer. With two, the consumers stage step
 // t+1's dQ while the writer still waits for its turn on step t's tile (deterministic mode), instead of stalling.
+// kDqParts: each partial dQ tile is added as this many contiguous parts, each with its own semaphore and its own
+// accumulation chain (same order). A part is released as soon as its own reduce has completed, so the next CTA of the
+// chain can start on it while the later parts are still in flight: the chain advances by one part's reduce instead of
+// the whole tile's. H200 (3 alternating runs): hdim 256 deterministic 0.88-0.92 of the time at full 1k-16k and
+// non-deterministic 0.91-0.98, det/nd 0.92-0.99 -> 0.99-1.01; two parts at hdim 128 measured 1.03-1.13 (slower) and
+// at hdim 64 0.98-1.02, so those keep one.
 // kSmemGapAfterV: bytes left free between V and dS^T in shared memory. A measured layout choice, not a derived one.
 // kDsStoreAddressSwizzle: the consumers store dS^T through a view whose swizzle acts on the shared-memory address
 // (cute's position-independent swizzle) instead of on the layout offset. The store addresses then become 32-bit adds
@@ -58,6 +65,7 @@ struct BwdConfig<128> {
   static constexpr int kBlockN = 128;
   static constexpr int kStages = 2;
   static constexpr int kDqBuffers = 2;
+  static constexpr int kDqParts = 1;
   using SdPSplit = WarpGroupSplit<2, 1>;  // each warpgroup owns 64 KV rows of S^T
   using dKVSplit = WarpGroupSplit<2, 1>;  // ... and the same 64 KV rows of dK/dV
   using dQSplit = WarpGroupSplit<1, 2>;   // dQ (64 x 128): each warpgroup owns 64 columns of d
@@ -78,6 +86,7 @@ struct BwdConfig<64> {
   static constexpr int kBlockN = 128;
   static constexpr int kStages = 2;
   static constexpr int kDqBuffers = 2;
+  static constexpr int kDqParts = 1;
   using SdPSplit = WarpGroupSplit<2, 1>;
   using dKVSplit = WarpGroupSplit<2, 1>;
   using dQSplit = WarpGroupSplit<2, 1>;  // dQ (128 x 64): each warpgroup owns 64 query rows
@@ -94,6 +103,9 @@ struct BwdConfig<256> {
   static constexpr int kBlockN = 64;
   static constexpr int kStages = 1;
   static constexpr int kDqBuffers = 1;
+  // A 64 x 256 fp32 partial dQ is 64 KB, and with one staging buffer each add's turn in its chain stalls the
+  // consumers: added whole, the deterministic backward ran 4-11% behind the non-deterministic one at full 8k-16k.
+  static constexpr int kDqParts = 2;
   using SdPSplit = WarpGroupSplit<1, 2>;  // S^T (64 x 64): each warpgroup owns 32 query columns
   using dKVSplit = WarpGroupSplit<1, 2>;  // dK/dV (64 x 256): each warpgroup owns 128 columns of d
   using dQSplit = WarpGroupSplit<1, 2>;
@@ -110,10 +122,13 @@ inline bool strides_multiple_of(const TensorStrides& s, int64_t n) {
 // Run-time view of the same table, for the host (workspace sizing, dash_bwd_tile_shape).
 inline BwdTileConfig bwd_tile_config(int32_t headdim) {
   switch (headdim) {
-    case 64: return {BwdConfig<64>::kBlockM, BwdConfig<64>::kBlockN, BwdConfig<64>::kStages};
-    case 128: return {BwdConfig<128>::kBlockM, BwdConfig<128>::kBlockN, BwdConfig<128>::kStages};
-    case 256: return {BwdConfig<256>::kBlockM, BwdConfig<256>::kBlockN, BwdConfig<256>::kStages};
-    default: return {0, 0, 0};
+    case 64:
+      return {BwdConfig<64>::kBlockM, BwdConfig<64>::kBlockN, BwdConfig<64>::kStages, BwdConfig<64>::kDqParts};
+    case 128:
+      return {BwdConfig<128>::kBlockM, BwdConfig<128>::kBlockN, BwdConfig<128>::kStages, BwdConfig<128>::kDqParts};
+    case 256:
+      return {BwdConfig<256>::kBlockM, BwdConfig<256>::kBlockN, BwdConfig<256>::kStages, BwdConfig<256>::kDqParts};
+    default: return {0, 0, 0, 0};
   }
 }
 
@@ -122,7 +137,7 @@ inline BwdTileConfig bwd_tile_config(int32_t headdim) {
 //   dq_accum   fp32 (batch, nheads, seqlen_q rounded up to kBlockM, d), tiles in the dQ writer's permuted order
 //   lse_log2   fp32 (batch, nheads, seqlen_q_rounded)
 //   dsum       fp32 (batch, nheads, seqlen_q_rounded)   D = rowsum(dO * O)
-//   semaphores int32 (batch, nheads, num_m_blocks)      completed dQ adds per Q tile (both modes)
+//   semaphores int32 (batch, nheads, num_m_blocks, dq_parts)  completed dQ adds per Q tile part (both modes)
 struct BwdWorkspaceLayout {
   int32_t num_m_blocks = 0;
   int32_t seqlen_q_rounded = 0;
@@ -145,7 +160,7 @@ inline BwdWorkspaceLayout bwd_workspace_layout(const AttnShape& s) {
   w.dsum = off;
   off = align(off + bh * w.seqlen_q_rounded * sizeof(float));
   w.semaphores = off;
-  off = align(off + bh * w.num_m_blocks * sizeof(int32_t));
+  off = align(off + bh * w.num_m_blocks * size_t(cfg.dq_parts) * sizeof(int32_t));
   w.total = off;
   return w;
 }

@@ -11,11 +11,15 @@
 // shared memory), fence, then release wait_target + 1. Releasing earlier would let the next CTA's add race with ours
 // and silently change the summation order.
 //
+// Parts (BwdConfig::kDqParts > 1, hdim 256): the tile is added as contiguous parts of the permuted block, each with
+// its own semaphore and the same chain order; each part is spun for, added and released on its own. The parts' chains
+// are copies of the tile's chain, so the deadlock argument below holds for each of them.
+//
 // Both modes: nothing zeroes the accumulator (bwd_preprocess.h). The tile's first add in schedule order
 // (wait_target 0) is a plain bulk store, completed and released like a deterministic add. The non-deterministic mode
 // orders only that one: its other adds wait until the semaphore is at least 1 (the store has landed), then add in
 // arrival order. Each of them is counted (+1 on the semaphore, release) once it has completed, which the writer learns
-// without stalling only one add later (wait_group 1), so that the postprocess can convert a tile as soon as its count
+// without stalling only one add later (wait_group kDqParts), so that the postprocess can convert a tile as soon as its count
 // reaches its number of contributors in both modes. Its waits are a subset of the deterministic mode's (each add there
 // waits, through the chain, for add 0), so every schedule that cannot deadlock deterministically cannot deadlock here
 // either (verify.h proves the former for 1..256 SMs).
@@ -55,8 +59,11 @@ CUTLASS_DEVICE void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n"
 CUTLASS_DEVICE void bulk_wait_read_all() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
 // Writes to global memory have been performed.
 CUTLASS_DEVICE void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
-// ... for every group but the newest.
-CUTLASS_DEVICE void bulk_wait_all_but_newest() { asm volatile("cp.async.bulk.wait_group 1;\n" ::: "memory"); }
+// ... for every group but the kPending newest.
+template <int kPending>
+CUTLASS_DEVICE void bulk_wait_all_but() {
+  asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
 // Orders the completed async-proxy writes of this thread before a generic release that publishes them.
 CUTLASS_DEVICE void fence_async_writes() { asm volatile("fence.proxy.async.global;\n" ::: "memory"); }
 
@@ -71,10 +78,23 @@ CUTLASS_DEVICE void st_release_gpu(int32_t* p, int32_t v) {
 CUTLASS_DEVICE void red_add_release_gpu(int32_t* p, int32_t v) {
   asm volatile("red.release.gpu.global.add.s32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
 }
-// Non-deterministic mode: counts one completed add into the tile of `sem` (the caller has waited for its completion).
-CUTLASS_DEVICE void count_completed_add(int32_t* sem) {
+// Non-deterministic mode: counts one completed add into each part of a tile (the caller has waited for them).
+template <int kParts>
+CUTLASS_DEVICE void count_completed_adds(int32_t* sems) {
   fence_async_writes();
-  red_add_release_gpu(sem, 1);
+  CUTLASS_PRAGMA_UNROLL
+  for (int part = 0; part < kParts; ++part) red_add_release_gpu(sems + part, 1);
+}
+// Releases `value` on the semaphore of each part of a tile once that part's bulk group, one of the kParts newest,
+// has completed: part 0 first, so the next add of its chain can start while the later parts are still in flight.
+template <int kParts, int kPart = 0>
+CUTLASS_DEVICE void release_parts(int32_t* sems, int32_t value) {
+  if constexpr (kPart < kParts) {
+    bulk_wait_all_but<kParts - 1 - kPart>();
+    fence_async_writes();
+    st_release_gpu(sems + kPart, value);
+    release_parts<kParts, kPart + 1>(sems, value);
+  }
 }
 
 struct SpinSite {
@@ -106,7 +126,7 @@ CUTLASS_DEVICE void spin_until(const int32_t* sem, int32_t target, const SpinSit
 template <class T>
 CUTLASS_DEVICE void dq_writer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<T>& ss) {
   const int nheads = get<2>(p.shape_q);
-  // Non-deterministic mode: the semaphore of an arrival-order add that has not been counted yet. It is counted when
+  // Non-deterministic mode: the semaphores of an arrival-order add that has not been counted yet. It is counted when
   // the next arrival-order add has been issued (then waiting for all but the newest group never waits for the add
   // just issued), or at the end; a first store in between leaves it pending, so that the release path of first
   // stores and deterministic adds stays as it was measured.
@@ -119,32 +139,36 @@ CUTLASS_DEVICE void dq_writer_loop(BwdKernelParams<T> const& p, BwdSharedStorage
     if (rec.flags & VisitRecord::kEnd) break;
     const int64_t tile_index = (int64_t(rec.batch) * nheads + rec.head) * p.num_m_blocks + rec.m_block;
     float* gdq = p.dq_accum + tile_index * T::kDqElems;
-    int32_t* sem = p.semaphores + tile_index;
+    int32_t* sems = p.semaphores + tile_index * T::kDqParts;
     const bool first = rec.wait_target == 0;
-    if (first) {
-      bulk_store_f32(gdq, ss.dq[buf].data(), T::kDqBytes);
-    } else {
-      const int32_t target = p.deterministic ? rec.wait_target : 1;
-      spin_until(sem, target, SpinSite{rec.batch, rec.head, rec.m_block, rec.n_block, target});
-      bulk_reduce_add_f32(gdq, ss.dq[buf].data(), T::kDqBytes);
+    // One bulk group per part, in part order (BwdConfig::kDqParts).
+    CUTLASS_PRAGMA_UNROLL
+    for (int part = 0; part < T::kDqParts; ++part) {
+      float* dst = gdq + part * T::kDqPartElems;
+      const float* src = ss.dq[buf].data() + part * T::kDqPartElems;
+      if (first) {
+        bulk_store_f32(dst, src, T::kDqPartBytes);
+      } else {
+        const int32_t target = p.deterministic ? rec.wait_target : 1;
+        spin_until(sems + part, target, SpinSite{rec.batch, rec.head, rec.m_block, rec.n_block, target});
+        bulk_reduce_add_f32(dst, src, T::kDqPartBytes);
+      }
+      bulk_commit();
     }
-    bulk_commit();
     bulk_wait_read_all();
     reinterpret_cast<Barrier&>(ss.dq_empty[buf]).arrive();  // consumers may stage into this buffer again
     if (p.deterministic || first) {
-      bulk_wait_all();
-      fence_async_writes();
-      st_release_gpu(sem, rec.wait_target + 1);
+      release_parts<T::kDqParts>(sems, rec.wait_target + 1);
     } else {
       if (uncounted != nullptr) {
-        bulk_wait_all_but_newest();
-        count_completed_add(uncounted);
+        bulk_wait_all_but<T::kDqParts>();  // every group of the previous adds; this add's parts may still run
+        count_completed_adds<T::kDqParts>(uncounted);
       }
-      uncounted = sem;
+      uncounted = sems;
     }
   }
   bulk_wait_all();  // the CTA must not exit while a reduce still reads its shared memory
-  if (uncounted != nullptr) count_completed_add(uncounted);
+  if (uncounted != nullptr) count_completed_adds<T::kDqParts>(uncounted);
 }
 
 }  // namespace dash::bwd

@@ -108,6 +108,10 @@ struct BwdTraits {
   static constexpr uint32_t kDqBytes = kDqElems * sizeof(float);
   static constexpr int kDqPerThread = kDqElems / kNumMmaThreads;
   static_assert(kDqPerThread % 4 == 0, "dQ staging moves float4 chunks");
+  static constexpr int kDqParts = Cfg::kDqParts;
+  static_assert(kDqElems % (kDqParts * 4) == 0, "dQ parts are whole float4 chunks");
+  static constexpr int kDqPartElems = kDqElems / kDqParts;
+  static constexpr uint32_t kDqPartBytes = kDqBytes / kDqParts;
 };
 
 // One pipeline step as the producer decoded it from the schedule. Consumers and the dQ writer read these records

@@ -20,7 +20,7 @@ struct PostprocessParams {
   int32_t seqlen_q, nheads, num_m_blocks;
   float scale;
   bool aligned16;  // dq and its row/head/batch strides allow 16-byte stores
-  const int32_t* semaphores;  // per-tile counts of completed adds (both modes)
+  const int32_t* semaphores;  // counts of completed adds per tile part (both modes)
   sched::Problem problem;  // the main kernel's tiling and mask: a tile's number of contributing KV tiles
 };
 
@@ -58,7 +58,11 @@ __global__ void __launch_bounds__(T::kNumMmaThreads) bwd_postprocess_kernel(cons
   // A tile without contributing KV tiles was never written (nothing zeroes the accumulator): its dQ is 0.
   const int32_t contributors = sched::n_block_range(p.problem, m_block).size();
   const bool never_added = contributors == 0;
-  if (threadIdx.x == 0) wait_tile_complete(p.semaphores + tile_index, contributors);
+  if (threadIdx.x == 0) {
+    for (int part = 0; part < T::kDqParts; ++part) {
+      wait_tile_complete(p.semaphores + tile_index * T::kDqParts + part, contributors);
+    }
+  }
   __syncthreads();
 
   typename T::TiledMmadQ mma_dq;

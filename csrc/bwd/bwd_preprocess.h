@@ -1,5 +1,5 @@
 // Backward preprocess, one CTA per (m_block, head, batch): D_i = rowsum(dO_i * O_i) in fp32, LSE converted to the
-// log2 domain, and this Q tile's semaphore zeroed. The fp32 dQ accumulator is not zeroed: the first add into a tile
+// log2 domain, and this Q tile's semaphores (one per dQ part) zeroed. The fp32 dQ accumulator is not zeroed: the first add into a tile
 // is a plain bulk store in both modes (bwd_dq_writer.h), and the postprocess writes zeros for tiles without
 // contributing KV tiles. That saves writing the whole accumulator once per call (H200, 16k tokens x 16 heads x d 128:
 // 134 MB, 0.044 instead of 0.074 ms of preprocess).
@@ -12,6 +12,8 @@
 #include <cstdint>
 
 #include <cutlass/numeric_conversion.h>
+
+#include "bwd/bwd_config.h"
 
 namespace dash::bwd {
 
@@ -66,7 +68,10 @@ __global__ void __launch_bounds__(kPreprocessThreads) bwd_preprocess_kernel(cons
     }
   }
 
-  if (threadIdx.x == 0) p.semaphores[bh * p.num_m_blocks + m_block] = 0;
+  if (threadIdx.x == 0) {
+    constexpr int kParts = BwdConfig<kHeadDim>::kDqParts;
+    for (int part = 0; part < kParts; ++part) p.semaphores[(bh * p.num_m_blocks + m_block) * kParts + part] = 0;
+  }
 }
 
 }  // namespace dash::bwd

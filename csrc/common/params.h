@@ -28,7 +28,7 @@ enum class ScheduleKind : int32_t {
 // time each kernel on its own; training always runs kAll through dash_bwd. Unscoped so that flags combine with `|`
 // into the int32_t mask of the C ABI; spell them dash::BwdStage::kMain to keep call sites readable.
 enum BwdStage : int32_t {
-  kPreprocess = 1,   // D = rowsum(dO * O), LSE to log2, zero the dQ accumulator and the dQ semaphores
+  kPreprocess = 1,   // D = rowsum(dO * O), LSE to log2, zero the dQ semaphores
   kMain = 2,         // the persistent dK/dV/dQ-accumulate kernel
   kPostprocess = 4,  // dQ accumulator (fp32) -> dQ (scaled, element type)
   kAll = 7,
@@ -100,8 +100,8 @@ int dash_bwd(const dash::BwdParams* params, void* stream);
 // with the same validation as dash_bwd (which is dash_bwd_stages with dash::BwdStage::kAll); -1 also when `stages`
 // is 0 or has a bit outside kAll. The stages communicate through params->workspace only, so split calls must pass
 // the same params and workspace and keep that order. kMain needs a kPreprocess on the same workspace before every
-// launch: preprocess writes the log2 LSE and D rows it reads and zeroes the dQ accumulator and the semaphores it
-// counts on. kPostprocess reads the accumulator the last kMain left.
+// launch: preprocess writes the log2 LSE and D rows it reads and zeroes the semaphores it counts on (the accumulator
+// needs no zeroing: each tile's first add is a store). kPostprocess reads the accumulator the last kMain left.
 int dash_bwd_stages(const dash::BwdParams* params, int32_t stages, void* stream);
 // Tile shape the backward kernel uses for (headdim, mask): lets the host plan/simulate exactly what runs.
 void dash_bwd_tile_shape(int32_t headdim, int32_t mask, int32_t* block_m, int32_t* block_n);

@@ -50,7 +50,7 @@ struct BwdConfig;
 // accumulation chain (same order). A part is released as soon as its own reduce has completed, so the next CTA of the
 // chain can start on it while the later parts are still in flight: the chain advances by one part's reduce instead of
 // the whole tile's. H200 (3 alternating runs): hdim 256 deterministic 0.88-0.92 of the time at full 1k-16k and
-// non-deterministic 0.91-0.98, det/nd 0.92-0.99 -> 0.99-1.01; two parts at hdim 128 measured 1.03-1.13 (slower) and
+// non-deterministic 0.91-0.98, det/nd 0.92-0.99 -> 0.99-1.01; two parts at hdim 128 measured 1.00-1.13 (slower) and
 // at hdim 64 0.98-1.02, so those keep one.
 // kSmemGapAfterV: bytes left free between V and dS^T in shared memory. A measured layout choice, not a derived one.
 // kDsStoreAddressSwizzle: the consumers store dS^T through a view whose swizzle acts on the shared-memory address

@@ -19,10 +19,10 @@
 // (wait_target 0) is a plain bulk store, completed and released like a deterministic add. The non-deterministic mode
 // orders only that one: its other adds wait until the semaphore is at least 1 (the store has landed), then add in
 // arrival order. Each of them is counted (+1 on the semaphore, release) once it has completed, which the writer learns
-// without stalling only one add later (wait_group kDqParts), so that the postprocess can convert a tile as soon as its count
-// reaches its number of contributors in both modes. Its waits are a subset of the deterministic mode's (each add there
-// waits, through the chain, for add 0), so every schedule that cannot deadlock deterministically cannot deadlock here
-// either (verify.h proves the former for 1..256 SMs).
+// without stalling only one add later (wait_group kDqParts), so that the postprocess can convert a tile as soon as
+// its count reaches its number of contributors in both modes. Its waits are a subset of the deterministic mode's
+// (each add there waits, through the chain, for add 0), so every schedule that cannot deadlock deterministically
+// cannot deadlock here either (verify.h proves the former for 1..256 SMs).
 //
 // Release cost: the release store after fence.proxy.async is already a gpu-scope fence; an extra __threadfence()
 // (fence.sc.gpu) before it cost 1-2% deterministically, and in the per-add count of the non-deterministic mode it
@@ -127,7 +127,7 @@ template <class T>
 CUTLASS_DEVICE void dq_writer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<T>& ss) {
   const int nheads = get<2>(p.shape_q);
   // Non-deterministic mode: the semaphores of an arrival-order add that has not been counted yet. It is counted when
-  // the next arrival-order add has been issued (then waiting for all but the newest group never waits for the add
+  // the next arrival-order add has been issued (then waiting for all but that add's groups never waits for the add
   // just issued), or at the end; a first store in between leaves it pending, so that the release path of first
   // stores and deterministic adds stays as it was measured.
   int32_t* uncounted = nullptr;

@@ -281,7 +281,8 @@ class Runner:
         self.rows.append({
             "direction": direction, "hdim": problem.headdim, "nheads": problem.nheads, "nheads_k": problem.nheads_k,
             "gqa": problem.gqa, "batch": problem.batch, "seqlen_q": problem.seqlen_q, "seqlen_k": problem.seqlen_k,
-            "mask": problem.mask, "window": list(problem.window), "impl": impl.key, "label": impl.label, "family": impl.family,
+            "mask": problem.mask, "window": list(problem.window), "impl": impl.key, "label": impl.label,
+            "family": impl.family,
             "deterministic": impl.deterministic, "schedule": impl.schedule or "", "ms": ms, "tflops": tflops,
             "status": status, "reason": reason,
         })

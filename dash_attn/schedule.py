@@ -41,14 +41,15 @@ DISPATCH = {"static": 0, "greedy": 1, "greedy_head_major": 2}
 # `choose` ranks by predicted makespan. The DAG alone (c, r) ties the schedules on most standard shapes, while the
 # H200 separates them by up to 1.5x at short sequences: there a tile-major order gives each concurrent CTA its own
 # head, so every visit streams its Q, dO and dQ accumulator tiles from DRAM (ncu, seqlen 1k full: descending 3.35 GB
-# of DRAM traffic against 0.52 GB for shift, L2 hit rate 32% against 88%; benchmarks/RESULTS_HISTORY.md). The L2 term of the
-# simulator (simulate.h: an LRU of tiles plus a bandwidth-shared miss cost and a latency per miss, calibrated below)
-# reproduces that ranking when `choose` knows the L2 size and head dim. What is left are near-ties that the GPU does
-# not separate either (shift and shift_causal on full masks), so makespans within _MODEL_TOLERANCE of the best count
-# as ties, and ties follow the measured ranking of the mask.
+# of DRAM traffic against 0.52 GB for shift, L2 hit rate 32% against 88%; benchmarks/RESULTS_HISTORY.md). The L2
+# term of the simulator (simulate.h: an LRU of tiles plus a bandwidth-shared miss cost and a latency per miss,
+# calibrated below) reproduces that ranking when `choose` knows the L2 size and head dim. What is left are near-ties
+# that the GPU does not separate either (shift and shift_causal on full masks), so makespans within _MODEL_TOLERANCE
+# of the best count as ties, and ties follow the measured ranking of the mask.
 _MODEL_TOLERANCE = 0.05
-# The measured ranking per mask. Windows: spt measured 0-3.6% faster than descending on all ten rows of the H200 window
-# suite (hdim 128 and 64; (1024, 0), (512, 512), (4096, 0); 4k and 16k; benchmarks/RESULTS.md, 2026-11-30).
+# The measured ranking per mask. Windows: spt measured 0-3.6% faster than descending on all ten rows of the H200
+# window suite (hdim 128 and 64; (1024, 0), (512, 512), (4096, 0); 4k and 16k; benchmarks/RESULTS_HISTORY.md,
+# session 2026-11-30 00:42-01:55 UTC).
 _PREFERENCE = {
     "full": ("shift", "shift_causal", "descending", "spt", "ascending"),
     "causal": ("shift_causal", "shift", "descending", "spt", "ascending"),

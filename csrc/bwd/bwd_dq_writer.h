@@ -57,13 +57,12 @@ CUTLASS_DEVICE void bulk_store_f32(float* gmem, const float* smem, uint32_t byte
 CUTLASS_DEVICE void bulk_commit() { asm volatile("cp.async.bulk.commit_group;\n" ::: "memory"); }
 // Source shared memory may be reused.
 CUTLASS_DEVICE void bulk_wait_read_all() { asm volatile("cp.async.bulk.wait_group.read 0;\n" ::: "memory"); }
-// Writes to global memory have been performed.
-CUTLASS_DEVICE void bulk_wait_all() { asm volatile("cp.async.bulk.wait_group 0;\n" ::: "memory"); }
-// ... for every group but the kPending newest.
+// Writes to global memory have been performed for every group but the kPending newest.
 template <int kPending>
 CUTLASS_DEVICE void bulk_wait_all_but() {
   asm volatile("cp.async.bulk.wait_group %0;\n" ::"n"(kPending) : "memory");
 }
+CUTLASS_DEVICE void bulk_wait_all() { bulk_wait_all_but<0>(); }
 // Orders the completed async-proxy writes of this thread before a generic release that publishes them.
 CUTLASS_DEVICE void fence_async_writes() { asm volatile("fence.proxy.async.global;\n" ::: "memory"); }
 

@@ -36,11 +36,19 @@ struct WarpGroupSplit {
 // Where the A operands (P^T of the dV GEMM, dS^T of the dK GEMM) come from. Register-sourced WGMMAs take a
 // warpgroup's own P^T / dS^T straight from the S^T / dP^T accumulators: P^T then needs no round trip through shared
 // memory, and the GEMM reads only B from shared memory. dS^T goes to shared memory regardless (the dQ GEMM needs every
-// warpgroup's rows), so kPtRegisters keeps dK shared-memory-sourced: the dK GEMM outlives its step, and holding dS^T
-// in registers until then costs 16 registers per thread that the consumers do not have to spare (spills).
+// warpgroup's rows). With kPtRegisters the dK GEMM reads dS^T from there and still runs while the next step's S and
+// dP GEMMs are issued; with kRegisters it reads dS^T from registers, which must stay intact until it completes, so
+// each step ends by waiting for it (held into the next step, the 16 registers of dS^T made the consumers spill).
 // Register sources need each warpgroup to own the same KV rows in the SdP and dKV GEMMs and the whole query extent of
 // its S^T rows (SdPSplit = dKVSplit = <2, 1>).
 enum class DkvOperandA { kSharedMemory, kPtRegisters, kRegisters };
+
+// How the consumers partition the WGMMA operands in shared memory. kPerThread: from the thread index, which the
+// compiler cannot prove warp-uniform, so every WGMMA descriptor is built in vector registers and moved to uniform
+// ones (R2UR) right before its WGMMA. kPerWarpGroup: from the warpgroup index made warp-uniform by a shuffle, so the
+// descriptors live in uniform registers (ncu: the WGMMA issue stalls ~40% shorter). The accumulator partitions are
+// per thread either way.
+enum class OperandPartition { kPerThread, kPerWarpGroup };
 
 template <int kHeadDim>
 struct BwdConfig;
@@ -59,6 +67,10 @@ struct BwdConfig;
 
 // hdim 128: 64 x 128 tiles (what FA3 uses for causal). With P^T taken from registers there is no P^T buffer, which
 // leaves room for two 32 KB partial-dQ staging buffers next to 2 Q/dO stages, K, V and two dS^T buffers (226 KB).
+// dK from registers instead of kPtRegisters (H200, two A/B runs of 2-3 alternations): causal 0.97-1.02 of the time
+// (16k 0.98; the shift order at 4k 1.07 in both runs, not `auto`'s pick there), full 0.98-1.01; the consumers'
+// spills went 12 -> 0 bytes (causal) and 4 -> 0 (full). Operands per warpgroup on top of that (3 alternations):
+// causal 0.97-1.01, full 1.01-1.02 (slower with the same spills; not understood), so full keeps per thread.
 template <>
 struct BwdConfig<128> {
   static constexpr int kBlockM = 64;
@@ -69,7 +81,10 @@ struct BwdConfig<128> {
   using SdPSplit = WarpGroupSplit<2, 1>;  // each warpgroup owns 64 KV rows of S^T
   using dKVSplit = WarpGroupSplit<2, 1>;  // ... and the same 64 KV rows of dK/dV
   using dQSplit = WarpGroupSplit<1, 2>;   // dQ (64 x 128): each warpgroup owns 64 columns of d
-  static constexpr DkvOperandA kDkvA = DkvOperandA::kPtRegisters;
+  static constexpr DkvOperandA kDkvA = DkvOperandA::kRegisters;
+  static constexpr OperandPartition operand_partition(MaskKind mask) {
+    return mask == MaskKind::kFull ? OperandPartition::kPerThread : OperandPartition::kPerWarpGroup;
+  }
   // Every hdim-128 measurement up to 2026-11-29 had this 1 KB gap (an empty P^T stand-in member padded to the
   // 1024-byte alignment of dS^T); without it the backward measured 1.5-2.5% slower at seqlen 8k-16k (H200, two
   // runs of 3 alternating repetitions, one in each order). Same bank mapping either way; the cause is not understood.
@@ -79,7 +94,8 @@ struct BwdConfig<128> {
 };
 
 // hdim 64: 128 x 128 tiles. P^T from registers (H200: +8-17% over the shared-memory round trip) frees the room for
-// a second partial-dQ staging buffer (+1-7%, one run).
+// a second partial-dQ staging buffer (+1-7%, one run). Operands per warpgroup (H200, two A/B runs of 2-3
+// alternations): causal 0.95-0.99 of the time at 1k-8k and 0.98-1.00 at 16k, full 0.98-1.00.
 template <>
 struct BwdConfig<64> {
   static constexpr int kBlockM = 128;
@@ -91,6 +107,7 @@ struct BwdConfig<64> {
   using dKVSplit = WarpGroupSplit<2, 1>;
   using dQSplit = WarpGroupSplit<2, 1>;  // dQ (128 x 64): each warpgroup owns 64 query rows
   static constexpr DkvOperandA kDkvA = DkvOperandA::kPtRegisters;
+  static constexpr OperandPartition operand_partition(MaskKind) { return OperandPartition::kPerWarpGroup; }
   static constexpr int kSmemGapAfterV = 0;  // the second dQ buffer needs the room
   // H200, 3 alternating runs: 1-5% faster on full and causal masks; spills 28/36 -> 20/24 bytes (full/causal).
   static constexpr bool kDsStoreAddressSwizzle = true;
@@ -110,6 +127,8 @@ struct BwdConfig<256> {
   using dKVSplit = WarpGroupSplit<1, 2>;  // dK/dV (64 x 256): each warpgroup owns 128 columns of d
   using dQSplit = WarpGroupSplit<1, 2>;
   static constexpr DkvOperandA kDkvA = DkvOperandA::kSharedMemory;  // P^T rows are shared across warpgroups
+  // Per warpgroup: within +-1% of per thread at every row measured (H200, 3 alternating runs).
+  static constexpr OperandPartition operand_partition(MaskKind) { return OperandPartition::kPerWarpGroup; }
   static constexpr int kSmemGapAfterV = 0;
   static constexpr bool kDsStoreAddressSwizzle = false;  // not measured at hdim 256
 };

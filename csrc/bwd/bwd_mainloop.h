@@ -47,6 +47,7 @@ struct BwdTraits {
       AtomLayout<typename Cfg::SdPSplit>{}));
   static constexpr bool kDvFromRegs = Cfg::kDkvA != DkvOperandA::kSharedMemory;
   static constexpr bool kDkFromRegs = Cfg::kDkvA == DkvOperandA::kRegisters;
+  static constexpr bool kOperandsPerWarpGroup = Cfg::operand_partition(kMask) == OperandPartition::kPerWarpGroup;
   static_assert(!kDvFromRegs || (Cfg::SdPSplit::kAlongN == 1 && Cfg::dKVSplit::kAlongN == 1 &&
                                   Cfg::SdPSplit::kAlongM == Cfg::dKVSplit::kAlongM),
                 "register-sourced dK/dV GEMMs need each warpgroup's S^T rows to be its dK/dV rows");
@@ -479,8 +480,20 @@ CUTLASS_DEVICE void consumer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<
   typename T::TiledMmadQ mma_dq;
   auto thr_sdp = mma_sdp.get_thread_slice(tid);
   auto thr_dv = mma_dv.get_thread_slice(tid);
-  auto thr_dk = mma_dk.get_thread_slice(tid);
-  auto thr_dq = mma_dq.get_thread_slice(tid);
+  // Slices that partition the shared-memory operands (BwdConfig::operand_partition). With GMMA the A/B partitions
+  // depend only on the warpgroup, so any of its threads' indices gives the same ones; the first thread's, from a
+  // warp-uniform shuffle, lets the compiler keep the descriptors in uniform registers.
+  const int operand_tid = [&] {
+    if constexpr (T::kOperandsPerWarpGroup) {
+      return __shfl_sync(0xffffffffu, tid / 128, 0) * 128;
+    } else {
+      return tid;
+    }
+  }();
+  auto op_sdp = mma_sdp.get_slice(operand_tid);
+  auto op_dv = mma_dv.get_slice(operand_tid);
+  auto op_dk = mma_dk.get_slice(operand_tid);
+  auto op_dq = mma_dq.get_slice(operand_tid);
 
   Tensor sQ = make_tensor(make_smem_ptr(ss.q.data()), typename T::SmemLayoutQ{});
   Tensor sdO = make_tensor(make_smem_ptr(ss.dout.data()), typename T::SmemLayoutQ{});
@@ -493,14 +506,14 @@ CUTLASS_DEVICE void consumer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<
   Tensor sKt = make_tensor(make_smem_ptr(ss.k.data()), typename T::SmemLayoutKt{});
   Tensor sdS = make_tensor(make_smem_ptr(ss.dst.data()), typename T::SmemLayoutdS{});
 
-  Tensor tSrK = thr_sdp.partition_fragment_A(sK);
-  Tensor tSrQ = thr_sdp.partition_fragment_B(sQ);
-  Tensor tSrV = thr_sdp.partition_fragment_A(sV);
-  Tensor tSrdO = thr_sdp.partition_fragment_B(sdO);
-  Tensor tdVrdOt = thr_dv.partition_fragment_B(sdOt);
-  Tensor tdKrQt = thr_dk.partition_fragment_B(sQt);
-  Tensor tdQrdS = thr_dq.partition_fragment_A(sdS);
-  Tensor tdQrKt = thr_dq.partition_fragment_B(sKt);
+  Tensor tSrK = op_sdp.partition_fragment_A(sK);
+  Tensor tSrQ = op_sdp.partition_fragment_B(sQ);
+  Tensor tSrV = op_sdp.partition_fragment_A(sV);
+  Tensor tSrdO = op_sdp.partition_fragment_B(sdO);
+  Tensor tdVrdOt = op_dv.partition_fragment_B(sdOt);
+  Tensor tdKrQt = op_dk.partition_fragment_B(sQt);
+  Tensor tdQrdS = op_dq.partition_fragment_A(sdS);
+  Tensor tdQrKt = op_dq.partition_fragment_B(sKt);
 
   // Coordinates (kv row n, query row m) of each S^T accumulator element.
   Tensor tScS_full = thr_sdp.partition_C(make_identity_tensor(Shape<BN, BM>{}));
@@ -525,14 +538,15 @@ CUTLASS_DEVICE void consumer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<
   // Same accumulator layout for both (the dK and dV GEMMs differ at most in where A comes from).
   Tensor tdVrdV = partition_fragment_C(mma_dv, Shape<BN, HD>{});
   Tensor tdKrdK = partition_fragment_C(mma_dk, Shape<BN, HD>{});
-  // dS^T in Element precision. With a register-sourced dK GEMM it must survive until that GEMM, which still runs while
-  // the next step starts, has completed; the fences at the completing waits keep the compiler from reusing it earlier.
+  // dS^T in Element precision. With a register-sourced dK GEMM it must survive until that GEMM has completed (at the
+  // end of its step); the fences at the completing waits keep the compiler from reusing it earlier.
   Tensor rdS = make_tensor<Element>(partition_fragment_C(mma_sdp, Shape<BN, BM>{}).layout());
   using Cols = AccColumns<decltype(partition_fragment_C(mma_sdp, Shape<BN, BM>{}).layout())>;
   uint32_t kv_count = 0;
   uint32_t dq_count = 0;
   uint32_t ds_count = 0;
-  // The dK GEMM of step t still runs while step t+1 starts; its Q/dO stage is released once it has completed.
+  // With dS^T from shared memory, the dK GEMM of step t still runs while step t+1 starts; its Q/dO stage is released
+  // once it has completed.
   int unreleased_stage = -1;
   for (uint32_t q_count = 0;; ++q_count) {
     const RingPos qpos = ring_pos<T::kStages>(q_count);
@@ -655,7 +669,7 @@ CUTLASS_DEVICE void consumer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<
       } else {
         cutlass::arch::NamedBarrier::sync(128, wg_barrier);
       }
-      wgmma_gemm<-1>(mma_dv, thr_dv.partition_fragment_A(sPt), tdVrdOt(_, _, _, stage), tdVrdV, first);
+      wgmma_gemm<-1>(mma_dv, op_dv.partition_fragment_A(sPt), tdVrdOt(_, _, _, stage), tdVrdV, first);
     }
 
     warpgroup_wait<1>();  // dP done (dV may still run)
@@ -680,7 +694,7 @@ CUTLASS_DEVICE void consumer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<
       wgmma_gemm<-1>(mma_dk, make_tensor(rdS.data(), accumulator_as_a_operand(rdS.layout())),
                      tdKrQt(_, _, _, stage), tdKrdK, first);
     } else {
-      wgmma_gemm<-1>(mma_dk, thr_dk.partition_fragment_A(sdSt)(_, _, _, ds_buf), tdKrQt(_, _, _, stage), tdKrdK,
+      wgmma_gemm<-1>(mma_dk, op_dk.partition_fragment_A(sdSt)(_, _, _, ds_buf), tdKrQt(_, _, _, stage), tdKrdK,
                      first);
     }
     warpgroup_wait<1>();  // dV and dQ done; dK may still run
@@ -713,8 +727,9 @@ CUTLASS_DEVICE void consumer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<
       const KvTileRef tile{srec.batch, srec.head_k, srec.n_block};  // read before the stage is released
       reinterpret_cast<Barrier&>(ss.q_empty[stage]).arrive();
       store_dkdv(tile, tdKrdK, tdVrdV, thr_dv);
-    } else if constexpr (T::kStages == 1) {
-      // The next step reuses this stage: release it now rather than after the next S GEMM.
+    } else if constexpr (T::kStages == 1 || T::kDkFromRegs) {
+      // The next step reuses this stage (one stage), or its dS^T registers (dK from registers): wait for the dK GEMM
+      // and release the stage now.
       warpgroup_wait<0>();
       warpgroup_fence_operand(tdKrdK);
       if constexpr (T::kDkFromRegs) warpgroup_fence_operand(rdS);

@@ -50,6 +50,16 @@ enum class DkvOperandA { kSharedMemory, kPtRegisters, kRegisters };
 // per thread either way.
 enum class OperandPartition { kPerThread, kPerWarpGroup };
 
+// Where the consumers take the Q tile's row statistics (LSE_log2 for P, D for dS) from. kSharedMemory: from the
+// stage's copy in shared memory after the GEMM wait that needs them, one load per query column (LSE at hdim 128) or
+// per element. A thread holds 16-32 query columns, and a warp-wide load costs a shared-memory wavefront per 4 bytes
+// a lane asks for however many lanes share an address: at hdim 128 causal these loads were 256 of the ~2700
+// wavefronts the step's instructions asked for (ncu), and they queued behind the running GEMMs' operand reads.
+// kShuffle: each lane loads kBlockM / 32 values of each statistic at step start (4 wavefronts per warp at hdim 128),
+// and an element's value comes from the lane holding it through a shuffle (LaneStats). Needs each warpgroup's S^T
+// slice to span the whole query extent (SdPSplit::kAlongN == 1).
+enum class RowStats { kSharedMemory, kShuffle };
+
 template <int kHeadDim>
 struct BwdConfig;
 // kDqBuffers: partial-dQ staging buffers between the consumers and the dQ writer. With two, the consumers stage step
@@ -82,6 +92,11 @@ struct BwdConfig<128> {
   using dKVSplit = WarpGroupSplit<2, 1>;  // ... and the same 64 KV rows of dK/dV
   using dQSplit = WarpGroupSplit<1, 2>;   // dQ (64 x 128): each warpgroup owns 64 columns of d
   static constexpr DkvOperandA kDkvA = DkvOperandA::kRegisters;
+  // Shuffled statistics (H200, two A/B runs of 3 alternations): causal 0.98-0.99 of the time at 1k-16k (non-det and
+  // shift_causal); full 1.00-1.01 with the unmasked loop split off and 0.99-1.01 without, so full keeps shared memory.
+  static constexpr RowStats row_stats(MaskKind mask) {
+    return mask == MaskKind::kCausal ? RowStats::kShuffle : RowStats::kSharedMemory;
+  }
   static constexpr OperandPartition operand_partition(MaskKind mask) {
     return mask == MaskKind::kFull ? OperandPartition::kPerThread : OperandPartition::kPerWarpGroup;
   }
@@ -107,6 +122,8 @@ struct BwdConfig<64> {
   using dKVSplit = WarpGroupSplit<2, 1>;
   using dQSplit = WarpGroupSplit<2, 1>;  // dQ (128 x 64): each warpgroup owns 64 query rows
   static constexpr DkvOperandA kDkvA = DkvOperandA::kPtRegisters;
+  // Shuffled statistics measured 1.02-1.04 (full, no spills) and 1.06-1.31 (causal, 20 bytes of spills) of the time.
+  static constexpr RowStats row_stats(MaskKind) { return RowStats::kSharedMemory; }
   static constexpr OperandPartition operand_partition(MaskKind) { return OperandPartition::kPerWarpGroup; }
   static constexpr int kSmemGapAfterV = 0;  // the second dQ buffer needs the room
   // H200, 3 alternating runs: 1-5% faster on full and causal masks; spills 28/36 -> 20/24 bytes (full/causal).
@@ -127,6 +144,8 @@ struct BwdConfig<256> {
   using dKVSplit = WarpGroupSplit<1, 2>;  // dK/dV (64 x 256): each warpgroup owns 128 columns of d
   using dQSplit = WarpGroupSplit<1, 2>;
   static constexpr DkvOperandA kDkvA = DkvOperandA::kSharedMemory;  // P^T rows are shared across warpgroups
+  // A warpgroup's S^T covers half the query columns, so the statistics cannot be shuffled within a warp's row.
+  static constexpr RowStats row_stats(MaskKind) { return RowStats::kSharedMemory; }
   // Per warpgroup: within +-1% of per thread at every row measured (H200, 3 alternating runs).
   static constexpr OperandPartition operand_partition(MaskKind) { return OperandPartition::kPerWarpGroup; }
   static constexpr int kSmemGapAfterV = 0;

@@ -48,6 +48,8 @@ struct BwdTraits {
   static constexpr bool kDvFromRegs = Cfg::kDkvA != DkvOperandA::kSharedMemory;
   static constexpr bool kDkFromRegs = Cfg::kDkvA == DkvOperandA::kRegisters;
   static constexpr bool kOperandsPerWarpGroup = Cfg::operand_partition(kMask) == OperandPartition::kPerWarpGroup;
+  static constexpr bool kShuffleStats = Cfg::row_stats(kMask) == RowStats::kShuffle;
+  static_assert(!kShuffleStats || Cfg::SdPSplit::kAlongN == 1, "shuffled statistics need a warpgroup per query row");
   static_assert(!kDvFromRegs || (Cfg::SdPSplit::kAlongN == 1 && Cfg::dKVSplit::kAlongN == 1 &&
                                   Cfg::SdPSplit::kAlongM == Cfg::dKVSplit::kAlongM),
                 "register-sourced dK/dV GEMMs need each warpgroup's S^T rows to be its dK/dV rows");
@@ -276,6 +278,11 @@ struct AccColumns {
     const auto c = idx2crd(i, shape(AccLayout{}));
     return get<0, 0>(c) + 2 * (get<0, 2>(c) + kGroups * get<2>(c));
   }
+  // Elements (r = 0, m = 0) are the first of their query column; the column's others have the same slot.
+  CUTLASS_DEVICE static constexpr bool first_of_column(int i) {
+    const auto c = idx2crd(i, shape(AccLayout{}));
+    return get<0, 1>(c) == 0 && get<1>(c) == 0;
+  }
   // Elements (c = 0, r = 0, m = 0) start a pair of adjacent query columns (c = 0, 1), loaded as one float2.
   CUTLASS_DEVICE static constexpr bool starts_pair(int i) {
     const auto c = idx2crd(i, shape(AccLayout{}));
@@ -294,6 +301,30 @@ struct AccColumns {
         out[slot(i) + 1] = v.y;
       }
     }
+  }
+};
+
+// One row statistic of the Q tile spread over a warp (RowStats::kShuffle). A thread of lane l holds query columns
+// m0 + 8g + {0, 1}, m0 = 2 * (l % 4), for every 8-column group g of the tile. Lane l = q + 4r keeps the column pairs
+// of its own m0 for the groups g = r, r + 8, ... (one float2 each, kBlockM / 64 of them); the element at compile-time
+// column offset o = 8g + c from m0 then takes its value from lane (l % 4) + 4 * (g % 8), a shuffle whose source
+// keeps the caller's two low lane bits (segment mask 3) and takes the rest from an immediate: no lane register.
+template <int kBlockM>
+struct LaneStats {
+  static_assert(kBlockM % 64 == 0, "whole groups of 8 lanes x 8 columns");
+  static constexpr int kPairs = kBlockM / 64;
+  float2 v[kPairs];
+  CUTLASS_DEVICE void load(float const* stat, int lane) {
+    float const* base = stat + 2 * (lane % 4) + 8 * (lane / 4);
+    CUTLASS_PRAGMA_UNROLL
+    for (int k = 0; k < kPairs; ++k) v[k] = *reinterpret_cast<float2 const*>(base + 64 * k);
+  }
+  CUTLASS_DEVICE float at(int o) const {
+    const int g = o / 8;
+    const float mine = (o % 8) ? v[g / 8].y : v[g / 8].x;
+    float out;
+    asm("shfl.sync.idx.b32 %0, %1, %2, 0x31f, 0xffffffff;\n" : "=f"(out) : "f"(mine), "r"(4 * (g % 8)));
+    return out;
   }
 };
 
@@ -542,6 +573,7 @@ CUTLASS_DEVICE void consumer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<
   // end of its step); the fences at the completing waits keep the compiler from reusing it earlier.
   Tensor rdS = make_tensor<Element>(partition_fragment_C(mma_sdp, Shape<BN, BM>{}).layout());
   using Cols = AccColumns<decltype(partition_fragment_C(mma_sdp, Shape<BN, BM>{}).layout())>;
+  constexpr bool kShuffleStats = T::kShuffleStats;
   uint32_t kv_count = 0;
   uint32_t dq_count = 0;
   uint32_t ds_count = 0;
@@ -586,6 +618,13 @@ CUTLASS_DEVICE void consumer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<
       ++kv_count;
     }
 
+    // RowStats::kShuffle: the lanes' share of LSE and D, loaded before the GEMMs (a few registers per thread) so
+    // that the loads do not queue behind the GEMMs' operand reads.
+    LaneStats<T::kBlockM> lse_lanes, dsum_lanes;
+    if constexpr (kShuffleStats) {
+      lse_lanes.load(ss.lse[stage], tid % 32);
+      dsum_lanes.load(ss.dsum[stage], tid % 32);
+    }
     Tensor tSrS = partition_fragment_C(mma_sdp, Shape<BN, BM>{});
     Tensor tdPrdP = partition_fragment_C(mma_sdp, Shape<BN, BM>{});
     wgmma_gemm<true, -1>(mma_sdp, tSrK, tSrQ(_, _, _, stage), tSrS);
@@ -609,8 +648,20 @@ CUTLASS_DEVICE void consumer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<
     constexpr bool kLseInRegs = Cols::kCols <= 16;
     float const* lse_smem = ss.lse[stage] + tScS.m0();
     float lse[kLseInRegs ? Cols::kCols : 1];
-    if constexpr (kLseInRegs) Cols::load(lse, lse_smem, tScS);
+    if constexpr (kLseInRegs && !kShuffleStats) Cols::load(lse, lse_smem, tScS);
     warpgroup_fence_operand(tSrS);
+    // RowStats::kShuffle: elem(j, value) for every element j, one shuffle per query column.
+    auto for_each_column = [&](LaneStats<T::kBlockM> const& stat, auto&& elem) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < size(tSrS); ++i) {
+        if (!Cols::first_of_column(i)) continue;
+        const float value = stat.at(get<1>(tScS.offset(i)));
+        CUTLASS_PRAGMA_UNROLL
+        for (int j = 0; j < size(tSrS); ++j) {
+          if (Cols::slot(j) == Cols::slot(i)) elem(j, value);
+        }
+      }
+    };
     auto lse_of = [&](int i) { return kLseInRegs ? lse[Cols::slot(i)] : lse_smem[get<1>(tScS.offset(i))]; };
     // Whether the element at offset d from this thread's first one (see AccCoords) is masked, given the tile's limits.
     auto is_masked = [&](auto d, int rows, int diag) {
@@ -633,7 +684,17 @@ CUTLASS_DEVICE void consumer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<
     // P. H200, 3 alternating runs: causal 4k-16k +2-5% (hdim 128, shift_causal), hdim 64 +1-9%. With only the row
     // test (full mask, LSE in registers) the separate loop measured 1-5% slower, so that case keeps one loop.
     constexpr bool kSeparateUnmaskedLoop = T::kMask != MaskKind::kFull || !kLseInRegs;
-    if constexpr (kSeparateUnmaskedLoop) {
+    if constexpr (kShuffleStats) {
+      if (need_mask) {
+        const auto limits = tile_limits();
+        const int rows = get<0>(limits), diag = get<1>(limits);
+        for_each_column(lse_lanes, [&](int j, float lse_j) {
+          tSrS(j) = is_masked(tScS.offset(j), rows, diag) ? 0.f : exp2f(fmaf(tSrS(j), p.scale_log2, -lse_j));
+        });
+      } else {
+        for_each_column(lse_lanes, [&](int j, float lse_j) { tSrS(j) = exp2f(fmaf(tSrS(j), p.scale_log2, -lse_j)); });
+      }
+    } else if constexpr (kSeparateUnmaskedLoop) {
       if (need_mask) {
         // The limits are read again here rather than held across the GEMMs: the unmasked loop needs the registers.
         const auto [rows, diag] = tile_limits();
@@ -674,12 +735,17 @@ CUTLASS_DEVICE void consumer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<
 
     warpgroup_wait<1>();  // dP done (dV may still run)
     warpgroup_fence_operand(tdPrdP);
-    // D is read per element straight from shared memory: this is the consumers' register peak (dK, dV, P, dP and
-    // the P^T operand of the running dV GEMM are all live), and a register copy of D made them spill.
+    // Without shuffled statistics D is read per element straight from shared memory: this is the consumers' register
+    // peak (dK, dV, P, dP and the P^T operand of the running dV GEMM are all live), and a register copy of D made
+    // them spill.
     float const* dsum = ss.dsum[stage] + tScS.m0();
     const int ds_buf = ds_count++ % T::kDsBuffers;
-    CUTLASS_PRAGMA_UNROLL
-    for (int i = 0; i < size(tSrS); ++i) tdPrdP(i) = tSrS(i) * (tdPrdP(i) - dsum[get<1>(tScS.offset(i))]);
+    if constexpr (kShuffleStats) {
+      for_each_column(dsum_lanes, [&](int j, float d) { tdPrdP(j) = tSrS(j) * (tdPrdP(j) - d); });
+    } else {
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < size(tSrS); ++i) tdPrdP(i) = tSrS(i) * (tdPrdP(i) - dsum[get<1>(tScS.offset(i))]);
+    }
     rdS = convert_fragment<Element>(tdPrdP);
     cute::copy(r2s, r2s_thr.retile_S(rdS), tPsdSt(_, _, _, ds_buf));
     cutlass::arch::fence_view_async_shared();

@@ -92,8 +92,9 @@ struct BwdConfig<128> {
   using dKVSplit = WarpGroupSplit<2, 1>;  // ... and the same 64 KV rows of dK/dV
   using dQSplit = WarpGroupSplit<1, 2>;   // dQ (64 x 128): each warpgroup owns 64 columns of d
   static constexpr DkvOperandA kDkvA = DkvOperandA::kRegisters;
-  // Shuffled statistics (H200, two A/B runs of 3 alternations): causal 0.98-0.99 of the time at 1k-16k (non-det and
-  // shift_causal); full 1.00-1.01 with the unmasked loop split off and 0.99-1.01 without, so full keeps shared memory.
+  // Shuffled statistics (H200, three A/B runs of 2-3 alternations): causal 0.95-1.00 of the time at 1k-16k (non-det
+  // and shift_causal); full 0.98-1.02 with the unmasked loop split off and 0.99-1.01 (8k/16k 1.01) with one loop, so
+  // full keeps shared memory.
   static constexpr RowStats row_stats(MaskKind mask) {
     return mask == MaskKind::kCausal ? RowStats::kShuffle : RowStats::kSharedMemory;
   }
@@ -125,7 +126,7 @@ struct BwdConfig<64> {
   using dKVSplit = WarpGroupSplit<2, 1>;
   using dQSplit = WarpGroupSplit<2, 1>;  // dQ (128 x 64): each warpgroup owns 64 query rows
   static constexpr DkvOperandA kDkvA = DkvOperandA::kRegisters;
-  // Shuffled statistics measured 1.02-1.04 (full, no spills) and 1.06-1.31 (causal, 20 bytes of spills) of the time.
+  // Shuffled statistics measured 1.02-1.04 (full, no spills) and 1.06-1.31 (causal, 20-44 bytes of spills) of the time.
   static constexpr RowStats row_stats(MaskKind) { return RowStats::kSharedMemory; }
   static constexpr OperandPartition operand_partition(MaskKind) { return OperandPartition::kPerWarpGroup; }
   static constexpr int kSmemGapAfterV = 0;  // the second dQ buffer needs the room

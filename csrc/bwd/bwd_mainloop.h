@@ -19,6 +19,9 @@
 #include "bwd/bwd_tile_scheduler.h"
 #include "common/params.h"
 
+// Declared as CUDA's sm_30_intrinsics.hpp does inside __shfl_sync (at global scope, where the builtin lives).
+extern __device__ __device_builtin__ unsigned __nvvm_shfl_idx_sync(unsigned mask, unsigned a, unsigned b, unsigned c);
+
 namespace dash::bwd {
 
 using namespace cute;
@@ -322,9 +325,9 @@ struct LaneStats {
   CUTLASS_DEVICE float at(int o) const {
     const int g = o / 8;
     const float mine = (o % 8) ? v[g / 8].y : v[g / 8].x;
-    float out;
-    asm("shfl.sync.idx.b32 %0, %1, %2, 0x31f, 0xffffffff;\n" : "=f"(out) : "f"(mine), "r"(4 * (g % 8)));
-    return out;
+    // The builtin behind __shfl_sync (which offers only power-of-two segments): unlike inline asm it is convergent,
+    // so the compiler cannot sink it into the masked branches of the callers.
+    return __uint_as_float(__nvvm_shfl_idx_sync(0xffffffffu, __float_as_uint(mine), 4 * (g % 8), 0x31fu));
   }
 };
 

@@ -93,8 +93,8 @@ struct BwdConfig<128> {
   using dQSplit = WarpGroupSplit<1, 2>;   // dQ (64 x 128): each warpgroup owns 64 columns of d
   static constexpr DkvOperandA kDkvA = DkvOperandA::kRegisters;
   // Shuffled statistics (H200, three A/B runs of 2-3 alternations): causal 0.95-1.00 of the time at 1k-16k (non-det
-  // and shift_causal); full 0.98-1.02 with the unmasked loop split off and 0.99-1.01 (8k/16k 1.01) with one loop, so
-  // full keeps shared memory.
+  // and shift_causal); full 0.98-1.02 with the unmasked loop split off and 0.99-1.01 (8k/16k 1.01) with one loop, and
+  // windows 1.08-1.11 (20 bytes of spills), so those keep shared memory.
   static constexpr RowStats row_stats(MaskKind mask) {
     return mask == MaskKind::kCausal ? RowStats::kShuffle : RowStats::kSharedMemory;
   }

@@ -71,7 +71,7 @@ struct BwdConfig;
 // non-deterministic 0.91-0.98, det/nd 0.92-0.99 -> 0.99-1.01; two parts at hdim 128 measured 1.00-1.13 (slower) and
 // at hdim 64 0.98-1.02, so those keep one.
 // kSmemGapAfterV: bytes left free between V and dS^T in shared memory. A measured layout choice, not a derived one.
-// kDsStoreAddressSwizzle: the consumers store dS^T through a view whose swizzle acts on the shared-memory address
+// ds_store_address_swizzle: the consumers store dS^T through a view whose swizzle acts on the shared-memory address
 // (cute's position-independent swizzle) instead of on the layout offset. The store addresses then become 32-bit adds
 // of constants to one base instead of a 64-bit swizzle computation per stmatrix, and the consumers spill less.
 
@@ -105,8 +105,10 @@ struct BwdConfig<128> {
   // 1024-byte alignment of dS^T); without it the backward measured 1.5-2.5% slower at seqlen 8k-16k (H200, two
   // runs of 3 alternating repetitions, one in each order). Same bank mapping either way; the cause is not understood.
   static constexpr int kSmemGapAfterV = 1024;
-  // Measured on the H200 (3 alternating runs): causal within +-1.5%, full 1-2.5% slower (spills 4 -> 0 bytes).
-  static constexpr bool kDsStoreAddressSwizzle = false;
+  // Measured on the H200 (3 alternating runs, before 9a2f1e0): causal within +-1.5%, full 1-2.5% slower. With the
+  // shuffled statistics, causal (two A/B runs of 3 and 4 alternations, non-det and shift_causal): 0.95-0.99 and
+  // 0.98-1.01 of the time at 1k-16k (16k 0.99 / 0.98).
+  static constexpr bool ds_store_address_swizzle(MaskKind mask) { return mask == MaskKind::kCausal; }
 };
 
 // hdim 64: 128 x 128 tiles. P^T from registers (H200: +8-17% over the shared-memory round trip) frees the room for
@@ -131,7 +133,7 @@ struct BwdConfig<64> {
   static constexpr OperandPartition operand_partition(MaskKind) { return OperandPartition::kPerWarpGroup; }
   static constexpr int kSmemGapAfterV = 0;  // the second dQ buffer needs the room
   // H200, 3 alternating runs: 1-5% faster on full and causal masks; spills 28/36 -> 20/24 bytes (full/causal).
-  static constexpr bool kDsStoreAddressSwizzle = true;
+  static constexpr bool ds_store_address_swizzle(MaskKind) { return true; }
 };
 
 // hdim 256: 64 x 64 tiles, one stage (a second stage of Q and dO would not fit next to K, V and the dQ staging).
@@ -153,7 +155,7 @@ struct BwdConfig<256> {
   // Per warpgroup: within +-1% of per thread at every row measured (H200, 3 alternating runs).
   static constexpr OperandPartition operand_partition(MaskKind) { return OperandPartition::kPerWarpGroup; }
   static constexpr int kSmemGapAfterV = 0;
-  static constexpr bool kDsStoreAddressSwizzle = false;  // not measured at hdim 256
+  static constexpr bool ds_store_address_swizzle(MaskKind) { return false; }  // not measured at hdim 256
 };
 
 // Whether every stride (in elements) of a (batch, seqlen, heads, d) tensor is a multiple of n.

@@ -556,8 +556,8 @@ CUTLASS_DEVICE void consumer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<
   auto r2s = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma_sdp);
   auto r2s_thr = r2s.get_thread_slice(tid);
   Tensor tPsPt = r2s_thr.partition_D(sPt);
-  auto ds_store_view = [&] {  // see BwdConfig::kDsStoreAddressSwizzle
-    if constexpr (T::Cfg::kDsStoreAddressSwizzle) {
+  auto ds_store_view = [&] {  // see BwdConfig::ds_store_address_swizzle
+    if constexpr (T::Cfg::ds_store_address_swizzle(T::kMask)) {
       return cute::as_position_independent_swizzle_tensor(sdSt);
     } else {
       return sdSt;

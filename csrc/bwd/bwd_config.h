@@ -182,6 +182,12 @@ inline BwdTileConfig bwd_tile_config(int32_t headdim) {
 //   lse_log2   fp32 (batch, nheads, seqlen_q_rounded)
 //   dsum       fp32 (batch, nheads, seqlen_q_rounded)   D = rowsum(dO * O)
 //   semaphores int32 (batch, nheads, num_m_blocks, dq_parts)  completed dQ adds per Q tile part (both modes)
+// The semaphores of Q tile `tile_index` ((batch * nheads + head) * num_m_blocks + m_block), one per dQ part.
+template <int kHeadDim, class Sem>
+__host__ __device__ inline Sem* tile_semaphores(Sem* semaphores, int64_t tile_index) {
+  return semaphores + tile_index * BwdConfig<kHeadDim>::kDqParts;
+}
+
 struct BwdWorkspaceLayout {
   int32_t num_m_blocks = 0;
   int32_t seqlen_q_rounded = 0;

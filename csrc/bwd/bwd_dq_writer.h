@@ -138,7 +138,7 @@ CUTLASS_DEVICE void dq_writer_loop(BwdKernelParams<T> const& p, BwdSharedStorage
     if (rec.flags & VisitRecord::kEnd) break;
     const int64_t tile_index = (int64_t(rec.batch) * nheads + rec.head) * p.num_m_blocks + rec.m_block;
     float* gdq = p.dq_accum + tile_index * T::kDqElems;
-    int32_t* sems = p.semaphores + tile_index * T::kDqParts;
+    int32_t* sems = tile_semaphores<T::kHeadDim>(p.semaphores, tile_index);
     const bool first = rec.wait_target == 0;
     // One bulk group per part, in part order (BwdConfig::kDqParts).
     CUTLASS_PRAGMA_UNROLL

@@ -68,6 +68,21 @@ struct AccColumns {
     const auto c = idx2crd(i, shape(AccLayout{}));
     return get<0, 1>(c) == 0 && get<1>(c) == 0;
   }
+  // elem(j, value) for every element j, with value = stat.at(offset of j's query column): one fetch per column
+  // (RowStats::kShuffle, where a fetch is a shuffle). tScS gives the elements' (n, m) offsets (see AccCoords).
+  template <class Stat, class Coords, class Elem>
+  CUTLASS_DEVICE static void for_each_column(Stat const& stat, Coords const& tScS, Elem&& elem) {
+    constexpr int kElems = decltype(size(AccLayout{}))::value;
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < kElems; ++i) {
+      if (!first_of_column(i)) continue;
+      const float value = stat.at(get<1>(tScS.offset(i)));
+      CUTLASS_PRAGMA_UNROLL
+      for (int j = 0; j < kElems; ++j) {
+        if (slot(j) == slot(i)) elem(j, value);
+      }
+    }
+  }
   // Elements (c = 0, r = 0, m = 0) start a pair of adjacent query columns (c = 0, 1), loaded as one float2.
   CUTLASS_DEVICE static constexpr bool starts_pair(int i) {
     const auto c = idx2crd(i, shape(AccLayout{}));

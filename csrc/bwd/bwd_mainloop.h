@@ -453,12 +453,11 @@ CUTLASS_DEVICE void consumer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<
   // end of its step); the fences at the completing waits keep the compiler from reusing it earlier.
   Tensor rdS = make_tensor<Element>(partition_fragment_C(mma_sdp, Shape<BN, BM>{}).layout());
   using Cols = AccColumns<decltype(partition_fragment_C(mma_sdp, Shape<BN, BM>{}).layout())>;
-  constexpr bool kShuffleStats = T::kShuffleStats;
   uint32_t kv_count = 0;
   uint32_t dq_count = 0;
   uint32_t ds_count = 0;
-  // With dS^T from shared memory, the dK GEMM of step t still runs while step t+1 starts; its Q/dO stage is released
-  // once it has completed.
+  // A config that lets step t's dK GEMM run into step t+1 (two stages, dS^T read from shared memory: kPtRegisters;
+  // none today, every step ends by waiting for its dK GEMM) releases step t's Q/dO stage once that GEMM completed.
   int unreleased_stage = -1;
   for (uint32_t q_count = 0;; ++q_count) {
     const RingPos qpos = ring_pos<T::kStages>(q_count);
@@ -501,7 +500,7 @@ CUTLASS_DEVICE void consumer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<
     // RowStats::kShuffle: the lanes' share of LSE and D, loaded before the GEMMs (a few registers per thread) so
     // that the loads do not queue behind the GEMMs' operand reads.
     LaneStats<T::kBlockM> lse_lanes, dsum_lanes;
-    if constexpr (kShuffleStats) {
+    if constexpr (T::kShuffleStats) {
       lse_lanes.load(ss.lse[stage], tid % 32);
       dsum_lanes.load(ss.dsum[stage], tid % 32);
     }
@@ -509,9 +508,10 @@ CUTLASS_DEVICE void consumer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<
     Tensor tdPrdP = partition_fragment_C(mma_sdp, Shape<BN, BM>{});
     wgmma_gemm<true, -1>(mma_sdp, tSrK, tSrQ(_, _, _, stage), tSrS);
     wgmma_gemm<true, -1>(mma_sdp, tSrV, tSrdO(_, _, _, stage), tdPrdP);
-    // The previous step's dK GEMM (its last reader of Q) is done once at most the two groups just issued are
-    // pending: release its stage now, not after S, so the producer's next loads start one S GEMM earlier. The wait is
-    // unconditional; a wait inside a data-dependent branch would make ptxas serialise the WGMMAs.
+    // A previous dK GEMM still running (see unreleased_stage; none in today's configs) is done once at most the two
+    // groups just issued are pending: release its stage now, not after S, so the producer's next loads start one S
+    // GEMM earlier. The wait is unconditional; a wait inside a data-dependent branch would make ptxas serialise the
+    // WGMMAs.
     warpgroup_wait<2>();
     warpgroup_fence_operand(tdKrdK);
     if constexpr (T::kDkFromRegs) warpgroup_fence_operand(rdS);
@@ -528,20 +528,8 @@ CUTLASS_DEVICE void consumer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<
     constexpr bool kLseInRegs = Cols::kCols <= 16;
     float const* lse_smem = ss.lse[stage] + tScS.m0();
     float lse[kLseInRegs ? Cols::kCols : 1];
-    if constexpr (kLseInRegs && !kShuffleStats) Cols::load(lse, lse_smem, tScS);
+    if constexpr (kLseInRegs && !T::kShuffleStats) Cols::load(lse, lse_smem, tScS);
     warpgroup_fence_operand(tSrS);
-    // RowStats::kShuffle: elem(j, value) for every element j, one shuffle per query column.
-    auto for_each_column = [&](LaneStats<T::kBlockM> const& stat, auto&& elem) {
-      CUTLASS_PRAGMA_UNROLL
-      for (int i = 0; i < size(tSrS); ++i) {
-        if (!Cols::first_of_column(i)) continue;
-        const float value = stat.at(get<1>(tScS.offset(i)));
-        CUTLASS_PRAGMA_UNROLL
-        for (int j = 0; j < size(tSrS); ++j) {
-          if (Cols::slot(j) == Cols::slot(i)) elem(j, value);
-        }
-      }
-    };
     auto lse_of = [&](int i) { return kLseInRegs ? lse[Cols::slot(i)] : lse_smem[get<1>(tScS.offset(i))]; };
     // Whether the element at offset d from this thread's first one (see AccCoords) is masked, given the tile's limits.
     auto is_masked = [&](auto d, int rows, int diag) {
@@ -564,15 +552,16 @@ CUTLASS_DEVICE void consumer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<
     // P. H200, 3 alternating runs: causal 4k-16k +2-5% (hdim 128, shift_causal), hdim 64 +1-9%. With only the row
     // test (full mask, LSE in registers) the separate loop measured 1-5% slower, so that case keeps one loop.
     constexpr bool kSeparateUnmaskedLoop = T::kMask != MaskKind::kFull || !kLseInRegs;
-    if constexpr (kShuffleStats) {
+    if constexpr (T::kShuffleStats) {
       if (need_mask) {
         const auto limits = tile_limits();
         const int rows = get<0>(limits), diag = get<1>(limits);
-        for_each_column(lse_lanes, [&](int j, float lse_j) {
+        Cols::for_each_column(lse_lanes, tScS, [&](int j, float lse_j) {
           tSrS(j) = is_masked(tScS.offset(j), rows, diag) ? 0.f : exp2f(fmaf(tSrS(j), p.scale_log2, -lse_j));
         });
       } else {
-        for_each_column(lse_lanes, [&](int j, float lse_j) { tSrS(j) = exp2f(fmaf(tSrS(j), p.scale_log2, -lse_j)); });
+        Cols::for_each_column(lse_lanes, tScS,
+                              [&](int j, float lse_j) { tSrS(j) = exp2f(fmaf(tSrS(j), p.scale_log2, -lse_j)); });
       }
     } else if constexpr (kSeparateUnmaskedLoop) {
       if (need_mask) {
@@ -620,8 +609,8 @@ CUTLASS_DEVICE void consumer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<
     // them spill.
     float const* dsum = ss.dsum[stage] + tScS.m0();
     const int ds_buf = ds_count++ % T::kDsBuffers;
-    if constexpr (kShuffleStats) {
-      for_each_column(dsum_lanes, [&](int j, float d) { tdPrdP(j) = tSrS(j) * (tdPrdP(j) - d); });
+    if constexpr (T::kShuffleStats) {
+      Cols::for_each_column(dsum_lanes, tScS, [&](int j, float d) { tdPrdP(j) = tSrS(j) * (tdPrdP(j) - d); });
     } else {
       CUTLASS_PRAGMA_UNROLL
       for (int i = 0; i < size(tSrS); ++i) tdPrdP(i) = tSrS(i) * (tdPrdP(i) - dsum[get<1>(tScS.offset(i))]);

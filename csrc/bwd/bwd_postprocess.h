@@ -60,7 +60,7 @@ __global__ void __launch_bounds__(T::kNumMmaThreads) bwd_postprocess_kernel(cons
   const bool never_added = contributors == 0;
   if (threadIdx.x == 0) {
     for (int part = 0; part < T::kDqParts; ++part) {
-      wait_tile_complete(p.semaphores + tile_index * T::kDqParts + part, contributors);
+      wait_tile_complete(tile_semaphores<T::kHeadDim>(p.semaphores, tile_index) + part, contributors);
     }
   }
   __syncthreads();

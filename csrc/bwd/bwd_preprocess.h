@@ -69,8 +69,8 @@ __global__ void __launch_bounds__(kPreprocessThreads) bwd_preprocess_kernel(cons
   }
 
   if (threadIdx.x == 0) {
-    constexpr int kParts = BwdConfig<kHeadDim>::kDqParts;
-    for (int part = 0; part < kParts; ++part) p.semaphores[(bh * p.num_m_blocks + m_block) * kParts + part] = 0;
+    int32_t* sems = tile_semaphores<kHeadDim>(p.semaphores, bh * p.num_m_blocks + m_block);
+    for (int part = 0; part < BwdConfig<kHeadDim>::kDqParts; ++part) sems[part] = 0;
   }
 }
 

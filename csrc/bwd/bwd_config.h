@@ -60,6 +60,12 @@ enum class OperandPartition { kPerThread, kPerWarpGroup };
 // slice to span the whole query extent (SdPSplit::kAlongN == 1).
 enum class RowStats { kSharedMemory, kShuffle };
 
+// When the register-sourced dV GEMM (A = P^T) is issued. kAfterP: as soon as P is computed, so that it runs while dS
+// is computed; the bf16 P^T is then live next to the fp32 P and dP. kAfterDs (FA3's order): after the dP wait, dS
+// computation and dS^T store, so that the fp32 P and dP are dead before the bf16 operands exist; it then runs across
+// the dS^T hand-off between the warpgroups and the dQ GEMM.
+enum class DvIssue { kAfterP, kAfterDs };
+
 template <int kHeadDim>
 struct BwdConfig;
 // kDqBuffers: partial-dQ staging buffers between the consumers and the dQ writer. With two, the consumers stage step
@@ -101,6 +107,11 @@ struct BwdConfig<128> {
   static constexpr OperandPartition operand_partition(MaskKind mask) {
     return mask == MaskKind::kFull ? OperandPartition::kPerThread : OperandPartition::kPerWarpGroup;
   }
+  // dV after dS (H200, 3 alternations against kAfterP): full 0.98-0.99 of the time at 1k-16k, causal 0.98-1.01.
+  // Windows keep kAfterP (not measured): there kAfterDs spilled 32/36 bytes instead of 28.
+  static constexpr DvIssue dv_issue(MaskKind mask) {
+    return mask == MaskKind::kWindow ? DvIssue::kAfterP : DvIssue::kAfterDs;
+  }
   // Every hdim-128 measurement up to 2026-11-29 had this 1 KB gap (an empty P^T stand-in member padded to the
   // 1024-byte alignment of dS^T); without it the backward measured 1.5-2.5% slower at seqlen 8k-16k (H200, two
   // runs of 3 alternating repetitions, one in each order). Same bank mapping either way; the cause is not understood.
@@ -131,6 +142,12 @@ struct BwdConfig<64> {
   // Shuffled statistics measured 1.02-1.04 (full, no spills) and 1.06-1.31 (causal, 20-44 bytes of spills) of the time.
   static constexpr RowStats row_stats(MaskKind) { return RowStats::kSharedMemory; }
   static constexpr OperandPartition operand_partition(MaskKind) { return OperandPartition::kPerWarpGroup; }
+  // dV after dS (H200, 3 alternations against kAfterP): full 0.94-0.96 of the time at 1k-16k with spills 8/16 -> 0
+  // bytes; causal 1.00-1.03 (slower, 4 -> 48/72 bytes), so causal keeps kAfterP, and so do windows (not measured;
+  // 40-52 -> 64/92 bytes).
+  static constexpr DvIssue dv_issue(MaskKind mask) {
+    return mask == MaskKind::kFull ? DvIssue::kAfterDs : DvIssue::kAfterP;
+  }
   static constexpr int kSmemGapAfterV = 0;  // the second dQ buffer needs the room
   // H200, 3 alternating runs: 1-5% faster on full and causal masks; spills 28/36 -> 20/24 bytes (full/causal).
   static constexpr bool ds_store_address_swizzle(MaskKind) { return true; }
@@ -154,6 +171,7 @@ struct BwdConfig<256> {
   static constexpr RowStats row_stats(MaskKind) { return RowStats::kSharedMemory; }
   // Per warpgroup: within +-1% of per thread at every row measured (H200, 3 alternating runs).
   static constexpr OperandPartition operand_partition(MaskKind) { return OperandPartition::kPerWarpGroup; }
+  static constexpr DvIssue dv_issue(MaskKind) { return DvIssue::kAfterP; }  // P^T goes through shared memory here
   static constexpr int kSmemGapAfterV = 0;
   static constexpr bool ds_store_address_swizzle(MaskKind) { return false; }  // not measured at hdim 256
 };

@@ -68,6 +68,8 @@ struct BwdTraits {
                            Shape<Int<kBlockM / Cfg::dQSplit::kAlongM>, Int<kHeadDim / Cfg::dQSplit::kAlongN>, BN>,
                            GMMA::Major::MN, GMMA::Major::MN>(),
       AtomLayout<typename Cfg::dQSplit>{}));
+  static constexpr bool kDvAfterDs = Cfg::dv_issue(kMask) == DvIssue::kAfterDs;
+  static_assert(!kDvAfterDs || kDvFromRegs, "the late dV issue is the register-sourced dV GEMM's");
 
   // Shared-memory layouts. Q/dO/K/V are stored row-major (d contiguous, K-major for S^T and dP^T); the transposed
   // views used as MN-major operands of dK/dV and dQ alias the same bytes. P^T and dS^T are stored (kBlockN, kBlockM)
@@ -584,29 +586,37 @@ CUTLASS_DEVICE void consumer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<
       }
     }
 
-    // dV += P^T dO runs while dS is computed; P^T comes from registers or, after a round trip, shared memory.
-    Tensor rP = convert_fragment<Element>(tSrS);
-    if constexpr (T::kDvFromRegs) {
+    // dV += P^T dO runs while dS is computed (DvIssue::kAfterP) or while dS is handed over (kAfterDs, issued
+    // below); P^T comes from registers or, after a round trip, shared memory.
+    auto issue_dv = [&](auto& rP) {
       warpgroup_fence_operand(rP);
       wgmma_gemm<-1>(mma_dv, make_tensor(rP.data(), accumulator_as_a_operand(rP.layout())),
                      tdVrdOt(_, _, _, stage), tdVrdV, first);
-    } else {
-      if constexpr (T::kPtShared) cutlass::arch::NamedBarrier::sync(T::kNumMmaThreads, kMmaBarrier);
-      cute::copy(r2s, r2s_thr.retile_S(rP), tPsPt);
-      cutlass::arch::fence_view_async_shared();  // generic-proxy stores read next by WGMMA (async proxy)
-      if constexpr (T::kPtShared) {
-        cutlass::arch::NamedBarrier::sync(T::kNumMmaThreads, kMmaBarrier);
+    };
+    Tensor rP = make_tensor<Element>(tSrS.layout());
+    if constexpr (!T::kDvAfterDs) {
+      rP = convert_fragment<Element>(tSrS);
+      if constexpr (T::kDvFromRegs) {
+        issue_dv(rP);
       } else {
-        cutlass::arch::NamedBarrier::sync(128, wg_barrier);
+        if constexpr (T::kPtShared) cutlass::arch::NamedBarrier::sync(T::kNumMmaThreads, kMmaBarrier);
+        cute::copy(r2s, r2s_thr.retile_S(rP), tPsPt);
+        cutlass::arch::fence_view_async_shared();  // generic-proxy stores read next by WGMMA (async proxy)
+        if constexpr (T::kPtShared) {
+          cutlass::arch::NamedBarrier::sync(T::kNumMmaThreads, kMmaBarrier);
+        } else {
+          cutlass::arch::NamedBarrier::sync(128, wg_barrier);
+        }
+        wgmma_gemm<-1>(mma_dv, op_dv.partition_fragment_A(sPt), tdVrdOt(_, _, _, stage), tdVrdV, first);
       }
-      wgmma_gemm<-1>(mma_dv, op_dv.partition_fragment_A(sPt), tdVrdOt(_, _, _, stage), tdVrdV, first);
     }
 
-    warpgroup_wait<1>();  // dP done (dV may still run)
+    // dP done; with DvIssue::kAfterP the dV GEMM may still run, with kAfterDs it is not issued yet.
+    warpgroup_wait<T::kDvAfterDs ? 0 : 1>();
     warpgroup_fence_operand(tdPrdP);
-    // Without shuffled statistics D is read per element straight from shared memory: this is the consumers' register
-    // peak (dK, dV, P, dP and the P^T operand of the running dV GEMM are all live), and a register copy of D made
-    // them spill.
+    // Without shuffled statistics D is read per element straight from shared memory: with DvIssue::kAfterP this is
+    // the consumers' register peak (dK, dV, P, dP and the P^T operand of the running dV GEMM are all live), and a
+    // register copy of D made them spill.
     float const* dsum = ss.dsum[stage] + tScS.m0();
     const int ds_buf = ds_count++ % T::kDsBuffers;
     if constexpr (T::kShuffleStats) {
@@ -615,8 +625,10 @@ CUTLASS_DEVICE void consumer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<
       CUTLASS_PRAGMA_UNROLL
       for (int i = 0; i < size(tSrS); ++i) tdPrdP(i) = tSrS(i) * (tdPrdP(i) - dsum[get<1>(tScS.offset(i))]);
     }
+    if constexpr (T::kDvAfterDs) rP = convert_fragment<Element>(tSrS);
     rdS = convert_fragment<Element>(tdPrdP);
     cute::copy(r2s, r2s_thr.retile_S(rdS), tPsdSt(_, _, _, ds_buf));
+    if constexpr (T::kDvAfterDs) issue_dv(rP);
     cutlass::arch::fence_view_async_shared();
     // dK (when d is split) and dQ need every warpgroup's rows of dS.
     cutlass::arch::NamedBarrier::sync(T::kNumMmaThreads, kMmaBarrier);

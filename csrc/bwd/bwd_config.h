@@ -107,11 +107,9 @@ struct BwdConfig<128> {
   static constexpr OperandPartition operand_partition(MaskKind mask) {
     return mask == MaskKind::kFull ? OperandPartition::kPerThread : OperandPartition::kPerWarpGroup;
   }
-  // dV after dS (H200, 3 alternations against kAfterP): full 0.98-0.99 of the time at 1k-16k, causal 0.98-1.01.
-  // Windows keep kAfterP (not measured): there kAfterDs spilled 32/36 bytes instead of 28.
-  static constexpr DvIssue dv_issue(MaskKind mask) {
-    return mask == MaskKind::kWindow ? DvIssue::kAfterP : DvIssue::kAfterDs;
-  }
+  // dV after dS (H200, 3 alternations against kAfterP): full 0.98-0.99 of the time at 1k-16k, causal 0.98-1.01,
+  // windows (1024, 0) and (512, 512) at 4k/16k 0.97-0.995 (spills 28 -> 32/36 bytes).
+  static constexpr DvIssue dv_issue(MaskKind) { return DvIssue::kAfterDs; }
   // Every hdim-128 measurement up to 2026-11-29 had this 1 KB gap (an empty P^T stand-in member padded to the
   // 1024-byte alignment of dS^T); without it the backward measured 1.5-2.5% slower at seqlen 8k-16k (H200, two
   // runs of 3 alternating repetitions, one in each order). Same bank mapping either way; the cause is not understood.

@@ -19,7 +19,7 @@ STACK = re.compile(r"(\d+) bytes stack frame")
 ALLOWANCES = [
     # Sliding windows as first built (2026-11-30), not tuned yet: the band tests carry two run-time bounds through
     # the masked P loop. Figures since 9a2f1e0 (dK from registers and per-warpgroup operands lowered them).
-    (r"bwd_main_kernel.*BwdTraitsILi128E.*MaskKindE2", 28, "hdim 128 window: 28 bytes (36-40 before 9a2f1e0)"),
+    (r"bwd_main_kernel.*BwdTraitsILi128E.*MaskKindE2", 36, "hdim 128 window: 32/36 bytes with the dV GEMM after dS (28 before)"),
     (r"bwd_main_kernel.*BwdTraitsILi64E.*MaskKindE2", 56, "hdim 64 window: 40-52 bytes (68-96 before 9a2f1e0)"),
     (r"bwd_main_kernel.*BwdTraitsILi256E.*MaskKindE2", 20, "hdim 256 window: 20 bytes"),
     (r"fwd_kernel.*FwdKernelTraitsILi64E.*MaskKindE2", 100, "hdim 64 window forward: 100 bytes (72-byte stack frame)"),

@@ -112,7 +112,9 @@ struct BwdConfig<128> {
   static constexpr DvIssue dv_issue(MaskKind) { return DvIssue::kAfterDs; }
   // Every hdim-128 measurement up to 2026-11-29 had this 1 KB gap (an empty P^T stand-in member padded to the
   // 1024-byte alignment of dS^T); without it the backward measured 1.5-2.5% slower at seqlen 8k-16k (H200, two
-  // runs of 3 alternating repetitions, one in each order). Same bank mapping either way; the cause is not understood.
+  // runs of 3 alternating repetitions, one in each order). Same bank mapping either way: the gap acts through
+  // register allocation (the later buffers' offsets are constants in the addresses). Without it ptxas spills 24/20
+  // bytes at full and 76/96 at causal (2026-11-30, with the dV GEMM after dS), against none with it.
   static constexpr int kSmemGapAfterV = 1024;
   // Measured on the H200 (3 alternating runs, before 9a2f1e0): causal within +-1.5%, full 1-2.5% slower. With the
   // shuffled statistics, causal (two A/B runs of 3 and 4 alternations, non-det and shift_causal): 0.95-0.99 and

@@ -628,7 +628,7 @@ CUTLASS_DEVICE void consumer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<
     if constexpr (T::kDvAfterDs) rP = convert_fragment<Element>(tSrS);
     rdS = convert_fragment<Element>(tdPrdP);
     cute::copy(r2s, r2s_thr.retile_S(rdS), tPsdSt(_, _, _, ds_buf));
-    if constexpr (T::kDvAfterDs) issue_dv(rP);
+    if constexpr (T::kDvAfterDs) issue_dv(rP);  // reads P^T and dO only, so it need not wait for the fence below
     cutlass::arch::fence_view_async_shared();
     // dK (when d is split) and dQ need every warpgroup's rows of dS.
     cutlass::arch::NamedBarrier::sync(T::kNumMmaThreads, kMmaBarrier);

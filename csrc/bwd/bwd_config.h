@@ -201,7 +201,13 @@ inline BwdTileConfig bwd_tile_config(int32_t headdim) {
 //   lse_log2   fp32 (batch, nheads, seqlen_q_rounded)
 //   dsum       fp32 (batch, nheads, seqlen_q_rounded)   D = rowsum(dO * O)
 //   semaphores int32 (batch, nheads, num_m_blocks, dq_parts)  completed dQ adds per Q tile part (both modes)
-// The semaphores of Q tile `tile_index` ((batch * nheads + head) * num_m_blocks + m_block), one per dQ part.
+// Index of a Q tile in the per-tile regions (dq_accum tiles, semaphores): the preprocess, the dQ writer and the
+// postprocess all address a tile through it.
+__host__ __device__ inline int64_t q_tile_index(int32_t batch, int32_t head, int32_t nheads, int32_t num_m_blocks,
+                                                int32_t m_block) {
+  return (int64_t(batch) * nheads + head) * num_m_blocks + m_block;
+}
+// The semaphores of Q tile `tile_index` (q_tile_index), one per dQ part.
 template <int kHeadDim, class Sem>
 __host__ __device__ inline Sem* tile_semaphores(Sem* semaphores, int64_t tile_index) {
   return semaphores + tile_index * BwdConfig<kHeadDim>::kDqParts;

@@ -136,7 +136,7 @@ CUTLASS_DEVICE void dq_writer_loop(BwdKernelParams<T> const& p, BwdSharedStorage
     wait_barrier(ss.dq_full[buf], pos.phase, WaitSite::kDqFull);
     const VisitRecord rec = ss.dq_rec[buf];
     if (rec.flags & VisitRecord::kEnd) break;
-    const int64_t tile_index = (int64_t(rec.batch) * nheads + rec.head) * p.num_m_blocks + rec.m_block;
+    const int64_t tile_index = q_tile_index(rec.batch, rec.head, nheads, p.num_m_blocks, rec.m_block);
     float* gdq = p.dq_accum + tile_index * T::kDqElems;
     int32_t* sems = tile_semaphores<T::kHeadDim>(p.semaphores, tile_index);
     const bool first = rec.wait_target == 0;

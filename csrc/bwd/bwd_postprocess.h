@@ -53,7 +53,7 @@ __global__ void __launch_bounds__(T::kNumMmaThreads) bwd_postprocess_kernel(cons
   __shared__ alignas(16) Element tile[T::kBlockM * Tile::kRowElems];
   const int m_block = blockIdx.x, head = blockIdx.y, batch = blockIdx.z;
   const int tid = threadIdx.x;
-  const int64_t tile_index = (int64_t(batch) * p.nheads + head) * p.num_m_blocks + m_block;
+  const int64_t tile_index = q_tile_index(batch, head, p.nheads, p.num_m_blocks, m_block);
   const float4* acc = reinterpret_cast<const float4*>(p.dq_accum + tile_index * T::kDqElems);
   // A tile without contributing KV tiles was never written (nothing zeroes the accumulator): its dQ is 0.
   const int32_t contributors = sched::n_block_range(p.problem, m_block).size();

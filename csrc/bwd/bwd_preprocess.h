@@ -69,7 +69,8 @@ __global__ void __launch_bounds__(kPreprocessThreads) bwd_preprocess_kernel(cons
   }
 
   if (threadIdx.x == 0) {
-    int32_t* sems = tile_semaphores<kHeadDim>(p.semaphores, bh * p.num_m_blocks + m_block);
+    const int64_t tile_index = q_tile_index(batch, head, p.nheads, p.num_m_blocks, m_block);
+    int32_t* sems = tile_semaphores<kHeadDim>(p.semaphores, tile_index);
     for (int part = 0; part < BwdConfig<kHeadDim>::kDqParts; ++part) sems[part] = 0;
   }
 }

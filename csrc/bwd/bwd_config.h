@@ -66,6 +66,13 @@ enum class RowStats { kSharedMemory, kShuffle };
 // the dS^T hand-off between the warpgroups and the dQ GEMM.
 enum class DvIssue { kAfterP, kAfterDs };
 
+// How a KV tile's dK and dV leave the consumers (bwd_epilogue.h). kRegisterStores: straight from the accumulators in
+// 32-bit pieces, each warp store touching 8 rows x 16 bytes. kTmaStaged: stmatrix into a 128-byte-swizzled (rows, d)
+// tile per warpgroup in the (then free) dS^T buffers, stored by one TMA per warpgroup; needs dKVSplit = <2, 1> (a
+// warpgroup owns whole rows) and dK/dV 16-byte aligned (else the kernel falls back to kRegisterStores at run time).
+// H200: a build that skipped the stores ran 0.86-0.89 of the time at seqlen 1k and 0.98-0.99 at 16k.
+enum class DkDvEpilogue { kRegisterStores, kTmaStaged };
+
 template <int kHeadDim>
 struct BwdConfig;
 // kDqBuffers: partial-dQ staging buffers between the consumers and the dQ writer. With two, the consumers stage step
@@ -110,6 +117,9 @@ struct BwdConfig<128> {
   // dV after dS (H200, 3 alternations against kAfterP): full 0.98-0.99 of the time at 1k-16k, causal 0.98-1.01,
   // windows (1024, 0) and (512, 512) at 4k/16k 0.97-0.995 (spills 28 -> 32/36 bytes).
   static constexpr DvIssue dv_issue(MaskKind) { return DvIssue::kAfterDs; }
+  // Staged (H200, 5 alternations against kRegisterStores, 2026-11-30): full 0.92/0.97/0.99/0.99/1.00 of the time at
+  // 1k/2k/4k/8k/16k, causal 0.90/0.99/0.97/0.99/1.00, windows (1024, 0) at 4k/16k 0.94; no spills at full/causal.
+  static constexpr DkDvEpilogue dkdv_epilogue(MaskKind) { return DkDvEpilogue::kTmaStaged; }
   // Every hdim-128 measurement up to 2026-11-29 had this 1 KB gap (an empty P^T stand-in member padded to the
   // 1024-byte alignment of dS^T); without it the backward measured 1.5-2.5% slower at seqlen 8k-16k (H200, two
   // runs of 3 alternating repetitions, one in each order). Same bank mapping either way: the gap acts through
@@ -149,6 +159,12 @@ struct BwdConfig<64> {
   static constexpr DvIssue dv_issue(MaskKind mask) {
     return mask == MaskKind::kFull ? DvIssue::kAfterDs : DvIssue::kAfterP;
   }
+  // Staged (H200, 5 alternations against kRegisterStores, 2026-11-30): windows (1024, 0) at 4k/16k 0.94-0.97 of the
+  // time, causal 0.91-0.96 at 1k/2k, 0.99-1.00 at 4k/8k, 1.005-1.009 at 16k (spills 4 -> 12 bytes); full 0.98 at 1k
+  // but 1.01-1.015 at 8k/16k (0 -> 8 bytes, reloaded in the loop), so full keeps the register stores.
+  static constexpr DkDvEpilogue dkdv_epilogue(MaskKind mask) {
+    return mask == MaskKind::kFull ? DkDvEpilogue::kRegisterStores : DkDvEpilogue::kTmaStaged;
+  }
   static constexpr int kSmemGapAfterV = 0;  // the second dQ buffer needs the room
   // H200, 3 alternating runs: 1-5% faster on full and causal masks; spills 28/36 -> 20/24 bytes (full/causal).
   static constexpr bool ds_store_address_swizzle(MaskKind) { return true; }
@@ -173,6 +189,8 @@ struct BwdConfig<256> {
   // Per warpgroup: within +-1% of per thread at every row measured (H200, 3 alternating runs).
   static constexpr OperandPartition operand_partition(MaskKind) { return OperandPartition::kPerWarpGroup; }
   static constexpr DvIssue dv_issue(MaskKind) { return DvIssue::kAfterP; }  // P^T goes through shared memory here
+  // A warpgroup owns half of d, not whole rows (dKVSplit = <1, 2>).
+  static constexpr DkDvEpilogue dkdv_epilogue(MaskKind) { return DkDvEpilogue::kRegisterStores; }
   static constexpr int kSmemGapAfterV = 0;
   static constexpr bool ds_store_address_swizzle(MaskKind) { return false; }  // not measured at hdim 256
 };
@@ -180,6 +198,13 @@ struct BwdConfig<256> {
 // Whether every stride (in elements) of a (batch, seqlen, heads, d) tensor is a multiple of n.
 inline bool strides_multiple_of(const TensorStrides& s, int64_t n) {
   return s.row % n == 0 && s.head % n == 0 && s.batch % n == 0;
+}
+
+// Whether a (batch, seqlen, heads, d) fp16/bf16 tensor allows 16-byte accesses (and TMA): the base and every stride
+// in bytes are multiples of 16.
+inline bool aligned16(const void* ptr, const TensorStrides& strides) {
+  constexpr int64_t kElemsPer16Bytes = 16 / 2;
+  return reinterpret_cast<uintptr_t>(ptr) % 16 == 0 && strides_multiple_of(strides, kElemsPer16Bytes);
 }
 
 // Run-time view of the same table, for the host (workspace sizing, dash_bwd_tile_shape).

@@ -1,6 +1,7 @@
-// Epilogue of one KV tile: dK * softmax_scale and dV, stored in the input dtype straight from the consumers'
-// registers. GQA needs no cross-CTA reduction: the CTA walked every query head of the KV head's group, so the
-// registers already hold the group's sum, accumulated in the schedule's fixed visit order.
+// Epilogue of one KV tile: dK * softmax_scale and dV in the input dtype, staged in shared memory and written by TMA
+// (DkDvEpilogue::kTmaStaged) or stored straight from the consumers' registers (kRegisterStores). GQA needs no
+// cross-CTA reduction: the CTA walked every query head of the KV head's group, so the registers already hold the
+// group's sum, accumulated in the schedule's fixed visit order.
 #pragma once
 #include "bwd/bwd_mainloop.h"
 
@@ -9,6 +10,45 @@ namespace dash::bwd {
 template <class T>
 struct DkDvStore {
   BwdKernelParams<T> const& p;
+  // Its dS^T buffers, free at the end of a KV tile once both warpgroups' last dQ GEMMs have completed, are the
+  // staging area of the tile's dK and dV (one at a time; BwdTraits::SmemLayoutStage).
+  BwdSharedStorage<T>& ss;
+
+  // One of dK, dV by TMA: stmatrix (8x8 tiles, the accumulators' own layout) into the warpgroup's swizzled staging
+  // tile, then one thread stores the tile with TMA (rows past seqlen_k are clipped by TMA; the tensor is 4-D, so no
+  // row of another head is touched).
+  template <class Frag, class ThrMma>
+  CUTLASS_DEVICE void store_staged(Frag const& acc, ThrMma const& thr, typename T::TmaStoreKV const& tma,
+                                   const KvTileRef& tile, float scale, int tid, uint32_t wg_barrier) const {
+    using Element = typename T::Element;
+    Tensor sStage = make_tensor(make_smem_ptr(ss.dst.data()), typename T::SmemLayoutStage{});
+    auto r2s = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, thr);
+    auto r2s_thr = r2s.get_thread_slice(tid);
+    Tensor converted = make_tensor<Element>(acc.layout());
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < size(acc); i += 2) {
+      cutlass::Array<float, 2> f = {acc(i) * scale, acc(i + 1) * scale};
+      auto h = cutlass::NumericArrayConverter<Element, float, 2>{}(f);
+      converted(i) = h[0];
+      converted(i + 1) = h[1];
+    }
+    cute::copy(r2s, r2s_thr.retile_S(converted), r2s_thr.partition_D(sStage));
+    cutlass::arch::fence_view_async_shared();  // generic-proxy stores read next by TMA (async proxy)
+    cutlass::arch::NamedBarrier::sync(128, wg_barrier);
+    if (tid % 128 == 0) {
+      const int wg = tid / 128;
+      Tensor sWG = make_tensor(make_smem_ptr(ss.dst.data() + wg * cute::cosize_v<typename T::SmemLayoutStageWG>),
+                               typename T::SmemLayoutStageWG{});
+      Tensor mOut = tma.get_tma_tensor(p.shape_k);
+      Tensor gOut = local_tile(mOut(_, _, tile.head_k, tile.batch), Shape<typename T::StageRows, typename T::HD>{},
+                               make_coord(T::Cfg::dKVSplit::kAlongM * tile.n_block + wg, _0{}));
+      auto [tSg, tSs] = tma_partition(tma, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sWG), group_modes<0, 2>(gOut));
+      cute::copy(tma, tSs, tSg);
+      tma_store_arrive();
+      tma_store_wait<0>();  // the staging tile has been read; it may be written again
+    }
+    cutlass::arch::NamedBarrier::sync(128, wg_barrier);
+  }
 
   // kZeros stores zeros without reading `acc`: a read of accumulator registers that a WGMMA may (as far as ptxas can
   // tell) still be writing would make ptxas serialise the kernel's WGMMAs.
@@ -38,8 +78,23 @@ struct DkDvStore {
 
   template <class FragK, class FragV, class ThrMma>
   CUTLASS_DEVICE void operator()(const KvTileRef& tile, FragK const& dk, FragV const& dv, ThrMma const& thr) const {
-    store_one<false>(dk, thr, p.dk, p.dk_row, p.dk_head, p.dk_batch, tile, p.scale);
-    store_one<false>(dv, thr, p.dv, p.dv_row, p.dv_head, p.dv_batch, tile, 1.0f);
+    if constexpr (T::kStagedEpilogue) {
+      // The staging addresses depend on the thread only, so the compiler would compute them once before the tile
+      // loop and keep them live through it (ptxas then spilled inside the loop); an opaque copy of the thread index
+      // keeps their computation here.
+      int tid = threadIdx.x - 128;  // as in consumer_loop
+      asm volatile("" : "+r"(tid));
+      const uint32_t wg_barrier = uint32_t(ConsumerBarrier::kWarpgroup0) + tid / 128;
+      // Both warpgroups' last dQ GEMMs, which read every row of the current dS^T buffer, have completed.
+      cutlass::arch::NamedBarrier::sync(T::kNumMmaThreads, uint32_t(ConsumerBarrier::kBoth));
+      store_staged(dk, thr, p.tma_dk, tile, p.scale, tid, wg_barrier);
+      store_staged(dv, thr, p.tma_dv, tile, 1.0f, tid, wg_barrier);
+      // The next tile's first dS^T store may write into the other warpgroup's staging tile.
+      cutlass::arch::NamedBarrier::sync(T::kNumMmaThreads, uint32_t(ConsumerBarrier::kBoth));
+    } else {
+      store_one<false>(dk, thr, p.dk, p.dk_row, p.dk_head, p.dk_batch, tile, p.scale);
+      store_one<false>(dv, thr, p.dv, p.dv_row, p.dv_head, p.dv_batch, tile, 1.0f);
+    }
   }
 
   // A KV tile that no query row sees: dK = dV = 0.

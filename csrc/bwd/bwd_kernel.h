@@ -70,7 +70,7 @@ __global__ void __launch_bounds__(BwdThreads::kNumThreads, 1)
     }
   } else {
     cutlass::arch::warpgroup_reg_alloc<BwdThreads::kConsumerRegs>();
-    consumer_loop<T>(p, ss, DkDvStore<T>{p});
+    consumer_loop<T>(p, ss, DkDvStore<T>{p, ss});
   }
 }
 

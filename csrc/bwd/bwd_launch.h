@@ -24,11 +24,7 @@ inline int32_t bwd_num_ctas(const BwdParams& params, const sched::Problem& prob)
   return static_cast<int32_t>(std::max<int64_t>(1, std::min<int64_t>(usable, units)));
 }
 
-// Whether the postprocess may write dQ in 16-byte chunks: the base and every stride in bytes are multiples of 16.
-inline bool dq_aligned16(const BwdParams& params) {
-  constexpr int64_t kElemsPer16Bytes = 16 / 2;  // fp16 / bf16
-  return reinterpret_cast<uintptr_t>(params.dq) % 16 == 0 && strides_multiple_of(params.dq_stride, kElemsPer16Bytes);
-}
+inline bool dq_aligned16(const BwdParams& params) { return aligned16(params.dq, params.dq_stride); }
 
 // The regions of the workspace the main kernel reads (LSE_log2, D) and accumulates into (dQ, semaphores).
 struct BwdWorkspaceViews {
@@ -91,7 +87,22 @@ void launch_bwd_main(const BwdParams& params, const BwdWorkspaceLayout& ws, cons
       params.dk_stride.row, params.dk_stride.head, params.dk_stride.batch,
       params.dv_stride.row, params.dv_stride.head, params.dv_stride.batch,
       s.window_left,
-      s.window_right};
+      s.window_right,
+      {},
+      {}};
+  if constexpr (T::kStagedEpilogue) {
+    // dash_bwd_stages has checked that dk and dv are 16-byte aligned (base and strides), as TMA needs.
+    auto make_out = [&](void* ptr, const TensorStrides& st) {
+      return make_tensor(make_gmem_ptr(static_cast<Element*>(ptr)),
+                         make_shape(s.seqlen_k, int32_t(kHeadDim), s.nheads_k, s.batch),
+                         make_stride(st.row, _1{}, st.head, st.batch));
+    };
+    using Box = Shape<typename T::StageRows, HD>;
+    p.tma_dk = make_tma_copy(SM90_TMA_STORE{}, make_out(params.dk, params.dk_stride),
+                             typename T::SmemLayoutStageWG{}, Box{}, _1{});
+    p.tma_dv = make_tma_copy(SM90_TMA_STORE{}, make_out(params.dv, params.dv_stride),
+                             typename T::SmemLayoutStageWG{}, Box{}, _1{});
+  }
 
   constexpr size_t smem = bwd_smem_bytes<T>();
   auto kernel = bwd_main_kernel<T>;

@@ -105,6 +105,28 @@ struct BwdTraits {
                                                   StrideQKV{}),
                                       SmemLayoutK{}, Shape<BN, HD>{}, _1{}));
 
+  // dK/dV staging at the end of a KV tile (DkDvEpilogue::kTmaStaged, bwd_epilogue.h): each warpgroup's rows as one
+  // 128-byte-swizzled (rows, d) tile, the two side by side in the dS^T buffers, each stored by one TMA.
+  static constexpr bool kStagedEpilogue = Cfg::dkdv_epilogue(kMask) == DkDvEpilogue::kTmaStaged;
+  static constexpr int kStageRows = kBlockN / Cfg::dKVSplit::kAlongM;
+  using StageRows = Int<kStageRows>;
+  using SmemLayoutStageWG = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{}, Shape<StageRows, HD>{}));
+  using SmemLayoutStage3 = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{},
+                                                  Shape<StageRows, HD, Int<Cfg::dKVSplit::kAlongM>>{}));
+  // (row of the KV tile, column of d) -> the warpgroup tiles: rows [w * kStageRows, (w + 1) * kStageRows) are tile w.
+  using SmemLayoutStage = decltype(composition(
+      SmemLayoutStage3{},
+      Layout<Shape<Shape<StageRows, Int<Cfg::dKVSplit::kAlongM>>, HD>,
+             Stride<Stride<_1, Int<kStageRows * kHeadDim>>, StageRows>>{}));
+  static_assert(!kStagedEpilogue || (Cfg::dKVSplit::kAlongM == 2 && Cfg::dKVSplit::kAlongN == 1),
+                "the staged epilogue stores whole rows per warpgroup");
+  static_assert(!kStagedEpilogue || cute::cosize_v<SmemLayoutStage3> <= cute::cosize_v<SmemLayoutdSt>,
+                "the staging tiles live in the dS^T buffers");
+  using TmaStoreKV = decltype(make_tma_copy(SM90_TMA_STORE{},
+                                            make_tensor(make_gmem_ptr(static_cast<Element*>(nullptr)), ShapeQKV{},
+                                                        StrideQKV{}),
+                                            SmemLayoutStageWG{}, Shape<StageRows, HD>{}, _1{}));
+
   static constexpr uint32_t kQBytes = kBlockM * kHeadDim * sizeof(Element);
   static constexpr uint32_t kKBytes = kBlockN * kHeadDim * sizeof(Element);
   static constexpr int kSmemGapElems = Cfg::kSmemGapAfterV / sizeof(Element);
@@ -191,9 +213,18 @@ struct BwdKernelParams {
   // MaskKind::kWindow only (-1: that side unbounded). Last, so that the other fields keep the offsets (and the
   // full/causal kernels the exact SASS) they had before windows existed.
   int32_t window_left, window_right;
+  // dK/dV stores from the staging tiles (DkDvEpilogue::kTmaStaged); unset for kRegisterStores.
+  typename T::TmaStoreKV tma_dk;
+  typename T::TmaStoreKV tma_dv;
 };
 
 using Barrier = cutlass::arch::ClusterBarrier;
+
+// Named barriers of the consumer warpgroups (CUTLASS offsets the ids past the ones it reserves).
+enum class ConsumerBarrier : uint32_t {
+  kBoth = 1,        // the two consumer warpgroups
+  kWarpgroup0 = 2,  // one consumer warpgroup: kWarpgroup0 + its index
+};
 using TxBarrier = cutlass::arch::ClusterTransactionBarrier;
 
 // Position of the count-th use of a ring of kSize buffers guarded by full/empty mbarriers: the buffer, and the phase
@@ -384,8 +415,8 @@ CUTLASS_DEVICE void consumer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<
   using BN = typename T::BN;
   using HD = typename T::HD;
   const int tid = threadIdx.x - 128;  // 0 .. kNumMmaThreads-1
-  constexpr uint32_t kMmaBarrier = 1;  // named barrier of the two consumer warpgroups
-  const uint32_t wg_barrier = 2 + tid / 128;  // named barrier of this consumer warpgroup
+  constexpr uint32_t kMmaBarrier = uint32_t(ConsumerBarrier::kBoth);
+  const uint32_t wg_barrier = uint32_t(ConsumerBarrier::kWarpgroup0) + tid / 128;
 
   typename T::TiledMmaSdP mma_sdp;
   typename T::TiledMmadV mma_dv;

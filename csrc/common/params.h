@@ -76,6 +76,8 @@ struct BwdParams {
   const void* o = nullptr;
   const void* dout = nullptr;
   const float* lse = nullptr;  // (batch, nheads, seqlen_q), natural log, from the forward
+  // Inputs arrive by TMA: 16-byte aligned bases and strides (in bytes). dK and dV leave by TMA too and need the same;
+  // dq needs 4 bytes (it is written 16 bytes at a time where it allows, else 4). dash_bwd refuses (-1) otherwise.
   void* dq = nullptr;
   void* dk = nullptr;
   void* dv = nullptr;

@@ -210,12 +210,15 @@ void build_problem(Problem& p, bool with_reference, uint32_t seed) {
 struct DeviceProblem {
   Shape s;
   Elem *q, *k, *v, *o, *dout, *dq, *dk, *dv;
+  Elem *dq_mem, *dk_mem, *dv_mem;  // the allocations; dq starts dq_offset elements in, dk/dv dkv_offset
   float* lse;
   void* ws;
   size_t ws_bytes;
   dash::BwdParams params;
 
-  explicit DeviceProblem(const Problem& p) : s(p.s) {
+  // Offsets move the outputs off 16-byte alignment: dq then takes the postprocess's 4-byte stores; dk/dv must be
+  // refused (they leave by TMA).
+  explicit DeviceProblem(const Problem& p, int dq_offset = 0, int dkv_offset = 0) : s(p.s) {
     auto up = [](Elem** d, const std::vector<Elem>& h) {
       CHECK_CUDA(cudaMalloc(d, std::max<size_t>(h.size(), 1) * sizeof(Elem)));
       CHECK_CUDA(cudaMemcpy(*d, h.data(), h.size() * sizeof(Elem), cudaMemcpyHostToDevice));
@@ -225,9 +228,10 @@ struct DeviceProblem {
     up(&v, p.v);
     up(&o, p.o);
     up(&dout, p.dout);
-    CHECK_CUDA(cudaMalloc(&dq, p.q.size() * sizeof(Elem)));
-    CHECK_CUDA(cudaMalloc(&dk, p.k.size() * sizeof(Elem)));
-    CHECK_CUDA(cudaMalloc(&dv, p.v.size() * sizeof(Elem)));
+    CHECK_CUDA(cudaMalloc(&dq_mem, (p.q.size() + dq_offset) * sizeof(Elem)));
+    CHECK_CUDA(cudaMalloc(&dk_mem, (p.k.size() + dkv_offset) * sizeof(Elem)));
+    CHECK_CUDA(cudaMalloc(&dv_mem, (p.v.size() + dkv_offset) * sizeof(Elem)));
+    dq = dq_mem + dq_offset, dk = dk_mem + dkv_offset, dv = dv_mem + dkv_offset;
     CHECK_CUDA(cudaMalloc(&lse, p.lse.size() * sizeof(float)));
     CHECK_CUDA(cudaMemcpy(lse, p.lse.data(), p.lse.size() * sizeof(float), cudaMemcpyHostToDevice));
     dash::BwdParams& bp = params;
@@ -245,7 +249,7 @@ struct DeviceProblem {
     bp.workspace_bytes = ws_bytes;
   }
   ~DeviceProblem() {
-    for (void* ptr : {(void*)q, (void*)k, (void*)v, (void*)o, (void*)dout, (void*)dq, (void*)dk, (void*)dv,
+    for (void* ptr : {(void*)q, (void*)k, (void*)v, (void*)o, (void*)dout, (void*)dq_mem, (void*)dk_mem, (void*)dv_mem,
                       (void*)lse, ws})
       cudaFree(ptr);
   }
@@ -288,6 +292,26 @@ ErrStat compare(const std::vector<Elem>& got, const std::vector<float>& ref) {
   return e;
 }
 
+// One backward call into NaN-poisoned outputs, compared with the reference (pass: max error < 2e-2 relative).
+void check_one(const Problem& p, DeviceProblem& dp, int si, bool det, const char* tag) {
+  const Shape& s = p.s;
+  CHECK_CUDA(cudaMemset(dp.dq, 0xff, p.q.size() * sizeof(Elem)));  // NaN canary: every element must be written
+  CHECK_CUDA(cudaMemset(dp.dk, 0xff, p.k.size() * sizeof(Elem)));
+  CHECK_CUDA(cudaMemset(dp.dv, 0xff, p.v.size() * sizeof(Elem)));
+  const int rc = dp.run(kScheds[si], det);
+  CHECK_CUDA(cudaDeviceSynchronize());
+  std::vector<Elem> dq, dk, dv;
+  dp.fetch(dq, dk, dv);
+  const ErrStat eq = compare(dq, p.dq_ref), ek = compare(dk, p.dk_ref), ev = compare(dv, p.dv_ref);
+  const bool ok =
+      rc == 0 && !eq.nan && !ek.nan && !ev.nan && eq.rel() < 2e-2 && ek.rel() < 2e-2 && ev.rel() < 2e-2;
+  if (!ok) ++g_failures;
+  std::printf("%s %-6s d%-3d b%d h%d hk%d sq%-5d sk%-5d %-12s %-6s rc=%d dq %.2e/%.2e dk %.2e/%.2e dv %.2e/%.2e%s%s\n",
+              ok ? "PASS" : "FAIL", p.mask.name, s.d, s.b, s.h, s.hk, s.sq, s.sk, kSchedNames[si],
+              det ? "det" : "nondet", rc, eq.rel(), eq.mean_rel(), ek.rel(), ek.mean_rel(), ev.rel(), ev.mean_rel(),
+              (eq.nan || ek.nan || ev.nan) ? " NaN" : "", tag);
+}
+
 void test_correctness(bool small_only) {
   std::vector<Shape> shapes = {{2, 2, 1, 1, 1, 128},     {2, 4, 2, 17, 17, 128},   {1, 8, 1, 113, 300, 128},
                                {1, 4, 2, 300, 113, 128}, {2, 2, 2, 1023, 1023, 128}, {1, 16, 2, 257, 513, 128}};
@@ -309,23 +333,40 @@ void test_correctness(bool small_only) {
       DeviceProblem dp(p);
       // Every schedule on every mask: shift / shift_causal fall back where their preconditions fail.
       for (int si = 0; si < kNumScheds; ++si) {
-        for (bool det : {true, false}) {
-          CHECK_CUDA(cudaMemset(dp.dq, 0xff, p.q.size() * sizeof(Elem)));  // NaN canary: every element must be written
-          CHECK_CUDA(cudaMemset(dp.dk, 0xff, p.k.size() * sizeof(Elem)));
-          CHECK_CUDA(cudaMemset(dp.dv, 0xff, p.v.size() * sizeof(Elem)));
-          const int rc = dp.run(kScheds[si], det);
-          CHECK_CUDA(cudaDeviceSynchronize());
-          std::vector<Elem> dq, dk, dv;
-          dp.fetch(dq, dk, dv);
-          const ErrStat eq = compare(dq, p.dq_ref), ek = compare(dk, p.dk_ref), ev = compare(dv, p.dv_ref);
-          const bool ok = rc == 0 && !eq.nan && !ek.nan && !ev.nan && eq.rel() < 2e-2 && ek.rel() < 2e-2 &&
-                          ev.rel() < 2e-2;
-          if (!ok) ++g_failures;
-          std::printf("%s %-6s d%-3d b%d h%d hk%d sq%-5d sk%-5d %-12s %-6s rc=%d dq %.2e/%.2e dk %.2e/%.2e dv %.2e/%.2e%s\n",
-                      ok ? "PASS" : "FAIL", mask.name, s.d, s.b, s.h, s.hk, s.sq, s.sk, kSchedNames[si],
-                      det ? "det" : "nondet", rc, eq.rel(), eq.mean_rel(), ek.rel(), ek.mean_rel(), ev.rel(),
-                      ev.mean_rel(), (eq.nan || ek.nan || ev.nan) ? " NaN" : "");
-        }
+        for (bool det : {true, false}) check_one(p, dp, si, det, "");
+      }
+    }
+  }
+  // dq 4 bytes off 16-byte alignment (reachable through the C ABI; the binding refuses it): the postprocess's
+  // 4-byte stores. dk/dv off alignment: refused (-1) before any launch, the outputs untouched.
+  std::vector<Shape> unaligned = {{1, 4, 2, 300, 113, 128}};
+#ifdef DASH_ENABLE_HDIM_64
+  unaligned.push_back({1, 4, 1, 300, 113, 64});
+#endif
+#ifdef DASH_ENABLE_HDIM_256
+  unaligned.push_back({1, 2, 2, 113, 300, 256});
+#endif
+  if (small_only) unaligned = {{1, 2, 1, 130, 200, 128}};
+  for (const MaskSpec& mask : kMasks) {
+    for (const Shape& s : unaligned) {
+      Problem p{s, mask, 1.f / std::sqrt(float(s.d))};
+      build_problem(p, true, 4321u + s.sq * 7 + s.sk + static_cast<uint32_t>(mask.kind));
+      {
+        DeviceProblem dp(p, 2, 0);
+        for (bool det : {true, false}) check_one(p, dp, 0, det, " dq-4-byte-aligned");
+      }
+      for (int dkv_offset : {1, 2}) {
+        DeviceProblem dp(p, 0, dkv_offset);
+        CHECK_CUDA(cudaMemset(dp.dk, 0xff, p.k.size() * sizeof(Elem)));
+        const int rc = dp.run(kScheds[0], true);
+        CHECK_CUDA(cudaDeviceSynchronize());
+        std::vector<Elem> dq, dk, dv;
+        dp.fetch(dq, dk, dv);
+        const bool untouched = std::all_of(dk.begin(), dk.end(), [](Elem e) { return !std::isfinite(float(e)); });
+        const bool ok = rc == -1 && untouched;
+        if (!ok) ++g_failures;
+        std::printf("%s %-6s d%-3d dk/dv %d element(s) off 16-byte alignment: rc=%d (want -1), dk %s\n",
+                    ok ? "PASS" : "FAIL", mask.name, s.d, dkv_offset, rc, untouched ? "untouched" : "WRITTEN");
       }
     }
   }

@@ -67,12 +67,14 @@ enum class RowStats { kSharedMemory, kShuffle };
 enum class DvIssue { kAfterP, kAfterDs };
 
 // How a KV tile's dK and dV leave the consumers (bwd_epilogue.h). kRegisterStores: straight from the accumulators in
-// 32-bit pieces, each warp store touching 8 rows x 16 bytes. kTmaStaged: stmatrix into a 128-byte-swizzled (rows, d)
-// tile per warpgroup in the (then free) dS^T buffers, stored by one TMA per warpgroup; needs dKVSplit = <2, 1> (a
-// warpgroup owns whole rows) and 16-byte aligned dK/dV, which dash_bwd requires of every call. One kind per kernel: a
-// run-time fallback to kRegisterStores kept in the staged kernel made its step loop 1-2% slower (H200, 2026-11-30).
-// H200: a build that skipped the stores ran 0.86-0.89 of the time at seqlen 1k and 0.98-0.99 at 16k.
-enum class DkDvEpilogue { kRegisterStores, kTmaStaged };
+// 32-bit pieces, each warp store touching 8 rows x 16 bytes. kTmaStagedInTurn: stmatrix into a 128-byte-swizzled
+// (rows, d) tile per warpgroup in the (then free) dS^T buffers, stored by one TMA per warpgroup, dK then dV through
+// the same tiles; kTmaStagedAtOnce: dK and dV side by side, one hand-off (needs twice the room). The staged kinds need
+// dKVSplit = <2, 1> (a warpgroup owns whole rows) and 16-byte aligned dK/dV, which dash_bwd requires of every call.
+// One kind per kernel: a run-time fallback to kRegisterStores kept in the staged kernel made its step loop 1-2%
+// slower (H200, 2026-11-30). H200: a build that skipped the stores ran 0.86-0.89 of the time at seqlen 1k and
+// 0.98-0.99 at 16k.
+enum class DkDvEpilogue { kRegisterStores, kTmaStagedInTurn, kTmaStagedAtOnce };
 
 template <int kHeadDim>
 struct BwdConfig;
@@ -120,7 +122,7 @@ struct BwdConfig<128> {
   static constexpr DvIssue dv_issue(MaskKind) { return DvIssue::kAfterDs; }
   // Staged (H200, 5 alternations against kRegisterStores, 2026-11-30): full 0.92/0.97/0.99/0.99/1.00 of the time at
   // 1k/2k/4k/8k/16k, causal 0.90/0.99/0.97/0.99/1.00, windows (1024, 0) at 4k/16k 0.94; no spills at full/causal.
-  static constexpr DkDvEpilogue dkdv_epilogue(MaskKind) { return DkDvEpilogue::kTmaStaged; }
+  static constexpr DkDvEpilogue dkdv_epilogue(MaskKind) { return DkDvEpilogue::kTmaStagedInTurn; }
   // Every hdim-128 measurement up to 2026-11-29 had this 1 KB gap (an empty P^T stand-in member padded to the
   // 1024-byte alignment of dS^T); without it the backward measured 1.5-2.5% slower at seqlen 8k-16k (H200, two
   // runs of 3 alternating repetitions, one in each order). Same bank mapping either way: the gap acts through
@@ -160,11 +162,13 @@ struct BwdConfig<64> {
   static constexpr DvIssue dv_issue(MaskKind mask) {
     return mask == MaskKind::kFull ? DvIssue::kAfterDs : DvIssue::kAfterP;
   }
-  // Staged (H200, 5 alternations against kRegisterStores, 2026-11-30): windows (1024, 0) at 4k/16k 0.94-0.97 of the
-  // time, causal 0.91-0.96 at 1k/2k, 0.99-1.00 at 4k/8k, 1.005-1.009 at 16k (spills 4 -> 12 bytes); full 0.98 at 1k
-  // but 1.01-1.015 at 8k/16k (0 -> 8 bytes, reloaded in the loop), so full keeps the register stores.
+  // H200, 5 alternations each (2026-11-30). In turn against kRegisterStores: windows (1024, 0) at 4k/16k 0.94-0.97
+  // of the time, causal 0.91-0.96 at 1k/2k, 0.99-1.00 at 4k/8k, 1.005-1.009 at 16k (spills 4 -> 12 bytes), full 0.98
+  // at 1k but 1.01-1.015 at 8k/16k (0 -> 8 bytes). At once against in turn (causal) and register stores (full):
+  // causal 0.975-0.99 at 1k-16k, full 0.95/0.975/1.00/1.00-1.01/1.003 at 1k-16k (same spills); windows 1.00-1.02
+  // (spills 40 -> 48 bytes), so they stay in turn.
   static constexpr DkDvEpilogue dkdv_epilogue(MaskKind mask) {
-    return mask == MaskKind::kFull ? DkDvEpilogue::kRegisterStores : DkDvEpilogue::kTmaStaged;
+    return mask == MaskKind::kWindow ? DkDvEpilogue::kTmaStagedInTurn : DkDvEpilogue::kTmaStagedAtOnce;
   }
   static constexpr int kSmemGapAfterV = 0;  // the second dQ buffer needs the room
   // H200, 3 alternating runs: 1-5% faster on full and causal masks; spills 28/36 -> 20/24 bytes (full/causal).

@@ -78,7 +78,7 @@ int dash_bwd_stages(const dash::BwdParams* params, int32_t stages, void* stream)
   if (s.seqlen_q < 0 || s.seqlen_k < 0 || p.num_sms <= 0) return -1;
   if (p.workspace_bytes < dash::bwd::bwd_workspace_layout(s).total) return -1;
   // dQ is written at least two elements (4 bytes) at a time. dK and dV leave by TMA where the kernel stages them
-  // (DkDvEpilogue::kTmaStaged) and get TMA's rule everywhere: 16-byte bases and strides, as the inputs (which arrive
+  // (DkDvEpilogue::kTmaStaged*) and get TMA's rule everywhere: 16-byte bases and strides, as the inputs (which arrive
   // by TMA). The binding asks 16 bytes of every tensor.
   if (reinterpret_cast<uintptr_t>(p.dq) % 4 != 0 || !dash::bwd::strides_multiple_of(p.dq_stride, 2) ||
       !dash::bwd::aligned16(p.dk, p.dk_stride) || !dash::bwd::aligned16(p.dv, p.dv_stride)) {

@@ -1,5 +1,5 @@
 // Epilogue of one KV tile: dK * softmax_scale and dV in the input dtype, staged in shared memory and written by TMA
-// (DkDvEpilogue::kTmaStaged) or stored straight from the consumers' registers (kRegisterStores). GQA needs no
+// (DkDvEpilogue::kTmaStagedInTurn / kTmaStagedAtOnce) or stored straight from the consumers' registers (kRegisterStores). GQA needs no
 // cross-CTA reduction: the CTA walked every query head of the KV head's group, so the registers already hold the
 // group's sum, accumulated in the schedule's fixed visit order.
 #pragma once
@@ -14,14 +14,14 @@ struct DkDvStore {
   // staging area of the tile's dK and dV (one at a time; BwdTraits::SmemLayoutStage).
   BwdSharedStorage<T>& ss;
 
-  // One of dK, dV by TMA: stmatrix (8x8 tiles, the accumulators' own layout) into the warpgroup's swizzled staging
-  // tile, then one thread stores the tile with TMA (rows past seqlen_k are clipped by TMA; the tensor is 4-D, so no
-  // row of another head is touched).
+  using Element = typename T::Element;
+  static constexpr int kStageElems = cute::cosize_v<typename T::SmemLayoutStage3>;
+
+  // stmatrix (8x8 tiles, the accumulators' own layout) of one of dK, dV, scaled and converted, into the warpgroup
+  // tiles at `base`.
   template <class Frag, class ThrMma>
-  CUTLASS_DEVICE void store_staged(Frag const& acc, ThrMma const& thr, typename T::TmaStoreKV const& tma,
-                                   const KvTileRef& tile, float scale, int tid, uint32_t wg_barrier) const {
-    using Element = typename T::Element;
-    Tensor sStage = make_tensor(make_smem_ptr(ss.dst.data()), typename T::SmemLayoutStage{});
+  CUTLASS_DEVICE void stage(Frag const& acc, ThrMma const& thr, Element* base, float scale, int tid) const {
+    Tensor sStage = make_tensor(make_smem_ptr(base), typename T::SmemLayoutStage{});
     auto r2s = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, thr);
     auto r2s_thr = r2s.get_thread_slice(tid);
     Tensor converted = make_tensor<Element>(acc.layout());
@@ -33,19 +33,30 @@ struct DkDvStore {
       converted(i + 1) = h[1];
     }
     cute::copy(r2s, r2s_thr.retile_S(converted), r2s_thr.partition_D(sStage));
+  }
+
+  // One thread of warpgroup `wg` stores its tile at `base` by TMA (rows past seqlen_k are clipped by TMA; the tensor
+  // is 4-D, so no row of another head is touched).
+  CUTLASS_DEVICE void issue(typename T::TmaStoreKV const& tma, Element* base, const KvTileRef& tile, int wg) const {
+    Tensor sWG = make_tensor(make_smem_ptr(base + wg * cute::cosize_v<typename T::SmemLayoutStageWG>),
+                             typename T::SmemLayoutStageWG{});
+    Tensor mOut = tma.get_tma_tensor(p.shape_k);
+    Tensor gOut = local_tile(mOut(_, _, tile.head_k, tile.batch), Shape<typename T::StageRows, typename T::HD>{},
+                             make_coord(T::Cfg::dKVSplit::kAlongM * tile.n_block + wg, _0{}));
+    auto [tSg, tSs] = tma_partition(tma, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sWG), group_modes<0, 2>(gOut));
+    cute::copy(tma, tSs, tSg);
+  }
+
+  // The warpgroup's stmatrix stores become visible to its TMA thread, which stores and waits until the tiles have
+  // been read (they may then be written again).
+  template <class Issue>
+  CUTLASS_DEVICE void hand_off(int tid, uint32_t wg_barrier, Issue&& issue_all) const {
     cutlass::arch::fence_view_async_shared();  // generic-proxy stores read next by TMA (async proxy)
     cutlass::arch::NamedBarrier::sync(128, wg_barrier);
     if (tid % 128 == 0) {
-      const int wg = tid / 128;
-      Tensor sWG = make_tensor(make_smem_ptr(ss.dst.data() + wg * cute::cosize_v<typename T::SmemLayoutStageWG>),
-                               typename T::SmemLayoutStageWG{});
-      Tensor mOut = tma.get_tma_tensor(p.shape_k);
-      Tensor gOut = local_tile(mOut(_, _, tile.head_k, tile.batch), Shape<typename T::StageRows, typename T::HD>{},
-                               make_coord(T::Cfg::dKVSplit::kAlongM * tile.n_block + wg, _0{}));
-      auto [tSg, tSs] = tma_partition(tma, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sWG), group_modes<0, 2>(gOut));
-      cute::copy(tma, tSs, tSg);
+      issue_all(tid / 128);
       tma_store_arrive();
-      tma_store_wait<0>();  // the staging tile has been read; it may be written again
+      tma_store_wait<0>();
     }
     cutlass::arch::NamedBarrier::sync(128, wg_barrier);
   }
@@ -87,8 +98,21 @@ struct DkDvStore {
       const uint32_t wg_barrier = uint32_t(ConsumerBarrier::kWarpgroup0) + tid / 128;
       // Both warpgroups' last dQ GEMMs, which read every row of the current dS^T buffer, have completed.
       cutlass::arch::NamedBarrier::sync(T::kNumMmaThreads, uint32_t(ConsumerBarrier::kBoth));
-      store_staged(dk, thr, p.tma_dk, tile, p.scale, tid, wg_barrier);
-      store_staged(dv, thr, p.tma_dv, tile, 1.0f, tid, wg_barrier);
+      Element* base_k = ss.dst.data();
+      if constexpr (T::kDkDvEpilogue == DkDvEpilogue::kTmaStagedAtOnce) {
+        Element* base_v = base_k + kStageElems;
+        stage(dk, thr, base_k, p.scale, tid);
+        stage(dv, thr, base_v, 1.0f, tid);
+        hand_off(tid, wg_barrier, [&](int wg) {
+          issue(p.tma_dk, base_k, tile, wg);
+          issue(p.tma_dv, base_v, tile, wg);
+        });
+      } else {
+        stage(dk, thr, base_k, p.scale, tid);
+        hand_off(tid, wg_barrier, [&](int wg) { issue(p.tma_dk, base_k, tile, wg); });
+        stage(dv, thr, base_k, 1.0f, tid);
+        hand_off(tid, wg_barrier, [&](int wg) { issue(p.tma_dv, base_k, tile, wg); });
+      }
       // The next tile's first dS^T store may write into the other warpgroup's staging tile.
       cutlass::arch::NamedBarrier::sync(T::kNumMmaThreads, uint32_t(ConsumerBarrier::kBoth));
     } else {

@@ -105,9 +105,10 @@ struct BwdTraits {
                                                   StrideQKV{}),
                                       SmemLayoutK{}, Shape<BN, HD>{}, _1{}));
 
-  // dK/dV staging at the end of a KV tile (DkDvEpilogue::kTmaStaged, bwd_epilogue.h): each warpgroup's rows as one
+  // dK/dV staging at the end of a KV tile (DkDvEpilogue::kTmaStaged*, bwd_epilogue.h): each warpgroup's rows as one
   // 128-byte-swizzled (rows, d) tile, the two side by side in the dS^T buffers, each stored by one TMA.
-  static constexpr bool kStagedEpilogue = Cfg::dkdv_epilogue(kMask) == DkDvEpilogue::kTmaStaged;
+  static constexpr DkDvEpilogue kDkDvEpilogue = Cfg::dkdv_epilogue(kMask);
+  static constexpr bool kStagedEpilogue = kDkDvEpilogue != DkDvEpilogue::kRegisterStores;
   static constexpr int kStageRows = kBlockN / Cfg::dKVSplit::kAlongM;
   using StageRows = Int<kStageRows>;
   using SmemLayoutStageWG = decltype(tile_to_shape(GMMA::Layout_K_SW128_Atom<Element>{}, Shape<StageRows, HD>{}));
@@ -120,7 +121,8 @@ struct BwdTraits {
              Stride<Stride<_1, Int<kStageRows * kHeadDim>>, StageRows>>{}));
   static_assert(!kStagedEpilogue || (Cfg::dKVSplit::kAlongM == 2 && Cfg::dKVSplit::kAlongN == 1),
                 "the staged epilogue stores whole rows per warpgroup");
-  static_assert(!kStagedEpilogue || cute::cosize_v<SmemLayoutStage3> <= cute::cosize_v<SmemLayoutdSt>,
+  static_assert(cute::cosize_v<SmemLayoutStage3> * (kDkDvEpilogue == DkDvEpilogue::kTmaStagedAtOnce ? 2 : 1) <=
+                    cute::cosize_v<SmemLayoutdSt>,
                 "the staging tiles live in the dS^T buffers");
   using TmaStoreKV = decltype(make_tma_copy(SM90_TMA_STORE{},
                                             make_tensor(make_gmem_ptr(static_cast<Element*>(nullptr)), ShapeQKV{},
@@ -213,19 +215,19 @@ struct BwdKernelParams {
   // MaskKind::kWindow only (-1: that side unbounded). Last, so that the other fields keep the offsets (and the
   // full/causal kernels the exact SASS) they had before windows existed.
   int32_t window_left, window_right;
-  // dK/dV stores from the staging tiles (DkDvEpilogue::kTmaStaged); unset for kRegisterStores.
+  // dK/dV stores from the staging tiles (DkDvEpilogue::kTmaStaged*); unset for kRegisterStores.
   typename T::TmaStoreKV tma_dk;
   typename T::TmaStoreKV tma_dv;
 };
 
 using Barrier = cutlass::arch::ClusterBarrier;
+using TxBarrier = cutlass::arch::ClusterTransactionBarrier;
 
 // Named barriers of the consumer warpgroups (CUTLASS offsets the ids past the ones it reserves).
 enum class ConsumerBarrier : uint32_t {
   kBoth = 1,        // the two consumer warpgroups
   kWarpgroup0 = 2,  // one consumer warpgroup: kWarpgroup0 + its index
 };
-using TxBarrier = cutlass::arch::ClusterTransactionBarrier;
 
 // Position of the count-th use of a ring of kSize buffers guarded by full/empty mbarriers: the buffer, and the phase
 // its full barrier completes with on that use (a waiter on the empty barrier waits for the opposite parity).

@@ -121,8 +121,9 @@ struct BwdTraits {
              Stride<Stride<_1, Int<kStageRows * kHeadDim>>, StageRows>>{}));
   static_assert(!kStagedEpilogue || (Cfg::dKVSplit::kAlongM == 2 && Cfg::dKVSplit::kAlongN == 1),
                 "the staged epilogue stores whole rows per warpgroup");
-  static_assert(cute::cosize_v<SmemLayoutStage3> * (kDkDvEpilogue == DkDvEpilogue::kTmaStagedAtOnce ? 2 : 1) <=
-                    cute::cosize_v<SmemLayoutdSt>,
+  static_assert(!kStagedEpilogue ||
+                    cute::cosize_v<SmemLayoutStage3> * (kDkDvEpilogue == DkDvEpilogue::kTmaStagedAtOnce ? 2 : 1) <=
+                        cute::cosize_v<SmemLayoutdSt>,
                 "the staging tiles live in the dS^T buffers");
   using TmaStoreKV = decltype(make_tma_copy(SM90_TMA_STORE{},
                                             make_tensor(make_gmem_ptr(static_cast<Element*>(nullptr)), ShapeQKV{},

@@ -1,7 +1,7 @@
 // Epilogue of one KV tile: dK * softmax_scale and dV in the input dtype, staged in shared memory and written by TMA
-// (DkDvEpilogue::kTmaStagedInTurn / kTmaStagedAtOnce) or stored straight from the consumers' registers (kRegisterStores). GQA needs no
-// cross-CTA reduction: the CTA walked every query head of the KV head's group, so the registers already hold the
-// group's sum, accumulated in the schedule's fixed visit order.
+// (DkDvEpilogue::kTmaStagedInTurn / kTmaStagedAtOnce) or stored straight from the consumers' registers
+// (kRegisterStores). GQA needs no cross-CTA reduction: the CTA walked every query head of the KV head's group, so the
+// registers already hold the group's sum, accumulated in the schedule's fixed visit order.
 #pragma once
 #include "bwd/bwd_mainloop.h"
 
@@ -11,7 +11,7 @@ template <class T>
 struct DkDvStore {
   BwdKernelParams<T> const& p;
   // Its dS^T buffers, free at the end of a KV tile once both warpgroups' last dQ GEMMs have completed, are the
-  // staging area of the tile's dK and dV (one at a time; BwdTraits::SmemLayoutStage).
+  // staging area of the tile's dK and dV (in turn or side by side; BwdTraits::SmemLayoutStage).
   BwdSharedStorage<T>& ss;
 
   using Element = typename T::Element;
@@ -66,7 +66,6 @@ struct DkDvStore {
   template <bool kZeros, class Frag, class ThrMma>
   CUTLASS_DEVICE void store_one(Frag const& acc, ThrMma const& thr, void* base, int64_t row_stride,
                                 int64_t head_stride, int64_t batch_stride, const KvTileRef& tile, float scale) const {
-    using Element = typename T::Element;
     const int seqlen_k = get<0>(p.shape_k);
     Element* ptr = static_cast<Element*>(base) + tile.batch * batch_stride + tile.head_k * head_stride +
                    int64_t(tile.n_block) * T::kBlockN * row_stride;

@@ -8,6 +8,7 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <type_traits>
 
 #include "bwd/bwd_config.h"
 #include "bwd/bwd_kernel.h"
@@ -23,8 +24,6 @@ inline int32_t bwd_num_ctas(const BwdParams& params, const sched::Problem& prob)
   const int64_t units = sched::num_kv_heads_total(prob) * sched::num_n_blocks(prob);
   return static_cast<int32_t>(std::max<int64_t>(1, std::min<int64_t>(usable, units)));
 }
-
-inline bool dq_aligned16(const BwdParams& params) { return aligned16(params.dq, params.dq_stride); }
 
 // The regions of the workspace the main kernel reads (LSE_log2, D) and accumulates into (dQ, semaphores).
 struct BwdWorkspaceViews {
@@ -52,9 +51,10 @@ void launch_bwd_main(const BwdParams& params, const BwdWorkspaceLayout& ws, cons
   const AttnShape& s = params.shape;
   const sched::Problem prob = bwd_problem<T>(params);
 
-  auto make_qkv = [](const void* ptr, int32_t seqlen, int32_t heads, int32_t batch, const TensorStrides& st) {
-    return make_tensor(make_gmem_ptr(static_cast<Element const*>(ptr)),
-                       make_shape(seqlen, int32_t(kHeadDim), heads, batch),
+  // A (batch, seqlen, heads, d) tensor as TMA sees it: (seqlen, d, head, batch); const for the loaded inputs.
+  auto make_qkv = [](auto* ptr, int32_t seqlen, int32_t heads, int32_t batch, const TensorStrides& st) {
+    using E = std::conditional_t<std::is_const_v<std::remove_pointer_t<decltype(ptr)>>, Element const, Element>;
+    return make_tensor(make_gmem_ptr(static_cast<E*>(ptr)), make_shape(seqlen, int32_t(kHeadDim), heads, batch),
                        make_stride(st.row, _1{}, st.head, st.batch));
   };
   auto mQ = make_qkv(params.q, s.seqlen_q, s.nheads, s.batch, params.q_stride);
@@ -92,16 +92,11 @@ void launch_bwd_main(const BwdParams& params, const BwdWorkspaceLayout& ws, cons
       {}};
   if constexpr (T::kStagedEpilogue) {
     // dash_bwd_stages has checked that dk and dv are 16-byte aligned (base and strides), as TMA needs.
-    auto make_out = [&](void* ptr, const TensorStrides& st) {
-      return make_tensor(make_gmem_ptr(static_cast<Element*>(ptr)),
-                         make_shape(s.seqlen_k, int32_t(kHeadDim), s.nheads_k, s.batch),
-                         make_stride(st.row, _1{}, st.head, st.batch));
-    };
+    auto mdK = make_qkv(params.dk, s.seqlen_k, s.nheads_k, s.batch, params.dk_stride);
+    auto mdV = make_qkv(params.dv, s.seqlen_k, s.nheads_k, s.batch, params.dv_stride);
     using Box = Shape<typename T::StageRows, HD>;
-    p.tma_dk = make_tma_copy(SM90_TMA_STORE{}, make_out(params.dk, params.dk_stride),
-                             typename T::SmemLayoutStageWG{}, Box{}, _1{});
-    p.tma_dv = make_tma_copy(SM90_TMA_STORE{}, make_out(params.dv, params.dv_stride),
-                             typename T::SmemLayoutStageWG{}, Box{}, _1{});
+    p.tma_dk = make_tma_copy(SM90_TMA_STORE{}, mdK, typename T::SmemLayoutStageWG{}, Box{}, _1{});
+    p.tma_dv = make_tma_copy(SM90_TMA_STORE{}, mdV, typename T::SmemLayoutStageWG{}, Box{}, _1{});
   }
 
   constexpr size_t smem = bwd_smem_bytes<T>();
@@ -133,7 +128,7 @@ void run_bwd_(const BwdParams& params, cudaStream_t stream, int32_t stages) {
   if (stages & BwdStage::kMain) launch_bwd_main<kHeadDim, Element, kMask>(params, ws, views, stream);
 
   PostprocessParams post{views.dq_accum, params.dq, params.dq_stride.row, params.dq_stride.head, params.dq_stride.batch,
-                         s.seqlen_q, s.nheads, ws.num_m_blocks, s.softmax_scale, dq_aligned16(params),
+                         s.seqlen_q, s.nheads, ws.num_m_blocks, s.softmax_scale, aligned16(params.dq, params.dq_stride),
                          views.semaphores, bwd_problem<T>(params)};
   if ((stages & BwdStage::kPostprocess) && ws.num_m_blocks > 0) {
     cudaLaunchAttribute overlap{};

@@ -97,7 +97,7 @@ __global__ void __launch_bounds__(T::kNumMmaThreads) bwd_postprocess_kernel(cons
     Element* dst = out + int64_t(row) * p.dq_row + col;
     if (p.aligned16) {
       *reinterpret_cast<uint4*>(dst) = chunk;
-    } else {  // dq's strides only guarantee 4-byte alignment (the binding checks even strides)
+    } else {  // dq is only 4-byte aligned (dash_bwd checks base and even strides)
       const uint32_t w[4] = {chunk.x, chunk.y, chunk.z, chunk.w};
       CUTLASS_PRAGMA_UNROLL
       for (int k = 0; k < 4; ++k) reinterpret_cast<uint32_t*>(dst)[k] = w[k];

@@ -5,6 +5,11 @@
 // the kernel, bwd_dq_writer.h) must have finished; the others run in arrival order. The makespan is the critical path
 // of that DAG. Host-only; built into dash_attn._sched.
 //
+// No power term: every visit costs c however many CTAs are busy. The H200 runs the long rows at its 700 W cap, where
+// fewer busy SMs get a higher clock, so idle CTAs cost less than the model charges: 128 CTAs took as long as 132 for
+// 2048 equal tiles (15.5 waves), 114 CTAs 1.07x instead of 1.125x (benchmarks/RESULTS.md, 2026-11-30). A schedule's
+// idle tail therefore ranks it lower here than on that GPU.
+//
 // Optional L2 term (l2_tiles > 0): a visit reads its Q and dO tiles and adds into the dQ accumulator tile of the same
 // (batch, head, Q tile). L2 is modelled as an LRU of l2_tiles such tiles, touched in simulated time order. A visit
 // whose tile is not in it fetches from DRAM, whose bandwidth the missing CTAs share: with f the fraction of misses

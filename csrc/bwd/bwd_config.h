@@ -111,8 +111,8 @@ struct BwdConfig<128> {
   // Shuffled statistics (H200, three A/B runs of 2-3 alternations): causal 0.95-1.00 of the time at 1k-16k (non-det
   // and shift_causal); windows 1.08-1.11 (20 bytes of spills), so they keep shared memory. Full: 0.98-1.02 and
   // 0.99-1.01 while the shuffles ran after the S wait; with them issued during the GEMMs (consumer_loop; 2026-11-30,
-  // two runs of 3-4 alternations against shared memory): 0.984-0.991 at 4k-16k, 0.95-1.02 at 2k, 0.99-1.015 at 1k,
-  // with 4 bytes of spills (check_spills.py).
+  // three runs of 3-4 alternations against shared memory): 0.975-0.992 at 4k-16k, 0.95-1.02 at 2k, 0.99-1.016 at
+  // 1k, with 4 bytes of spills (check_spills.py).
   static constexpr RowStats row_stats(MaskKind mask) {
     return mask == MaskKind::kWindow ? RowStats::kSharedMemory : RowStats::kShuffle;
   }

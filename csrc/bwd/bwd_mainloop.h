@@ -546,8 +546,8 @@ CUTLASS_DEVICE void consumer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<
     // Shuffled after the S wait, the first exp2 waited on them: the shuffles queue in the same MIO pipe as the dP
     // GEMM's operand reads (ncu, causal 16k: 10% of the consumers' stall samples on the P loop's first FFMAs). The
     // empty asm keeps the compiler from sinking them back to their use; ptxas then issues them among the S WGMMAs.
-    // H200 (3 runs of 4 alternations, hdim 128 causal): non-det and shift_causal 0.96-0.99 of the time at 1k-16k
-    // (0.955-0.966 at 8k/16k); the descending order (`shift` falls back to it on causal masks) 1.02-1.06 at 4k-16k.
+    // H200 (4 runs of 3-4 alternations, hdim 128 causal): non-det and shift_causal 0.95-0.99 of the time at 1k-16k
+    // (0.954-0.972 at 8k/16k); the descending order (`shift` falls back to it on causal masks) 1.02-1.06 at 4k-16k.
     float lse_cols[Cols::kCols];  // unused (and dropped) without shuffled statistics
     auto shuffle_lse = [&] {
       if constexpr (T::kShuffleStats) {

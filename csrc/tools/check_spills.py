@@ -30,7 +30,7 @@ ALLOWANCES = [
     # and full from none (since its dV GEMM waits for dS) to two; net 0.91-0.99 and 0.95-1.01 of the time.
     (r"bwd_main_kernel.*BwdTraitsILi64E.*MaskKindE1", 16, "hdim 64 causal: three values (12 bytes, 16-byte frame)"),
     (r"bwd_main_kernel.*BwdTraitsILi64E.*MaskKindE0", 8, "hdim 64 full: two values (8 bytes, 8-byte frame)"),
-    # Hdim 128 full with shuffled row statistics (RowStats::kShuffle, 2026-11-30): 0.984-0.991 of the time at 4k-16k
+    # Hdim 128 full with shuffled row statistics (RowStats::kShuffle, 2026-11-30): 0.975-0.992 of the time at 4k-16k
     # against the spill-free shared-memory statistics; one value (4 bytes, 8-byte frame).
     (r"bwd_main_kernel.*BwdTraitsILi128E.*MaskKindE0", 8, "hdim 128 full: one value (4 bytes, 8-byte frame)"),
 ]

@@ -57,8 +57,11 @@ enum class OperandPartition { kPerThread, kPerWarpGroup };
 // wavefronts the step's instructions asked for (ncu), and they queued behind the running GEMMs' operand reads.
 // kShuffle: each lane loads kBlockM / 32 values of each statistic at step start (4 wavefronts per warp at hdim 128),
 // and an element's value comes from the lane holding it through a shuffle (LaneStats). Needs each warpgroup's S^T
-// slice to span the whole query extent (SdPSplit::kAlongN == 1).
-enum class RowStats { kSharedMemory, kShuffle };
+// slice to span the whole query extent (SdPSplit::kAlongN == 1). The LSE shuffles run while the step's S and dP
+// GEMMs are issued. kShuffleAhead: as kShuffle, but the LSE of step t+1 is loaded and shuffled at the end of step t
+// (its stage is usually full by then), so the shuffles never wait behind the step's own GEMM traffic; its 16
+// registers stay live across the step boundary.
+enum class RowStats { kSharedMemory, kShuffle, kShuffleAhead };
 
 // When the register-sourced dV GEMM (A = P^T) is issued. kAfterP: as soon as P is computed, so that it runs while dS
 // is computed; the bf16 P^T is then live next to the fp32 P and dP. kAfterDs (FA3's order): after the dP wait, dS
@@ -113,8 +116,12 @@ struct BwdConfig<128> {
   // 0.99-1.01 while the shuffles ran after the S wait; with them issued during the GEMMs (consumer_loop; 2026-11-30,
   // three runs of 3-4 alternations against shared memory): 0.975-0.992 at 4k-16k, 0.95-1.02 at 2k, 0.99-1.016 at
   // 1k, with 4 bytes of spills (check_spills.py).
+  // Causal with the LSE shuffled a step ahead (H200, 2026-11-30, against kShuffle): descending 0.93-0.96 of the time
+  // at 4k-16k, non-det and shift_causal 0.995-1.02; at full masks it spilled 36 bytes (not run).
   static constexpr RowStats row_stats(MaskKind mask) {
-    return mask == MaskKind::kWindow ? RowStats::kSharedMemory : RowStats::kShuffle;
+    return mask == MaskKind::kWindow   ? RowStats::kSharedMemory
+           : mask == MaskKind::kCausal ? RowStats::kShuffleAhead
+                                       : RowStats::kShuffle;
   }
   static constexpr OperandPartition operand_partition(MaskKind mask) {
     return mask == MaskKind::kFull ? OperandPartition::kPerThread : OperandPartition::kPerWarpGroup;

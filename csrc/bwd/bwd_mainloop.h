@@ -49,7 +49,8 @@ struct BwdTraits {
   static constexpr bool kDvFromRegs = Cfg::kDkvA != DkvOperandA::kSharedMemory;
   static constexpr bool kDkFromRegs = Cfg::kDkvA == DkvOperandA::kRegisters;
   static constexpr bool kOperandsPerWarpGroup = Cfg::operand_partition(kMask) == OperandPartition::kPerWarpGroup;
-  static constexpr bool kShuffleStats = Cfg::row_stats(kMask) == RowStats::kShuffle;
+  static constexpr bool kShuffleStats = Cfg::row_stats(kMask) != RowStats::kSharedMemory;
+  static constexpr bool kLseAhead = Cfg::row_stats(kMask) == RowStats::kShuffleAhead;
   static_assert(!kShuffleStats || Cfg::SdPSplit::kAlongN == 1, "shuffled statistics need a warpgroup per query row");
   static_assert(!kDvFromRegs || (Cfg::SdPSplit::kAlongN == 1 && Cfg::dKVSplit::kAlongN == 1 &&
                                   Cfg::SdPSplit::kAlongM == Cfg::dKVSplit::kAlongM),
@@ -495,6 +496,36 @@ CUTLASS_DEVICE void consumer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<
   // A config that lets step t's dK GEMM run into step t+1 (two stages, dS^T read from shared memory: kPtRegisters;
   // none today, every step ends by waiting for its dK GEMM) releases step t's Q/dO stage once that GEMM completed.
   int unreleased_stage = -1;
+  // RowStats::kShuffle*: the LSE of each of the thread's query columns, shuffled from the lanes that loaded it
+  // (LaneStats) while the S and dP GEMMs are issued (kShuffle) or at the end of the step before (kShuffleAhead, which
+  // waits for that step's stage here; the wait at the top of the loop then returns at once). Shuffled after the S
+  // wait, the first exp2 waited on them: they queued in the MIO pipe behind the dP GEMM's operand reads (ncu, causal
+  // 16k: 10% of the consumers' stall samples on the P loop's first FFMAs). H200 (4 runs of 3-4 alternations, hdim 128
+  // causal, during the GEMMs against after the S wait): non-det and shift_causal 0.95-0.99 of the time at 1k-16k
+  // (0.954-0.972 at 8k/16k), the descending order 1.02-1.06 at 4k-16k; a step ahead recovers descending (see
+  // BwdConfig<128>::row_stats). The empty asm keeps the compiler from sinking the shuffles back to their use.
+  float lse_cols[Cols::kCols];  // unused (and dropped) without shuffled statistics
+  auto shuffle_lse = [&](LaneStats<T::kBlockM> const& lanes) {
+    if constexpr (T::kShuffleStats) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < decltype(size(tScS_full))::value; ++i) {
+        if (Cols::first_of_column(i)) lse_cols[Cols::slot(i)] = lanes.at(get<1>(tScS.offset(i)));
+      }
+      CUTLASS_PRAGMA_UNROLL
+      for (int c = 0; c < Cols::kCols; ++c) asm volatile("" : "+f"(lse_cols[c]));
+    }
+  };
+  // kShuffleAhead: the LSE of step `count` (its record may be the end, then the values go unused).
+  auto shuffle_lse_ahead = [&](uint32_t count) {
+    if constexpr (T::kLseAhead) {
+      const RingPos pos = ring_pos<T::kStages>(count);
+      wait_barrier(ss.q_full[pos.index], pos.phase, WaitSite::kQFull);
+      LaneStats<T::kBlockM> lanes;
+      lanes.load(ss.lse[pos.index], tid % 32);
+      shuffle_lse(lanes);
+    }
+  };
+  shuffle_lse_ahead(0);
   for (uint32_t q_count = 0;; ++q_count) {
     const RingPos qpos = ring_pos<T::kStages>(q_count);
     const int stage = qpos.index;
@@ -508,6 +539,7 @@ CUTLASS_DEVICE void consumer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<
       const KvTileRef tile{srec.batch, srec.head_k, srec.n_block};
       reinterpret_cast<Barrier&>(ss.q_empty[stage]).arrive();
       store_dkdv.store_zeros(tile, thr_dv);
+      shuffle_lse_ahead(q_count + 1);
       continue;
     }
     // The tile's first dK/dV GEMMs overwrite the accumulators (no clear(): see wgmma_gemm).
@@ -533,34 +565,15 @@ CUTLASS_DEVICE void consumer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<
       ++kv_count;
     }
 
-    // RowStats::kShuffle: the lanes' share of LSE and D, loaded before the GEMMs (a few registers per thread) so
-    // that the loads do not queue behind the GEMMs' operand reads.
+    // RowStats::kShuffle*: the lanes' share of LSE (kShuffle) and D, loaded before the GEMMs (a few registers per
+    // thread) so that the loads do not queue behind the GEMMs' operand reads.
     LaneStats<T::kBlockM> lse_lanes, dsum_lanes;
-    if constexpr (T::kShuffleStats) {
-      lse_lanes.load(ss.lse[stage], tid % 32);
-      dsum_lanes.load(ss.dsum[stage], tid % 32);
-    }
+    if constexpr (T::kShuffleStats && !T::kLseAhead) lse_lanes.load(ss.lse[stage], tid % 32);
+    if constexpr (T::kShuffleStats) dsum_lanes.load(ss.dsum[stage], tid % 32);
     Tensor tSrS = partition_fragment_C(mma_sdp, Shape<BN, BM>{});
     Tensor tdPrdP = partition_fragment_C(mma_sdp, Shape<BN, BM>{});
-    // RowStats::kShuffle: each query column's LSE is shuffled into a register while the GEMMs run (LaneStats).
-    // Shuffled after the S wait, the first exp2 waited on them: the shuffles queue in the same MIO pipe as the dP
-    // GEMM's operand reads (ncu, causal 16k: 10% of the consumers' stall samples on the P loop's first FFMAs). The
-    // empty asm keeps the compiler from sinking them back to their use; ptxas then issues them among the S WGMMAs.
-    // H200 (4 runs of 3-4 alternations, hdim 128 causal): non-det and shift_causal 0.95-0.99 of the time at 1k-16k
-    // (0.954-0.972 at 8k/16k); the descending order (`shift` falls back to it on causal masks) 1.02-1.06 at 4k-16k.
-    float lse_cols[Cols::kCols];  // unused (and dropped) without shuffled statistics
-    auto shuffle_lse = [&] {
-      if constexpr (T::kShuffleStats) {
-        CUTLASS_PRAGMA_UNROLL
-        for (int i = 0; i < size(tSrS); ++i) {
-          if (Cols::first_of_column(i)) lse_cols[Cols::slot(i)] = lse_lanes.at(get<1>(tScS.offset(i)));
-        }
-        CUTLASS_PRAGMA_UNROLL
-        for (int c = 0; c < Cols::kCols; ++c) asm volatile("" : "+f"(lse_cols[c]));
-      }
-    };
     wgmma_gemm<true, -1>(mma_sdp, tSrK, tSrQ(_, _, _, stage), tSrS);
-    shuffle_lse();
+    if constexpr (!T::kLseAhead) shuffle_lse(lse_lanes);  // ptxas issues them among the S WGMMAs
     wgmma_gemm<true, -1>(mma_sdp, tSrV, tSrdO(_, _, _, stage), tdPrdP);
     // A previous dK GEMM still running (see unreleased_stage; none in today's configs) is done once at most the two
     // groups just issued are pending: release its stage now, not after S, so the producer's next loads start one S
@@ -739,6 +752,7 @@ CUTLASS_DEVICE void consumer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<
     } else {
       unreleased_stage = stage;
     }
+    shuffle_lse_ahead(q_count + 1);
   }
   // Nothing is in flight here (the last step of every tile waits for its dK GEMM), but ptxas cannot tell: without
   // this wait it inserts one itself on the exit path and then serialises every WGMMA of the kernel (C7518).

@@ -116,8 +116,9 @@ struct BwdConfig<128> {
   // 0.99-1.01 while the shuffles ran after the S wait; with them issued during the GEMMs (consumer_loop; 2026-11-30,
   // three runs of 3-4 alternations against shared memory): 0.975-0.992 at 4k-16k, 0.95-1.02 at 2k, 0.99-1.016 at
   // 1k, with 4 bytes of spills (check_spills.py).
-  // Causal with the LSE shuffled a step ahead (H200, 2026-11-30, against kShuffle): descending 0.93-0.96 of the time
-  // at 4k-16k, non-det and shift_causal 0.995-1.02; at full masks it spilled 36 bytes (not run).
+  // Causal with the LSE shuffled a step ahead (H200, 2026-11-30, two runs of 4 alternations against kShuffle):
+  // descending 0.92-0.97 of the time at 4k-16k, non-det and shift_causal 0.983-1.02; at full masks it spilled 36 bytes
+  // (not run).
   static constexpr RowStats row_stats(MaskKind mask) {
     return mask == MaskKind::kWindow   ? RowStats::kSharedMemory
            : mask == MaskKind::kCausal ? RowStats::kShuffleAhead

@@ -84,6 +84,15 @@ struct AccColumns {
       }
     }
   }
+  // out[slot] = stat.at(offset of the slot's query column): the register slots of `load` filled by one fetch per
+  // column (RowStats::kShuffle*, where a fetch is a shuffle).
+  template <class Stat, class Coords>
+  CUTLASS_DEVICE static void fetch(float (&out)[kCols], Stat const& stat, Coords const& tScS) {
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < decltype(size(AccLayout{}))::value; ++i) {
+      if (first_of_column(i)) out[slot(i)] = stat.at(get<1>(tScS.offset(i)));
+    }
+  }
   // Elements (c = 0, r = 0, m = 0) start a pair of adjacent query columns (c = 0, 1), loaded as one float2.
   CUTLASS_DEVICE static constexpr bool starts_pair(int i) {
     const auto c = idx2crd(i, shape(AccLayout{}));

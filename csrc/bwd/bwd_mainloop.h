@@ -507,10 +507,7 @@ CUTLASS_DEVICE void consumer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<
   float lse_cols[Cols::kCols];  // unused (and dropped) without shuffled statistics
   auto shuffle_lse = [&](LaneStats<T::kBlockM> const& lanes) {
     if constexpr (T::kShuffleStats) {
-      CUTLASS_PRAGMA_UNROLL
-      for (int i = 0; i < decltype(size(tScS_full))::value; ++i) {
-        if (Cols::first_of_column(i)) lse_cols[Cols::slot(i)] = lanes.at(get<1>(tScS.offset(i)));
-      }
+      Cols::fetch(lse_cols, lanes, tScS);
       CUTLASS_PRAGMA_UNROLL
       for (int c = 0; c < Cols::kCols; ++c) asm volatile("" : "+f"(lse_cols[c]));
     }

@@ -82,6 +82,7 @@ struct Options {
   std::vector<MaskKind> masks = {MaskKind::kFull, MaskKind::kCausal};
   int window_left = 1024, window_right = 0;  // --masks window
   std::vector<NamedSchedule> schedules{std::begin(kSchedules), std::end(kSchedules)};
+  std::vector<NamedSchedule> nondet_schedules;  // empty: the one `auto` gives the non-deterministic backward
   DType dtype = DType::kBFloat16;
   int tokens = 16384;
   int nheads = 0;  // 0: kHiddenSize / hdim
@@ -105,6 +106,7 @@ void usage(const char* argv0) {
       "  --masks full,causal   masks (default both; also window)\n"
       "  --window L,R          the window mask's bounds around the diagonal, -1 = unbounded (default 1024,0)\n"
       "  --schedules a,b       deterministic schedules: ascending,descending,spt,shift,shift_causal (default all)\n"
+      "  --nondet-schedules a,b  visit orders of the non-deterministic backward, one row each (default: auto's)\n"
       "  --heads N             query heads (default %d / hdim)\n"
       "  --gqa R               query heads per KV head (default 1)\n"
       "  --dtype bf16|fp16     element type (default bf16 when built)\n"
@@ -184,17 +186,18 @@ Options parse_args(int argc, char** argv) {
       o.window_left = parse_int(argv[0], a, lr[0], -1);
       o.window_right = parse_int(argv[0], a, lr[1], -1);
       if (o.window_left < 0 && o.window_right < 0) bad_arg(argv[0], "--window -1,-1 is the full mask");
-    } else if (a == "--schedules") {
-      o.schedules.clear();
+    } else if (a == "--schedules" || a == "--nondet-schedules") {
+      std::vector<NamedSchedule>& list = a == "--schedules" ? o.schedules : o.nondet_schedules;
+      list.clear();
       for (const auto& s : split(value(i))) {
         bool found = false;
         for (const auto& named : kSchedules) {
           if (s == named.name) {
-            o.schedules.push_back(named);
+            list.push_back(named);
             found = true;
           }
         }
-        if (!found) bad_arg(argv[0], "--schedules: unknown schedule '" + s + "'");
+        if (!found) bad_arg(argv[0], a + ": unknown schedule '" + s + "'");
       }
     } else if (a == "--dtype") {
       const std::string d = value(i);
@@ -394,8 +397,15 @@ class Bench {
     bwd.schedule = p.causal() ? ScheduleKind::kShiftCausal
                    : p.mask == MaskKind::kWindow ? ScheduleKind::kSpt
                                                  : ScheduleKind::kShift;
-    variants.push_back(bwd);
-    names.push_back("bwd non-det");
+    if (opt_.nondet_schedules.empty()) {
+      variants.push_back(bwd);
+      names.push_back("bwd non-det");
+    }
+    for (const NamedSchedule& s : opt_.nondet_schedules) {  // the first is the reference of the det/non-det ratios
+      bwd.schedule = s.kind;
+      variants.push_back(bwd);
+      names.push_back(std::string("bwd non-det:") + s.name);
+    }
     for (const NamedSchedule& s : opt_.schedules) {
       bwd.deterministic = true;
       bwd.schedule = s.kind;

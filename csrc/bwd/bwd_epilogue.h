@@ -27,8 +27,7 @@ struct DkDvStore {
     Tensor converted = make_tensor<Element>(acc.layout());
     CUTLASS_PRAGMA_UNROLL
     for (int i = 0; i < size(acc); i += 2) {
-      cutlass::Array<float, 2> f = {acc(i) * scale, acc(i + 1) * scale};
-      auto h = cutlass::NumericArrayConverter<Element, float, 2>{}(f);
+      const auto h = scaled_pair<Element>(acc, i, scale);
       converted(i) = h[0];
       converted(i + 1) = h[1];
     }
@@ -78,9 +77,8 @@ struct DkDvStore {
     for (int i = 0; i < size(acc); i += 2) {
       // Elements i, i+1 are adjacent columns of one row: one 32-bit store.
       if (get<0>(tc(i)) < rows_left) {
-        cutlass::Array<float, 2> f = {0.f, 0.f};
-        if constexpr (!kZeros) f = {acc(i) * scale, acc(i + 1) * scale};
-        auto h = cutlass::NumericArrayConverter<Element, float, 2>{}(f);
+        auto h = cutlass::NumericArrayConverter<Element, float, 2>{}(cutlass::Array<float, 2>{0.f, 0.f});
+        if constexpr (!kZeros) h = scaled_pair<Element>(acc, i, scale);
         *reinterpret_cast<uint32_t*>(&tg(i)) = reinterpret_cast<uint32_t const&>(h);
       }
     }

@@ -150,6 +150,14 @@ struct AccCoords {
   CUTLASS_DEVICE auto offset(int i) const { return frag.layout()(i); }
 };
 
+// Accumulator elements i and i + 1 (adjacent columns of one row) times `scale`, converted to `To`: the pair the
+// epilogue writes as one 32-bit word (dK carries the softmax scale, dV 1).
+template <class To, class Frag>
+CUTLASS_DEVICE cutlass::Array<To, 2> scaled_pair(Frag const& acc, int i, float scale) {
+  const cutlass::Array<float, 2> f = {acc(i) * scale, acc(i + 1) * scale};
+  return cutlass::NumericArrayConverter<To, float, 2>{}(f);
+}
+
 // Register fragment of fp32 accumulators converted to `To`, same layout.
 template <class To, class Engine, class Layout>
 CUTLASS_DEVICE auto convert_fragment(Tensor<Engine, Layout> const& t) {

@@ -498,13 +498,15 @@ CUTLASS_DEVICE void consumer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<
   int unreleased_stage = -1;
   // RowStats::kShuffle*: the LSE of each of the thread's query columns, shuffled from the lanes that loaded it
   // (LaneStats) while the S and dP GEMMs are issued (kShuffle) or at the end of the step before (kShuffleAhead, which
-  // waits for that step's stage here; the wait at the top of the loop then returns at once). Shuffled after the S
+  // waits for that step's stage here, so that the top of the loop need not). Shuffled after the S
   // wait, the first exp2 waited on them: they queued in the MIO pipe behind the dP GEMM's operand reads (ncu, causal
   // 16k: 10% of the consumers' stall samples on the P loop's first FFMAs). H200 (4 runs of 3-4 alternations, hdim 128
   // causal, during the GEMMs against after the S wait): non-det and shift_causal 0.95-0.99 of the time at 1k-16k
   // (0.954-0.972 at 8k/16k), the descending order 1.02-1.06 at 4k-16k; a step ahead recovers descending (see
   // BwdConfig<128>::row_stats). The empty asm keeps the compiler from sinking the shuffles back to their use.
-  float lse_cols[Cols::kCols];  // unused (and dropped) without shuffled statistics
+  // Also where the shared-memory path puts a step's LSE when it fits in registers (P's kLseInRegs); unused (and
+  // dropped) otherwise.
+  float lse_cols[Cols::kCols];
   auto shuffle_lse = [&](LaneStats<T::kBlockM> const& lanes) {
     if constexpr (T::kShuffleStats) {
       Cols::fetch(lse_cols, lanes, tScS);
@@ -526,7 +528,8 @@ CUTLASS_DEVICE void consumer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<
   for (uint32_t q_count = 0;; ++q_count) {
     const RingPos qpos = ring_pos<T::kStages>(q_count);
     const int stage = qpos.index;
-    wait_barrier(ss.q_full[stage], qpos.phase, WaitSite::kQFull);
+    // kShuffleAhead waited for this stage already (the prologue's or the previous step's shuffle_lse_ahead).
+    if constexpr (!T::kLseAhead) wait_barrier(ss.q_full[stage], qpos.phase, WaitSite::kQFull);
     // Only the fields a step needs are held in registers (the consumers have none to spare); the record stays in
     // shared memory until the stage is released, and the rest is read from there when needed.
     const VisitRecord& srec = ss.rec[stage];
@@ -589,12 +592,12 @@ CUTLASS_DEVICE void consumer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<
     warpgroup_wait<1>();  // S done
     // With few query columns per thread (hdim 128: 16) LSE goes to registers once per column; with many (hdim 64:
     // 32) that array would not fit next to the larger S/dP fragments, so it is read per element from shared memory.
-    constexpr bool kLseInRegs = Cols::kCols <= 16;
+    // Shuffled statistics have them in lse_cols already.
+    constexpr bool kLseInRegs = T::kShuffleStats || Cols::kCols <= 16;
     float const* lse_smem = ss.lse[stage] + tScS.m0();
-    float lse[kLseInRegs ? Cols::kCols : 1];
-    if constexpr (kLseInRegs && !T::kShuffleStats) Cols::load(lse, lse_smem, tScS);
+    if constexpr (kLseInRegs && !T::kShuffleStats) Cols::load(lse_cols, lse_smem, tScS);
     warpgroup_fence_operand(tSrS);
-    auto lse_of = [&](int i) { return kLseInRegs ? lse[Cols::slot(i)] : lse_smem[get<1>(tScS.offset(i))]; };
+    auto lse_of = [&](int i) { return kLseInRegs ? lse_cols[Cols::slot(i)] : lse_smem[get<1>(tScS.offset(i))]; };
     // Whether the element at offset d from this thread's first one (see AccCoords) is masked, given the tile's limits.
     auto is_masked = [&](auto d, int rows, int diag) {
       const int thr_rows = rows - tScS.n0();
@@ -615,22 +618,9 @@ CUTLASS_DEVICE void consumer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<
     // constant bank per element, on the stretch between the S wait and the dV GEMM while the tensor cores wait for
     // P. H200, 3 alternating runs: causal 4k-16k +2-5% (hdim 128, shift_causal), hdim 64 +1-9%. With only the row
     // test (full mask, LSE in registers) the separate loop measured 1-5% slower, so that case keeps one loop.
-    constexpr bool kSeparateUnmaskedLoop = T::kMask != MaskKind::kFull || !kLseInRegs;
-    if constexpr (T::kShuffleStats) {
-      if (need_mask) {
-        const auto limits = tile_limits();
-        const int rows = get<0>(limits), diag = get<1>(limits);
-        CUTLASS_PRAGMA_UNROLL
-        for (int j = 0; j < size(tSrS); ++j) {
-          tSrS(j) = is_masked(tScS.offset(j), rows, diag)
-                        ? 0.f
-                        : exp2f(fmaf(tSrS(j), p.scale_log2, -lse_cols[Cols::slot(j)]));
-        }
-      } else {
-        CUTLASS_PRAGMA_UNROLL
-        for (int j = 0; j < size(tSrS); ++j) tSrS(j) = exp2f(fmaf(tSrS(j), p.scale_log2, -lse_cols[Cols::slot(j)]));
-      }
-    } else if constexpr (kSeparateUnmaskedLoop) {
+    // Shuffled statistics (hdim 128 full included) measured with the separate loop.
+    constexpr bool kSeparateUnmaskedLoop = T::kShuffleStats || T::kMask != MaskKind::kFull || !kLseInRegs;
+    if constexpr (kSeparateUnmaskedLoop) {
       if (need_mask) {
         // The limits are read again here rather than held across the GEMMs: the unmasked loop needs the registers.
         const auto [rows, diag] = tile_limits();

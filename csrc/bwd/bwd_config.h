@@ -99,7 +99,9 @@ struct BwdConfig;
 // dK from registers instead of kPtRegisters (H200, two A/B runs of 2-3 alternations): causal 0.97-1.02 of the time
 // (16k 0.98; the shift order at 4k 1.07 in both runs, not `auto`'s pick there), full 0.98-1.01; the consumers'
 // spills went 12 -> 0 bytes (causal) and 4 -> 0 (full). Operands per warpgroup on top of that (3 alternations):
-// causal 0.97-1.01, full 1.01-1.02 (slower with the same spills; not understood), so full keeps per thread.
+// causal 0.97-1.01, full 1.01-1.02 (slower with the same spills; not understood), so full keeps per thread. Full again
+// on 441e933 (H200, 5 alternations): 1.00 at 1k, 1.01-1.03 at 2k, 1.02-1.07 at 4k-16k, though spill-free (4 bytes
+// per thread).
 template <>
 struct BwdConfig<128> {
   static constexpr int kBlockM = 64;

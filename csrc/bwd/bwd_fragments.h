@@ -69,29 +69,22 @@ struct AccColumns {
     const auto c = idx2crd(i, shape(AccLayout{}));
     return get<0, 1>(c) == 0 && get<1>(c) == 0;
   }
-  // elem(j, value) for every element j, with value = stat.at(offset of j's query column): one fetch per column
-  // (RowStats::kShuffle, where a fetch is a shuffle). tScS gives the elements' (n, m) offsets (see AccCoords).
-  template <class Stat, class Coords, class Elem>
-  CUTLASS_DEVICE static void for_each_column(Stat const& stat, Coords const& tScS, Elem&& elem) {
-    constexpr int kElems = decltype(size(AccLayout{}))::value;
-    CUTLASS_PRAGMA_UNROLL
-    for (int i = 0; i < kElems; ++i) {
-      if (!first_of_column(i)) continue;
-      const float value = stat.at(get<1>(tScS.offset(i)));
-      CUTLASS_PRAGMA_UNROLL
-      for (int j = 0; j < kElems; ++j) {
-        if (slot(j) == slot(i)) elem(j, value);
-      }
-    }
-  }
   // out[slot] = stat.at(offset of the slot's query column): the register slots of `load` filled by one fetch per
-  // column (RowStats::kShuffle*, where a fetch is a shuffle).
+  // column (RowStats::kShuffle*, where a fetch is a shuffle). tScS gives the elements' (n, m) offsets (see AccCoords).
   template <class Stat, class Coords>
   CUTLASS_DEVICE static void fetch(float (&out)[kCols], Stat const& stat, Coords const& tScS) {
     CUTLASS_PRAGMA_UNROLL
     for (int i = 0; i < decltype(size(AccLayout{}))::value; ++i) {
       if (first_of_column(i)) out[slot(i)] = stat.at(get<1>(tScS.offset(i)));
     }
+  }
+  // elem(j, value) for every element j, with value = stat.at(offset of j's query column), fetched once per column.
+  template <class Stat, class Coords, class Elem>
+  CUTLASS_DEVICE static void for_each_column(Stat const& stat, Coords const& tScS, Elem&& elem) {
+    float cols[kCols];
+    fetch(cols, stat, tScS);
+    CUTLASS_PRAGMA_UNROLL
+    for (int j = 0; j < decltype(size(AccLayout{}))::value; ++j) elem(j, cols[slot(j)]);
   }
   // Elements (c = 0, r = 0, m = 0) start a pair of adjacent query columns (c = 0, 1), loaded as one float2.
   CUTLASS_DEVICE static constexpr bool starts_pair(int i) {

@@ -496,16 +496,16 @@ CUTLASS_DEVICE void consumer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<
   // A config that lets step t's dK GEMM run into step t+1 (two stages, dS^T read from shared memory: kPtRegisters;
   // none today, every step ends by waiting for its dK GEMM) releases step t's Q/dO stage once that GEMM completed.
   int unreleased_stage = -1;
-  // RowStats::kShuffle*: the LSE of each of the thread's query columns, shuffled from the lanes that loaded it
-  // (LaneStats) while the S and dP GEMMs are issued (kShuffle) or at the end of the step before (kShuffleAhead, which
-  // waits for that step's stage here, so that the top of the loop need not). Shuffled after the S
-  // wait, the first exp2 waited on them: they queued in the MIO pipe behind the dP GEMM's operand reads (ncu, causal
-  // 16k: 10% of the consumers' stall samples on the P loop's first FFMAs). H200 (4 runs of 3-4 alternations, hdim 128
-  // causal, during the GEMMs against after the S wait): non-det and shift_causal 0.95-0.99 of the time at 1k-16k
-  // (0.954-0.972 at 8k/16k), the descending order 1.02-1.06 at 4k-16k; a step ahead recovers descending (see
+  // The LSE of each of the thread's query columns, in registers. RowStats::kShuffle*: shuffled from the lanes that
+  // loaded it (LaneStats) while the S and dP GEMMs are issued (kShuffle) or at the end of the step before
+  // (kShuffleAhead, which waits for that step's stage there, so that the top of the loop need not). Shuffled after
+  // the S wait, the first exp2 waited on them: they queued in the MIO pipe behind the dP GEMM's operand reads (ncu,
+  // causal 16k: 10% of the consumers' stall samples on the P loop's first FFMAs). H200 (4 runs of 3-4 alternations,
+  // hdim 128 causal, during the GEMMs against after the S wait): non-det and shift_causal 0.95-0.99 of the time at
+  // 1k-16k (0.954-0.972 at 8k/16k), the descending order 1.02-1.06 at 4k-16k; a step ahead recovers descending (see
   // BwdConfig<128>::row_stats). The empty asm keeps the compiler from sinking the shuffles back to their use.
-  // Also where the shared-memory path puts a step's LSE when it fits in registers (P's kLseInRegs); unused (and
-  // dropped) otherwise.
+  // kSharedMemory: loaded here after the S wait when it fits in registers (P's kLseInRegs); unused (and dropped)
+  // otherwise.
   float lse_cols[Cols::kCols];
   auto shuffle_lse = [&](LaneStats<T::kBlockM> const& lanes) {
     if constexpr (T::kShuffleStats) {

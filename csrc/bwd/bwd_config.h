@@ -79,6 +79,13 @@ enum class DvIssue { kAfterP, kAfterDs };
 // 0.98-0.99 at 16k.
 enum class DkDvEpilogue { kRegisterStores, kTmaStagedInTurn, kTmaStagedAtOnce };
 
+// Whether steps whose tile needs no mask run a copy of the step of their own (FA3's separate masking iterations).
+// kOneBody: one step body; its P loop tests the mask behind a run-time branch, and the masked path's values count
+// against the register budget of the whole step. kTwoBodies: the step is compiled twice, with and without the mask
+// tests, and each visit takes one copy by its tile; the unmasked copy, which runs nearly every step of a long causal
+// row, is allocated like a full-mask kernel's.
+enum class MaskedSteps { kOneBody, kTwoBodies };
+
 template <int kHeadDim>
 struct BwdConfig;
 // kDqBuffers: partial-dQ staging buffers between the consumers and the dQ writer. With two, the consumers stage step
@@ -146,6 +153,13 @@ struct BwdConfig<128> {
   // 0.98-1.01 of the time at 1k-16k (16k 0.99 / 0.98). Full, with the dV GEMM after dS (3 alternations): 0.97-0.99
   // at 1k/2k/8k/16k, 4k 1.03 (the row that is noisy in every run; ratio of the minima 0.99). Windows: not measured.
   static constexpr bool ds_store_address_swizzle(MaskKind mask) { return mask != MaskKind::kWindow; }
+  // Two step bodies (H200, 2026-11-30, two runs of 4 alternations against one body): windows (1024, 0) 0.975-0.99 of
+  // the time at 4k/16k (spills 32 -> 20 bytes). Full and causal were measured with the bodies written as two calls
+  // of a lambda (a build that changed the one-body SASS too): full 1.00-1.02 deterministic and 1.05-1.08 non-det at
+  // 2k-16k although spill-free (4 bytes before); causal 1.00-1.04 (both spill-free).
+  static constexpr MaskedSteps masked_steps(MaskKind mask) {
+    return mask == MaskKind::kWindow ? MaskedSteps::kTwoBodies : MaskedSteps::kOneBody;
+  }
 };
 
 // hdim 64: 128 x 128 tiles. P^T from registers (H200: +8-17% over the shared-memory round trip) frees the room for
@@ -165,15 +179,13 @@ struct BwdConfig<64> {
   using dKVSplit = WarpGroupSplit<2, 1>;
   using dQSplit = WarpGroupSplit<2, 1>;  // dQ (128 x 64): each warpgroup owns 64 query rows
   static constexpr DkvOperandA kDkvA = DkvOperandA::kRegisters;
-  // Shuffled statistics measured 1.02-1.04 (full, no spills) and 1.06-1.31 (causal, 20-44 bytes of spills) of the time.
+  // Shuffled statistics measured 1.02-1.04 (full, no spills) and 1.06-1.31 (causal, 20-44 bytes of spills) of the time;
+  // with two step bodies (spill-free) causal 1.01-1.02 and full 0.98-1.02 of the time of shared memory.
   static constexpr RowStats row_stats(MaskKind) { return RowStats::kSharedMemory; }
   static constexpr OperandPartition operand_partition(MaskKind) { return OperandPartition::kPerWarpGroup; }
   // dV after dS (H200, 3 alternations against kAfterP): full 0.94-0.96 of the time at 1k-16k with spills 8/16 -> 0
-  // bytes; causal 1.00-1.03 (slower, 4 -> 48/72 bytes), so causal keeps kAfterP, and so do windows (not measured;
-  // 40-52 -> 64/92 bytes).
-  static constexpr DvIssue dv_issue(MaskKind mask) {
-    return mask == MaskKind::kFull ? DvIssue::kAfterDs : DvIssue::kAfterP;
-  }
+  // bytes; causal 1.00-1.03 with one step body (4 -> 48/72 bytes). With two step bodies see masked_steps.
+  static constexpr DvIssue dv_issue(MaskKind) { return DvIssue::kAfterDs; }
   // H200, 5 alternations each (2026-11-30). In turn against kRegisterStores: windows (1024, 0) at 4k/16k 0.94-0.97
   // of the time, causal 0.91-0.96 at 1k/2k, 0.99-1.00 at 4k/8k, 1.005-1.009 at 16k (spills 4 -> 12 bytes), full 0.98
   // at 1k but 1.01-1.015 at 8k/16k (0 -> 8 bytes). At once against in turn (causal) and register stores (full):
@@ -185,6 +197,12 @@ struct BwdConfig<64> {
   static constexpr int kSmemGapAfterV = 0;  // the second dQ buffer needs the room
   // H200, 3 alternating runs: 1-5% faster on full and causal masks; spills 28/36 -> 20/24 bytes (full/causal).
   static constexpr bool ds_store_address_swizzle(MaskKind) { return true; }
+  // Two step bodies with the dV GEMM after dS (H200, 2026-11-30, 4 alternations against one body with kAfterP at
+  // causal/windows): causal 0.93-0.955 of the time at 1k-16k (non-det and shift_causal), full 0.95-0.99 (8k 1.00),
+  // windows (1024, 0) 0.99-1.00. ptxas reports more spill bytes (48-84 against 8-44), but they are loop invariants
+  // stored before the step loop: the unmasked body, which runs nearly every step, reloads two words a step (causal).
+  // With one body, kAfterDs at causal measured 0.98-0.99 and two bodies with kAfterP 1.02-1.05.
+  static constexpr MaskedSteps masked_steps(MaskKind) { return MaskedSteps::kTwoBodies; }
 };
 
 // hdim 256: 64 x 64 tiles, one stage (a second stage of Q and dO would not fit next to K, V and the dQ staging).
@@ -210,6 +228,12 @@ struct BwdConfig<256> {
   static constexpr DkDvEpilogue dkdv_epilogue(MaskKind) { return DkDvEpilogue::kRegisterStores; }
   static constexpr int kSmemGapAfterV = 0;
   static constexpr bool ds_store_address_swizzle(MaskKind) { return false; }  // not measured at hdim 256
+  // Two step bodies (H200, 2026-11-30, two runs of 4 alternations against one body, all spill-free but windows at
+  // 20 bytes either way): causal 0.95-1.02 of the time at 1k-16k, 0.98-0.99 at 16k (non-det and shift_causal); full
+  // 1.00-1.02 and windows (1024, 0) 1.00-1.01, so they keep one.
+  static constexpr MaskedSteps masked_steps(MaskKind mask) {
+    return mask == MaskKind::kCausal ? MaskedSteps::kTwoBodies : MaskedSteps::kOneBody;
+  }
 };
 
 // Whether every stride (in elements) of a (batch, seqlen, heads, d) tensor is a multiple of n.

@@ -70,6 +70,7 @@ struct BwdTraits {
                            GMMA::Major::MN, GMMA::Major::MN>(),
       AtomLayout<typename Cfg::dQSplit>{}));
   static constexpr bool kDvAfterDs = Cfg::dv_issue(kMask) == DvIssue::kAfterDs;
+  static constexpr bool kTwoStepBodies = Cfg::masked_steps(kMask) == MaskedSteps::kTwoBodies;
   static_assert(!kDvAfterDs || kDvFromRegs, "the late dV issue is the register-sourced dV GEMM's");
 
   // Shared-memory layouts. Q/dO/K/V are stored row-major (d contiguous, K-major for S^T and dP^T); the transposed
@@ -560,184 +561,195 @@ CUTLASS_DEVICE void consumer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<
     };
     const bool need_mask = kv_rows < T::kBlockN || (T::kMask == MaskKind::kCausal && T::kBlockN - 1 > diagonal) ||
                            (T::kMask == MaskKind::kWindow && cuts_window(diagonal));
-    if (first) {
-      wait_barrier(ss.kv_full, kv_count & 1, WaitSite::kKvFull);
-      ++kv_count;
-    }
-
-    // RowStats::kShuffle*: the lanes' share of LSE (kShuffle) and D, loaded before the GEMMs (a few registers per
-    // thread) so that the loads do not queue behind the GEMMs' operand reads.
-    LaneStats<T::kBlockM> lse_lanes, dsum_lanes;
-    if constexpr (T::kShuffleStats && !T::kLseAhead) lse_lanes.load(ss.lse[stage], tid % 32);
-    if constexpr (T::kShuffleStats) dsum_lanes.load(ss.dsum[stage], tid % 32);
-    Tensor tSrS = partition_fragment_C(mma_sdp, Shape<BN, BM>{});
-    Tensor tdPrdP = partition_fragment_C(mma_sdp, Shape<BN, BM>{});
-    wgmma_gemm<true, -1>(mma_sdp, tSrK, tSrQ(_, _, _, stage), tSrS);
-    if constexpr (!T::kLseAhead) shuffle_lse(lse_lanes);  // ptxas issues them among the S WGMMAs
-    wgmma_gemm<true, -1>(mma_sdp, tSrV, tSrdO(_, _, _, stage), tdPrdP);
-    // A previous dK GEMM still running (see unreleased_stage; none in today's configs) is done once at most the two
-    // groups just issued are pending: release its stage now, not after S, so the producer's next loads start one S
-    // GEMM earlier. The wait is unconditional; a wait inside a data-dependent branch would make ptxas serialise the
-    // WGMMAs.
-    warpgroup_wait<2>();
-    warpgroup_fence_operand(tdKrdK);
-    if constexpr (T::kDkFromRegs) warpgroup_fence_operand(rdS);
-    if (unreleased_stage >= 0) {
-      reinterpret_cast<Barrier&>(ss.q_empty[unreleased_stage]).arrive();
-      unreleased_stage = -1;
-    }
-
-    // P = exp2(S * scale * log2e - LSE_log2), computed while the dP GEMM runs; masked entries and rows without
-    // keys (LSE_log2 = +inf) give 0.
-    warpgroup_wait<1>();  // S done
-    // With few query columns per thread (hdim 128: 16) LSE goes to registers once per column; with many (hdim 64:
-    // 32) that array would not fit next to the larger S/dP fragments, so it is read per element from shared memory.
-    // Shuffled statistics have them in lse_cols already.
-    constexpr bool kLseInRegs = T::kShuffleStats || Cols::kCols <= 16;
-    float const* lse_smem = ss.lse[stage] + tScS.m0();
-    if constexpr (kLseInRegs && !T::kShuffleStats) Cols::load(lse_cols, lse_smem, tScS);
-    warpgroup_fence_operand(tSrS);
-    auto lse_of = [&](int i) { return kLseInRegs ? lse_cols[Cols::slot(i)] : lse_smem[get<1>(tScS.offset(i))]; };
-    // Whether the element at offset d from this thread's first one (see AccCoords) is masked, given the tile's limits.
-    auto is_masked = [&](auto d, int rows, int diag) {
-      const int thr_rows = rows - tScS.n0();
-      const int thr_diagonal = diag - (tScS.n0() - tScS.m0());
-      // Causal is the band (no left bound, right = 0) but keeps its own expression, unchanged since it was measured
-      // (its SASS is byte-identical to the build before windows).
-      if constexpr (T::kMask == MaskKind::kWindow) {
-        const int nm = get<0>(d) - get<1>(d);
-        return get<0>(d) >= thr_rows || (p.window_right >= 0 && nm > thr_diagonal + p.window_right) ||
-               (p.window_left >= 0 && nm < thr_diagonal - p.window_left);
-      } else {
-        return get<0>(d) >= thr_rows || (T::kMask == MaskKind::kCausal && get<0>(d) - get<1>(d) > thr_diagonal);
+    // The rest of the step, once per body (BwdConfig::masked_steps). With two bodies this loop unrolls into a
+    // masked and an unmasked copy, `body_masked` a constant in each, and a step runs the copy of its tile's kind; with
+    // one it runs once with the tile's need_mask. (A lambda per body instead changed the SASS of the one-body
+    // kernels too.)
+    constexpr int kBodies = T::kTwoStepBodies ? 2 : 1;
+    CUTLASS_PRAGMA_UNROLL
+    for (int body = 0; body < kBodies; ++body) {
+      const bool body_masked = kBodies == 2 ? body == 0 : need_mask;
+      if (kBodies == 2 && body_masked != need_mask) continue;
+      if (first) {
+        wait_barrier(ss.kv_full, kv_count & 1, WaitSite::kKvFull);
+        ++kv_count;
       }
-    };
-    // Tiles that need no mask (all but the diagonal and ragged-end ones) take a loop without the tests where the
-    // tests are per element (causal) or the LSE comes from shared memory per element (hdim 64): there, with the
-    // tests in every step, ptxas predicated each exp2, zeroed its result beforehand and reloaded the scale from the
-    // constant bank per element, on the stretch between the S wait and the dV GEMM while the tensor cores wait for
-    // P. H200, 3 alternating runs: causal 4k-16k +2-5% (hdim 128, shift_causal), hdim 64 +1-9%. With only the row
-    // test (full mask, LSE in registers) the separate loop measured 1-5% slower, so that case keeps one loop.
-    // Shuffled statistics (hdim 128 full included) measured with the separate loop.
-    constexpr bool kSeparateUnmaskedLoop = T::kShuffleStats || T::kMask != MaskKind::kFull || !kLseInRegs;
-    if constexpr (kSeparateUnmaskedLoop) {
-      if (need_mask) {
-        // The limits are read again here rather than held across the GEMMs: the unmasked loop needs the registers.
-        const auto [rows, diag] = tile_limits();
+
+      // RowStats::kShuffle*: the lanes' share of LSE (kShuffle) and D, loaded before the GEMMs (a few registers per
+      // thread) so that the loads do not queue behind the GEMMs' operand reads.
+      LaneStats<T::kBlockM> lse_lanes, dsum_lanes;
+      if constexpr (T::kShuffleStats && !T::kLseAhead) lse_lanes.load(ss.lse[stage], tid % 32);
+      if constexpr (T::kShuffleStats) dsum_lanes.load(ss.dsum[stage], tid % 32);
+      Tensor tSrS = partition_fragment_C(mma_sdp, Shape<BN, BM>{});
+      Tensor tdPrdP = partition_fragment_C(mma_sdp, Shape<BN, BM>{});
+      wgmma_gemm<true, -1>(mma_sdp, tSrK, tSrQ(_, _, _, stage), tSrS);
+      if constexpr (!T::kLseAhead) shuffle_lse(lse_lanes);  // ptxas issues them among the S WGMMAs
+      wgmma_gemm<true, -1>(mma_sdp, tSrV, tSrdO(_, _, _, stage), tdPrdP);
+      // A previous dK GEMM still running (see unreleased_stage; none in today's configs) is done once at most the two
+      // groups just issued are pending: release its stage now, not after S, so the producer's next loads start one S
+      // GEMM earlier. The wait is unconditional; a wait inside a data-dependent branch would make ptxas serialise the
+      // WGMMAs.
+      warpgroup_wait<2>();
+      warpgroup_fence_operand(tdKrdK);
+      if constexpr (T::kDkFromRegs) warpgroup_fence_operand(rdS);
+      if (unreleased_stage >= 0) {
+        reinterpret_cast<Barrier&>(ss.q_empty[unreleased_stage]).arrive();
+        unreleased_stage = -1;
+      }
+
+      // P = exp2(S * scale * log2e - LSE_log2), computed while the dP GEMM runs; masked entries and rows without
+      // keys (LSE_log2 = +inf) give 0.
+      warpgroup_wait<1>();  // S done
+      // With few query columns per thread (hdim 128: 16) LSE goes to registers once per column; with many (hdim 64:
+      // 32) that array would not fit next to the larger S/dP fragments, so it is read per element from shared memory.
+      // Shuffled statistics have them in lse_cols already.
+      constexpr bool kLseInRegs = T::kShuffleStats || Cols::kCols <= 16;
+      float const* lse_smem = ss.lse[stage] + tScS.m0();
+      if constexpr (kLseInRegs && !T::kShuffleStats) Cols::load(lse_cols, lse_smem, tScS);
+      warpgroup_fence_operand(tSrS);
+      auto lse_of = [&](int i) { return kLseInRegs ? lse_cols[Cols::slot(i)] : lse_smem[get<1>(tScS.offset(i))]; };
+      // Whether the element at offset d from this thread's first one (see AccCoords) is masked, given the tile's limits.
+      auto is_masked = [&](auto d, int rows, int diag) {
+        const int thr_rows = rows - tScS.n0();
+        const int thr_diagonal = diag - (tScS.n0() - tScS.m0());
+        // Causal is the band (no left bound, right = 0) but keeps its own expression, unchanged since it was measured
+        // (its SASS is byte-identical to the build before windows).
+        if constexpr (T::kMask == MaskKind::kWindow) {
+          const int nm = get<0>(d) - get<1>(d);
+          return get<0>(d) >= thr_rows || (p.window_right >= 0 && nm > thr_diagonal + p.window_right) ||
+                 (p.window_left >= 0 && nm < thr_diagonal - p.window_left);
+        } else {
+          return get<0>(d) >= thr_rows || (T::kMask == MaskKind::kCausal && get<0>(d) - get<1>(d) > thr_diagonal);
+        }
+      };
+      // Tiles that need no mask (all but the diagonal and ragged-end ones) take a loop without the tests where the
+      // tests are per element (causal) or the LSE comes from shared memory per element (hdim 64): there, with the
+      // tests in every step, ptxas predicated each exp2, zeroed its result beforehand and reloaded the scale from the
+      // constant bank per element, on the stretch between the S wait and the dV GEMM while the tensor cores wait for
+      // P. H200, 3 alternating runs: causal 4k-16k +2-5% (hdim 128, shift_causal), hdim 64 +1-9%. With only the row
+      // test (full mask, LSE in registers) the separate loop measured 1-5% slower, so that case keeps one loop.
+      // Shuffled statistics (hdim 128 full included) measured with the separate loop.
+      constexpr bool kSeparateUnmaskedLoop =
+          T::kTwoStepBodies || T::kShuffleStats || T::kMask != MaskKind::kFull || !kLseInRegs;
+      if constexpr (kSeparateUnmaskedLoop) {
+        if (body_masked) {
+          // The limits are read again here rather than held across the GEMMs: the unmasked loop needs the registers.
+          const auto [rows, diag] = tile_limits();
+          CUTLASS_PRAGMA_UNROLL
+          for (int i = 0; i < size(tSrS); ++i) {
+            tSrS(i) = is_masked(tScS.offset(i), rows, diag) ? 0.f : exp2f(fmaf(tSrS(i), p.scale_log2, -lse_of(i)));
+          }
+        } else {
+          CUTLASS_PRAGMA_UNROLL
+          for (int i = 0; i < size(tSrS); ++i) tSrS(i) = exp2f(fmaf(tSrS(i), p.scale_log2, -lse_of(i)));
+        }
+      } else {
         CUTLASS_PRAGMA_UNROLL
         for (int i = 0; i < size(tSrS); ++i) {
-          tSrS(i) = is_masked(tScS.offset(i), rows, diag) ? 0.f : exp2f(fmaf(tSrS(i), p.scale_log2, -lse_of(i)));
+          bool masked = false;
+          if (need_mask) masked = is_masked(tScS.offset(i), kv_rows, diagonal);
+          tSrS(i) = masked ? 0.f : exp2f(fmaf(tSrS(i), p.scale_log2, -lse_of(i)));
         }
+      }
+
+      // dV += P^T dO runs while dS is computed (DvIssue::kAfterP) or while dS is handed over (kAfterDs, issued
+      // below); P^T comes from registers or, after a round trip, shared memory.
+      auto issue_dv = [&](auto& rP) {
+        warpgroup_fence_operand(rP);
+        wgmma_gemm<-1>(mma_dv, make_tensor(rP.data(), accumulator_as_a_operand(rP.layout())),
+                       tdVrdOt(_, _, _, stage), tdVrdV, first);
+      };
+      Tensor rP = make_tensor<Element>(tSrS.layout());
+      if constexpr (!T::kDvAfterDs) {
+        rP = convert_fragment<Element>(tSrS);
+        if constexpr (T::kDvFromRegs) {
+          issue_dv(rP);
+        } else {
+          if constexpr (T::kPtShared) cutlass::arch::NamedBarrier::sync(T::kNumMmaThreads, kMmaBarrier);
+          cute::copy(r2s, r2s_thr.retile_S(rP), tPsPt);
+          cutlass::arch::fence_view_async_shared();  // generic-proxy stores read next by WGMMA (async proxy)
+          if constexpr (T::kPtShared) {
+            cutlass::arch::NamedBarrier::sync(T::kNumMmaThreads, kMmaBarrier);
+          } else {
+            cutlass::arch::NamedBarrier::sync(128, wg_barrier);
+          }
+          wgmma_gemm<-1>(mma_dv, op_dv.partition_fragment_A(sPt), tdVrdOt(_, _, _, stage), tdVrdV, first);
+        }
+      }
+
+      // dP done; with DvIssue::kAfterP the dV GEMM may still run, with kAfterDs it is not issued yet.
+      warpgroup_wait<T::kDvAfterDs ? 0 : 1>();
+      warpgroup_fence_operand(tdPrdP);
+      // Without shuffled statistics D is read per element straight from shared memory: with DvIssue::kAfterP this is
+      // the consumers' register peak (dK, dV, P, dP and the P^T operand of the running dV GEMM are all live), and a
+      // register copy of D made them spill.
+      float const* dsum = ss.dsum[stage] + tScS.m0();
+      const int ds_buf = ds_count++ % T::kDsBuffers;
+      if constexpr (T::kShuffleStats) {
+        Cols::for_each_column(dsum_lanes, tScS, [&](int j, float d) { tdPrdP(j) = tSrS(j) * (tdPrdP(j) - d); });
       } else {
         CUTLASS_PRAGMA_UNROLL
-        for (int i = 0; i < size(tSrS); ++i) tSrS(i) = exp2f(fmaf(tSrS(i), p.scale_log2, -lse_of(i)));
+        for (int i = 0; i < size(tSrS); ++i) tdPrdP(i) = tSrS(i) * (tdPrdP(i) - dsum[get<1>(tScS.offset(i))]);
       }
-    } else {
-      CUTLASS_PRAGMA_UNROLL
-      for (int i = 0; i < size(tSrS); ++i) {
-        bool masked = false;
-        if (need_mask) masked = is_masked(tScS.offset(i), kv_rows, diagonal);
-        tSrS(i) = masked ? 0.f : exp2f(fmaf(tSrS(i), p.scale_log2, -lse_of(i)));
-      }
-    }
+      if constexpr (T::kDvAfterDs) rP = convert_fragment<Element>(tSrS);
+      rdS = convert_fragment<Element>(tdPrdP);
+      cute::copy(r2s, r2s_thr.retile_S(rdS), tPsdSt(_, _, _, ds_buf));
+      if constexpr (T::kDvAfterDs) issue_dv(rP);  // reads P^T and dO only, so it need not wait for the fence below
+      cutlass::arch::fence_view_async_shared();
+      // dK (when d is split) and dQ need every warpgroup's rows of dS.
+      cutlass::arch::NamedBarrier::sync(T::kNumMmaThreads, kMmaBarrier);
 
-    // dV += P^T dO runs while dS is computed (DvIssue::kAfterP) or while dS is handed over (kAfterDs, issued
-    // below); P^T comes from registers or, after a round trip, shared memory.
-    auto issue_dv = [&](auto& rP) {
-      warpgroup_fence_operand(rP);
-      wgmma_gemm<-1>(mma_dv, make_tensor(rP.data(), accumulator_as_a_operand(rP.layout())),
-                     tdVrdOt(_, _, _, stage), tdVrdV, first);
-    };
-    Tensor rP = make_tensor<Element>(tSrS.layout());
-    if constexpr (!T::kDvAfterDs) {
-      rP = convert_fragment<Element>(tSrS);
-      if constexpr (T::kDvFromRegs) {
-        issue_dv(rP);
+      // dQ first so that its hand-off to the writer overlaps the dK GEMM.
+      Tensor tdQrdQ = partition_fragment_C(mma_dq, Shape<BM, HD>{});
+      wgmma_gemm<true, -1>(mma_dq, tdQrdS(_, _, _, ds_buf), tdQrKt, tdQrdQ);
+      if constexpr (T::kDkFromRegs) {
+        warpgroup_fence_operand(rdS);
+        wgmma_gemm<-1>(mma_dk, make_tensor(rdS.data(), accumulator_as_a_operand(rdS.layout())),
+                       tdKrQt(_, _, _, stage), tdKrdK, first);
       } else {
-        if constexpr (T::kPtShared) cutlass::arch::NamedBarrier::sync(T::kNumMmaThreads, kMmaBarrier);
-        cute::copy(r2s, r2s_thr.retile_S(rP), tPsPt);
-        cutlass::arch::fence_view_async_shared();  // generic-proxy stores read next by WGMMA (async proxy)
-        if constexpr (T::kPtShared) {
-          cutlass::arch::NamedBarrier::sync(T::kNumMmaThreads, kMmaBarrier);
-        } else {
-          cutlass::arch::NamedBarrier::sync(128, wg_barrier);
-        }
-        wgmma_gemm<-1>(mma_dv, op_dv.partition_fragment_A(sPt), tdVrdOt(_, _, _, stage), tdVrdV, first);
+        wgmma_gemm<-1>(mma_dk, op_dk.partition_fragment_A(sdSt)(_, _, _, ds_buf), tdKrQt(_, _, _, stage), tdKrdK,
+                       first);
       }
-    }
+      warpgroup_wait<1>();  // dV and dQ done; dK may still run
+      warpgroup_fence_operand(tdVrdV);
+      warpgroup_fence_operand(tdQrdQ);
+      if constexpr (T::kDvFromRegs) warpgroup_fence_operand(rP);
+      // The tile's last reads of K (S, dQ) and V (dP) are done; the still-running dK GEMM reads only dS^T and Q. Freeing
+      // K/V now lets the producer start the next tile's K/V loads during the dQ hand-off, dK and the dK/dV stores.
+      if (flags & VisitRecord::kLast) reinterpret_cast<Barrier&>(ss.kv_empty).arrive();
 
-    // dP done; with DvIssue::kAfterP the dV GEMM may still run, with kAfterDs it is not issued yet.
-    warpgroup_wait<T::kDvAfterDs ? 0 : 1>();
-    warpgroup_fence_operand(tdPrdP);
-    // Without shuffled statistics D is read per element straight from shared memory: with DvIssue::kAfterP this is
-    // the consumers' register peak (dK, dV, P, dP and the P^T operand of the running dV GEMM are all live), and a
-    // register copy of D made them spill.
-    float const* dsum = ss.dsum[stage] + tScS.m0();
-    const int ds_buf = ds_count++ % T::kDsBuffers;
-    if constexpr (T::kShuffleStats) {
-      Cols::for_each_column(dsum_lanes, tScS, [&](int j, float d) { tdPrdP(j) = tSrS(j) * (tdPrdP(j) - d); });
-    } else {
+      // Hand the partial dQ to the writer warp through the next staging buffer, once the writer has read it.
+      const RingPos dqpos = ring_pos<T::kDqBuffers>(dq_count);
+      const int dq_buf = dqpos.index;
+      wait_barrier(ss.dq_empty[dq_buf], dqpos.phase ^ 1, WaitSite::kDqEmpty);
+      ++dq_count;
+      float4* sdq = reinterpret_cast<float4*>(ss.dq[dq_buf].data());
       CUTLASS_PRAGMA_UNROLL
-      for (int i = 0; i < size(tSrS); ++i) tdPrdP(i) = tSrS(i) * (tdPrdP(i) - dsum[get<1>(tScS.offset(i))]);
-    }
-    if constexpr (T::kDvAfterDs) rP = convert_fragment<Element>(tSrS);
-    rdS = convert_fragment<Element>(tdPrdP);
-    cute::copy(r2s, r2s_thr.retile_S(rdS), tPsdSt(_, _, _, ds_buf));
-    if constexpr (T::kDvAfterDs) issue_dv(rP);  // reads P^T and dO only, so it need not wait for the fence below
-    cutlass::arch::fence_view_async_shared();
-    // dK (when d is split) and dQ need every warpgroup's rows of dS.
-    cutlass::arch::NamedBarrier::sync(T::kNumMmaThreads, kMmaBarrier);
+      for (int c = 0; c < T::kDqPerThread / 4; ++c) {
+        sdq[c * T::kNumMmaThreads + tid] =
+            make_float4(tdQrdQ(4 * c), tdQrdQ(4 * c + 1), tdQrdQ(4 * c + 2), tdQrdQ(4 * c + 3));
+      }
+      if (tid == 0) ss.dq_rec[dq_buf] = srec;
+      cutlass::arch::fence_view_async_shared();  // the bulk reduce reads the staging buffer through the async proxy
+      reinterpret_cast<Barrier&>(ss.dq_full[dq_buf]).arrive();
 
-    // dQ first so that its hand-off to the writer overlaps the dK GEMM.
-    Tensor tdQrdQ = partition_fragment_C(mma_dq, Shape<BM, HD>{});
-    wgmma_gemm<true, -1>(mma_dq, tdQrdS(_, _, _, ds_buf), tdQrKt, tdQrdQ);
-    if constexpr (T::kDkFromRegs) {
-      warpgroup_fence_operand(rdS);
-      wgmma_gemm<-1>(mma_dk, make_tensor(rdS.data(), accumulator_as_a_operand(rdS.layout())),
-                     tdKrQt(_, _, _, stage), tdKrdK, first);
-    } else {
-      wgmma_gemm<-1>(mma_dk, op_dk.partition_fragment_A(sdSt)(_, _, _, ds_buf), tdKrQt(_, _, _, stage), tdKrdK,
-                     first);
-    }
-    warpgroup_wait<1>();  // dV and dQ done; dK may still run
-    warpgroup_fence_operand(tdVrdV);
-    warpgroup_fence_operand(tdQrdQ);
-    if constexpr (T::kDvFromRegs) warpgroup_fence_operand(rP);
-    // The tile's last reads of K (S, dQ) and V (dP) are done; the still-running dK GEMM reads only dS^T and Q. Freeing
-    // K/V now lets the producer start the next tile's K/V loads during the dQ hand-off, dK and the dK/dV stores.
-    if (flags & VisitRecord::kLast) reinterpret_cast<Barrier&>(ss.kv_empty).arrive();
-
-    // Hand the partial dQ to the writer warp through the next staging buffer, once the writer has read it.
-    const RingPos dqpos = ring_pos<T::kDqBuffers>(dq_count);
-    const int dq_buf = dqpos.index;
-    wait_barrier(ss.dq_empty[dq_buf], dqpos.phase ^ 1, WaitSite::kDqEmpty);
-    ++dq_count;
-    float4* sdq = reinterpret_cast<float4*>(ss.dq[dq_buf].data());
-    CUTLASS_PRAGMA_UNROLL
-    for (int c = 0; c < T::kDqPerThread / 4; ++c) {
-      sdq[c * T::kNumMmaThreads + tid] =
-          make_float4(tdQrdQ(4 * c), tdQrdQ(4 * c + 1), tdQrdQ(4 * c + 2), tdQrdQ(4 * c + 3));
-    }
-    if (tid == 0) ss.dq_rec[dq_buf] = srec;
-    cutlass::arch::fence_view_async_shared();  // the bulk reduce reads the staging buffer through the async proxy
-    reinterpret_cast<Barrier&>(ss.dq_full[dq_buf]).arrive();
-
-    if (flags & VisitRecord::kLast) {
-      warpgroup_wait<0>();
-      warpgroup_fence_operand(tdKrdK);
-      if constexpr (T::kDkFromRegs) warpgroup_fence_operand(rdS);
-      const KvTileRef tile{srec.batch, srec.head_k, srec.n_block};  // read before the stage is released
-      reinterpret_cast<Barrier&>(ss.q_empty[stage]).arrive();
-      store_dkdv(tile, tdKrdK, tdVrdV, thr_dv);
-    } else if constexpr (T::kStages == 1 || T::kDkFromRegs) {
-      // The next step reuses this stage (one stage), or its dS^T registers (dK from registers): wait for the dK GEMM
-      // and release the stage now.
-      warpgroup_wait<0>();
-      warpgroup_fence_operand(tdKrdK);
-      if constexpr (T::kDkFromRegs) warpgroup_fence_operand(rdS);
-      reinterpret_cast<Barrier&>(ss.q_empty[stage]).arrive();
-    } else {
-      unreleased_stage = stage;
+      if (flags & VisitRecord::kLast) {
+        warpgroup_wait<0>();
+        warpgroup_fence_operand(tdKrdK);
+        if constexpr (T::kDkFromRegs) warpgroup_fence_operand(rdS);
+        const KvTileRef tile{srec.batch, srec.head_k, srec.n_block};  // read before the stage is released
+        reinterpret_cast<Barrier&>(ss.q_empty[stage]).arrive();
+        store_dkdv(tile, tdKrdK, tdVrdV, thr_dv);
+      } else if constexpr (T::kStages == 1 || T::kDkFromRegs) {
+        // The next step reuses this stage (one stage), or its dS^T registers (dK from registers): wait for the dK GEMM
+        // and release the stage now.
+        warpgroup_wait<0>();
+        warpgroup_fence_operand(tdKrdK);
+        if constexpr (T::kDkFromRegs) warpgroup_fence_operand(rdS);
+        reinterpret_cast<Barrier&>(ss.q_empty[stage]).arrive();
+      } else {
+        unreleased_stage = stage;
+      }
     }
     shuffle_lse_ahead(q_count + 1);
   }

@@ -18,21 +18,21 @@ STACK = re.compile(r"(\d+) bytes stack frame")
 # E1 = causal, E2 = sliding window.
 ALLOWANCES = [
     # Sliding windows as first built (2026-11-30), not tuned yet: the band tests carry two run-time bounds through
-    # the masked P loop. Figures since 9a2f1e0 (dK from registers and per-warpgroup operands lowered them).
-    (r"bwd_main_kernel.*BwdTraitsILi128E.*MaskKindE2", 36, "hdim 128 window: 32 bytes with the staged dK/dV epilogue (32/36 before)"),
-    (r"bwd_main_kernel.*BwdTraitsILi64E.*MaskKindE2", 56, "hdim 64 window: 40/44 bytes staged (40-52 before, 68-96 before 9a2f1e0)"),
+    # the masked P loop.
+    (r"bwd_main_kernel.*BwdTraitsILi128E.*MaskKindE2", 20, "hdim 128 window: 20 bytes with two step bodies (32/36 before)"),
     (r"bwd_main_kernel.*BwdTraitsILi256E.*MaskKindE2", 20, "hdim 256 window: 20 bytes"),
     (r"fwd_kernel.*FwdKernelTraitsILi64E.*MaskKindE2", 100, "hdim 64 window forward: 100 bytes (72-byte stack frame)"),
     (r"fwd_kernel.*FwdKernelTraitsILi256E.*MaskKindE2", 72, "hdim 256 window forward: 72 bytes (48-byte stack frame)"),
-    # Hdim 64 causal with P^T and dS^T in registers for the dV and dK GEMMs: P^T measured +8-17% on the H200 over the
-    # spill-free shared-memory round trip (2026-11-29), dS^T 0.97-0.99 of the time (2026-11-30, benchmarks/RESULTS.md).
-    # The staged dK/dV epilogue (DkDvEpilogue::kTmaStagedAtOnce, 2026-11-30) raised causal from one value to three
-    # and full from none (since its dV GEMM waits for dS) to two; net 0.91-0.99 and 0.95-1.01 of the time.
-    (r"bwd_main_kernel.*BwdTraitsILi64E.*MaskKindE1", 16, "hdim 64 causal: three values (12 bytes, 16-byte frame)"),
-    (r"bwd_main_kernel.*BwdTraitsILi64E.*MaskKindE0", 8, "hdim 64 full: two values (8 bytes, 8-byte frame)"),
+    # Hdim 64 with two step bodies and the dV GEMM after dS (MaskedSteps::kTwoBodies, 2026-11-30): the bytes are
+    # mostly loop invariants stored once before the step loop; the unmasked body, which runs nearly every step,
+    # reloads two words a step (causal). H200: 0.93-0.955 of the time (causal), 0.95-0.99 (full), 0.99-1.00
+    # (windows) against one body with 8-44 bytes (benchmarks/RESULTS.md).
+    (r"bwd_main_kernel.*BwdTraitsILi64E.*MaskKindE2", 84, "hdim 64 window: 72/84 bytes, 64-byte frame"),
+    (r"bwd_main_kernel.*BwdTraitsILi64E.*MaskKindE1", 72, "hdim 64 causal: 60/72 bytes, 64-byte frame"),
+    (r"bwd_main_kernel.*BwdTraitsILi64E.*MaskKindE0", 52, "hdim 64 full: 48/52 bytes, 48-byte frame"),
     # Hdim 128 full with shuffled row statistics (RowStats::kShuffle, 2026-11-30): 0.975-0.992 of the time at 4k-16k
-    # against the spill-free shared-memory statistics; one value (4 bytes, 8-byte frame).
-    (r"bwd_main_kernel.*BwdTraitsILi128E.*MaskKindE0", 8, "hdim 128 full: one value (4 bytes, 8-byte frame)"),
+    # against the spill-free shared-memory statistics; one or two values (4-8 bytes, 8-byte frame).
+    (r"bwd_main_kernel.*BwdTraitsILi128E.*MaskKindE0", 8, "hdim 128 full: 8 bytes, 8-byte frame"),
 ]
 
 

@@ -154,9 +154,9 @@ struct BwdConfig<128> {
   // at 1k/2k/8k/16k, 4k 1.03 (the row that is noisy in every run; ratio of the minima 0.99). Windows: not measured.
   static constexpr bool ds_store_address_swizzle(MaskKind mask) { return mask != MaskKind::kWindow; }
   // Two step bodies (H200, 2026-11-30, two runs of 4 alternations against one body): windows (1024, 0) 0.975-0.99 of
-  // the time at 4k/16k (spills 32 -> 20 bytes). Full and causal were measured with the bodies written as two calls
-  // of a lambda (a build that changed the one-body SASS too): full 1.00-1.02 deterministic and 1.05-1.08 non-det at
-  // 2k-16k although spill-free (4 bytes before); causal 1.00-1.04 (both spill-free).
+  // the time at 4k/16k (spills 32 -> 20 bytes). Full and causal (6 alternations): 1.00-1.08 (full spill-free, 4
+  // bytes before; causal 4 bytes stored before the loop), and 1.02-1.10 with the dV GEMM after P on top, so they keep
+  // one body.
   static constexpr MaskedSteps masked_steps(MaskKind mask) {
     return mask == MaskKind::kWindow ? MaskedSteps::kTwoBodies : MaskedSteps::kOneBody;
   }

@@ -531,12 +531,14 @@ void print_summary(const std::vector<Row>& rows) {
   std::printf("\nsummary: best deterministic schedule vs non-deterministic backward\n");
   std::printf("%-5s %-6s %7s  %12s  %-14s %12s  %8s\n", "hdim", "mask", "seqlen", "nondet TF", "best det",
               "det TF", "det/nd");
+  // "bwd non-det" or, with --nondet-schedules, "bwd non-det:<order>"; the first of a problem is the ratios' reference.
+  auto is_nondet = [](const Row& r) { return r.variant.rfind("bwd non-det", 0) == 0; };
   for (size_t i = 0; i < rows.size(); ++i) {
-    if (rows[i].variant != "bwd non-det" || rows[i].status != "ok") continue;
+    if (!is_nondet(rows[i]) || rows[i].status != "ok" || (i > 0 && is_nondet(rows[i - 1]))) continue;
     const Row* best = nullptr;
-    for (size_t j = i + 1; j < rows.size() && rows[j].variant.rfind("bwd ", 0) == 0 &&
-                           rows[j].variant != "bwd non-det";
-         ++j) {
+    for (size_t j = i + 1; j < rows.size() && rows[j].variant.rfind("bwd ", 0) == 0; ++j) {
+      if (is_nondet(rows[j]) && !is_nondet(rows[j - 1])) break;  // the next problem's rows
+      if (is_nondet(rows[j])) continue;
       if (rows[j].status == "ok" && (best == nullptr || rows[j].tflops > best->tflops)) best = &rows[j];
     }
     const Problem& p = rows[i].problem;

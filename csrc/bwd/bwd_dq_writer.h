@@ -101,24 +101,23 @@ struct SpinSite {
 };
 
 CUTLASS_DEVICE void spin_until(const int32_t* sem, int32_t target, const SpinSite& site) {
-#ifdef DASH_BWD_SPIN_TRAP
-  uint64_t spins = 0;
-#endif
-  int32_t observed;
-  // `observed` is only reported by the debug trap.
   // Deterministic mode: the semaphore never passes target before this add releases, so >= means ==.
   // Non-deterministic mode: the other adds keep counting past the first store's 1.
-  while ((observed = ld_acquire_gpu(sem)) < target) {
 #ifdef DASH_BWD_SPIN_TRAP
+  uint64_t spins = 0;
+  int32_t observed;  // reported by the trap
+  while ((observed = ld_acquire_gpu(sem)) < target) {
     if (++spins == (uint64_t(1) << DASH_BWD_SPIN_TRAP_LOG2)) {
       printf("dash_bwd: dQ semaphore spin timeout: batch %d head %d m_block %d n_block %d wait_target %d observed %d\n",
              site.batch, site.head, site.m_block, site.n_block, site.wait_target, observed);
       __trap();
     }
-#endif
+  }
+#else
+  while (ld_acquire_gpu(sem) < target) {
   }
   (void)site;
-  (void)observed;
+#endif
 }
 
 // Runs on a single thread; takes each staged partial dQ with its visit record, in visit order, until the end record.

@@ -577,7 +577,8 @@ CUTLASS_DEVICE void consumer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<
 
       // RowStats::kShuffle*: the lanes' share of LSE (kShuffle) and D, loaded before the GEMMs (a few registers per
       // thread) so that the loads do not queue behind the GEMMs' operand reads.
-      LaneStats<T::kBlockM> lse_lanes, dsum_lanes;
+      LaneStats<T::kBlockM> dsum_lanes;
+      [[maybe_unused]] LaneStats<T::kBlockM> lse_lanes;  // kShuffleAhead loads the LSE a step earlier instead
       if constexpr (T::kShuffleStats && !T::kLseAhead) lse_lanes.load(ss.lse[stage], tid % 32);
       if constexpr (T::kShuffleStats) dsum_lanes.load(ss.dsum[stage], tid % 32);
       Tensor tSrS = partition_fragment_C(mma_sdp, Shape<BN, BM>{});

@@ -170,13 +170,19 @@ def check_cuda_device(device: torch.device) -> None:
                            "reference path")
 
 
-def check_cuda_features(headdim: int, supported_head_dims: Sequence[int], softcap: float, varlen: bool) -> None:
+def check_cuda_features(headdim: int, supported_head_dims: Sequence[int], softcap: float) -> None:
     """Features the CUDA kernels do not implement yet: refuse them instead of computing something else."""
     if headdim not in supported_head_dims:
         raise ValueError(f"head dim {headdim} has no compiled CUDA kernel; the build has "
                          f"{sorted(supported_head_dims)}: pad the head dim or rebuild with DASH_ATTN_HDIMS")
     if softcap > 0.0:
         raise NotImplementedError("softcap is not implemented in the CUDA kernels yet: use softcap=0.0 or CPU tensors")
-    if varlen:
-        raise NotImplementedError("flash_attn_varlen_func is not implemented in the CUDA kernels yet: pad to "
-                                  "flash_attn_func or use CPU tensors")
+
+
+def check_varlen_not_capturing() -> None:
+    """The CUDA varlen path reads cu_seqlens on the host (one dense kernel call per sequence), which a CUDA graph
+    cannot capture: refuse it with a message instead of failing inside the capture."""
+    if torch.cuda.is_current_stream_capturing():
+        raise RuntimeError("flash_attn_varlen_func reads cu_seqlens_q/cu_seqlens_k on the host (the CUDA path runs "
+                           "the kernels once per sequence), which a CUDA graph cannot capture: capture "
+                           "flash_attn_func on padded batches instead")

@@ -368,13 +368,19 @@ def test_non_hopper_gpu_is_refused(monkeypatch):
 @pytest.mark.parametrize("kwargs, error, message", [
     (dict(headdim=96), ValueError, "head dim 96"),
     (dict(softcap=1.0), NotImplementedError, "softcap"),
-    (dict(varlen=True), NotImplementedError, "varlen"),
 ])
 def test_cuda_feature_gaps_are_refused(kwargs, error, message):
-    args = dict(headdim=128, supported_head_dims=[64, 128], softcap=0.0, varlen=False)
+    args = dict(headdim=128, supported_head_dims=[64, 128], softcap=0.0)
     args.update(kwargs)
     with pytest.raises(error, match=message):
         validation.check_cuda_features(**args)
+
+
+def test_cuda_varlen_refuses_graph_capture(monkeypatch):
+    # The CUDA varlen path reads cu_seqlens on the host; inside a capture that must be a clear error.
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    with pytest.raises(RuntimeError, match="CUDA graph"):
+        validation.check_varlen_not_capturing()
 
 
 def test_cuda_dtypes_exclude_full_precision():

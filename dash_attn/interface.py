@@ -11,7 +11,7 @@ from __future__ import annotations
 import enum
 import functools
 import math
-from typing import Optional, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 
@@ -257,27 +257,43 @@ _fwd.register_autograd(_fwd_backward, setup_context=_fwd_setup_context)
 # Varlen custom ops
 # ----------------------------------------------------------------------------------------------------------------------
 
-def _check_varlen_contents(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k) -> None:
-    validation.check_cu_seqlens_values("cu_seqlens_q", cu_seqlens_q, q.shape[0], max_seqlen_q, "max_seqlen_q")
-    validation.check_cu_seqlens_values("cu_seqlens_k", cu_seqlens_k, k.shape[0], max_seqlen_k, "max_seqlen_k")
-
-
-def _check_varlen(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softcap) -> None:
+def _check_varlen(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softcap):
+    """Every check of a varlen call; returns host copies of cu_seqlens_q and cu_seqlens_k. A copy from the GPU waits
+    for it (and then the host's launch work is no longer hidden behind running kernels), so both are read in one
+    copy, and none when the caller passes them on the CPU."""
     if q.device.type != "cpu":
         _check_cuda(q, softcap)
         validation.check_varlen_not_capturing()
-    _check_varlen_contents(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    if cu_seqlens_q.device == cu_seqlens_k.device:
+        both = torch.cat((cu_seqlens_q, cu_seqlens_k)).tolist()
+        cq, ck = both[:cu_seqlens_q.shape[0]], both[cu_seqlens_q.shape[0]:]
+    else:
+        cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+    validation.check_cu_seqlens_values("cu_seqlens_q", cq, q.shape[0], max_seqlen_q, "max_seqlen_q")
+    validation.check_cu_seqlens_values("cu_seqlens_k", ck, k.shape[0], max_seqlen_k, "max_seqlen_k")
+    return cq, ck
 
 
-def _sequences(cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor):
-    """(query rows, key rows) of each packed sequence, as slices (the contents were checked on the host already)."""
-    cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
-    return [(slice(cq[i], cq[i + 1]), slice(ck[i], ck[i + 1])) for i in range(len(cq) - 1)]
+def _runs(cq: List[int], ck: List[int]):
+    """Maximal runs of consecutive packed sequences with the same (seqlen_q, seqlen_k), as (query rows, key rows,
+    number of sequences, seqlen_q, seqlen_k), from host copies of cu_seqlens."""
+    runs, start = [], 0
+    for i in range(1, len(cq)):
+        lengths = (cq[i] - cq[i - 1], ck[i] - ck[i - 1])
+        if i == len(cq) - 1 or (cq[i + 1] - cq[i], ck[i + 1] - ck[i]) != lengths:
+            runs.append((slice(cq[start], cq[i]), slice(ck[start], ck[i]), i - start) + lengths)
+            start = i
+    return runs
 
 
-# The CUDA varlen path runs the dense kernels once per sequence, in sequence order, each on (1, seqlen, heads, d)
-# views of the packed tensors; the sequences' outputs are disjoint, so the deterministic mode stays bitwise
-# reproducible. The window is re-normalised per sequence, so a short sequence reaches the full/causal kernels.
+# The CUDA varlen path runs the dense kernels once per run of consecutive sequences with equal lengths, as a batch of
+# (sequences, seqlen, heads, d) views of the packed tensors (splitting the packed dim never copies); runs write
+# disjoint rows, so the deterministic mode stays bitwise reproducible. The window is re-normalised per run, so short
+# sequences reach the full/causal kernels.
+
+def _batched(x: torch.Tensor, rows: slice, count: int, seqlen: int) -> torch.Tensor:
+    return x[rows].unflatten(0, (count, seqlen))
+
 
 @torch.library.custom_op("dash_attn::varlen_fwd", mutates_args=())
 def _varlen_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
@@ -285,7 +301,7 @@ def _varlen_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q:
                 window_left: int, window_right: int, softcap: float, deterministic: bool, schedule: str,
                 sm_margin: int) -> Tuple[torch.Tensor, torch.Tensor]:
     mask, window_left, window_right = _effective_mask(mask, window_left, window_right, max_seqlen_q, max_seqlen_k)
-    _check_varlen(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softcap)
+    cq, ck = _check_varlen(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softcap)
     out = torch.empty_like(q)
     lse = torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device)
     if q.device.type == "cpu":
@@ -295,12 +311,14 @@ def _varlen_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q:
         out.copy_(ref_out)
         lse.copy_(ref_lse)
         return out, lse
-    for sq, sk in _sequences(cu_seqlens_q, cu_seqlens_k):
-        q_b, k_b, v_b = q[sq].unsqueeze(0), k[sk].unsqueeze(0), v[sk].unsqueeze(0)
-        mask_b, left_b, right_b = _effective_mask(mask, window_left, window_right, q_b.shape[1], k_b.shape[1])
+    for sq, sk, count, seqlen_q, seqlen_k in _runs(cq, ck):
+        q_b = _batched(q, sq, count, seqlen_q)
+        k_b, v_b = _batched(k, sk, count, seqlen_k), _batched(v, sk, count, seqlen_k)
+        mask_b, left_b, right_b = _effective_mask(mask, window_left, window_right, seqlen_q, seqlen_k)
         lse_b = torch.empty(_lse_shape(q_b), dtype=torch.float32, device=q.device)
-        _launch_fwd(q_b, k_b, v_b, out[sq].unsqueeze(0), lse_b, softmax_scale, mask_b, left_b, right_b, softcap)
-        lse[:, sq].copy_(lse_b[0])
+        _launch_fwd(q_b, k_b, v_b, _batched(out, sq, count, seqlen_q), lse_b, softmax_scale, mask_b, left_b,
+                    right_b, softcap)
+        lse[:, sq].unflatten(1, (count, seqlen_q)).copy_(lse_b.transpose(0, 1))
     return out, lse
 
 
@@ -317,7 +335,7 @@ def _varlen_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.T
                 softcap: float, deterministic: bool, schedule: str,
                 sm_margin: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     mask, window_left, window_right = _effective_mask(mask, window_left, window_right, max_seqlen_q, max_seqlen_k)
-    _check_varlen(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softcap)
+    cq, ck = _check_varlen(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softcap)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     if q.device.type == "cpu":
         window = (window_left, window_right)
@@ -329,12 +347,14 @@ def _varlen_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.T
         for dst, src in zip((dq, dk, dv), grads):
             dst.copy_(src)
         return dq, dk, dv
-    for sq, sk in _sequences(cu_seqlens_q, cu_seqlens_k):
-        q_b, k_b, v_b = q[sq].unsqueeze(0), k[sk].unsqueeze(0), v[sk].unsqueeze(0)
-        mask_b, left_b, right_b = _effective_mask(mask, window_left, window_right, q_b.shape[1], k_b.shape[1])
-        lse_b = lse[:, sq].unsqueeze(0).contiguous()
-        _launch_bwd(dout[sq].unsqueeze(0), q_b, k_b, v_b, out[sq].unsqueeze(0), lse_b, dq[sq].unsqueeze(0),
-                    dk[sk].unsqueeze(0), dv[sk].unsqueeze(0), softmax_scale, mask_b, left_b, right_b, softcap,
+    for sq, sk, count, seqlen_q, seqlen_k in _runs(cq, ck):
+        q_b = _batched(q, sq, count, seqlen_q)
+        k_b, v_b = _batched(k, sk, count, seqlen_k), _batched(v, sk, count, seqlen_k)
+        mask_b, left_b, right_b = _effective_mask(mask, window_left, window_right, seqlen_q, seqlen_k)
+        lse_b = lse[:, sq].unflatten(1, (count, seqlen_q)).transpose(0, 1).contiguous()
+        _launch_bwd(_batched(dout, sq, count, seqlen_q), q_b, k_b, v_b, _batched(out, sq, count, seqlen_q), lse_b,
+                    _batched(dq, sq, count, seqlen_q), _batched(dk, sk, count, seqlen_k),
+                    _batched(dv, sk, count, seqlen_k), softmax_scale, mask_b, left_b, right_b, softcap,
                     deterministic, schedule, sm_margin)
     return dq, dk, dv
 
@@ -406,9 +426,9 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     q: (total_q, nheads, headdim); k, v: (total_k, nheads_k, headdim); cu_seqlens_q/k: int32 (batch + 1,) prefix sums
     of the sequence lengths; max_seqlen_q/k: the longest sequence. Other arguments as in flash_attn_func; each
     sequence is masked on its own. Returns out, or (out, lse) with lse float32 (nheads, total_q).
-    On CUDA the dense kernels run once per sequence (cu_seqlens is read on the host, so the call cannot be captured
-    in a CUDA graph): close to dense speed for long sequences, a per-sequence overhead of about 0.1-0.25 ms (H200)
-    for short ones.
+    On CUDA the dense kernels run once per run of consecutive sequences with equal lengths. cu_seqlens is read on
+    the host, so the call cannot be captured in a CUDA graph; cu_seqlens_q/k may be CPU tensors, which saves the
+    device-to-host copy (a wait for the GPU) in the forward and in the backward.
     """
     validation.check_qkv(q, k, v, varlen=True)
     validation.check_cu_seqlens_meta(q, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)

@@ -3,7 +3,7 @@
 Every user mistake raises ValueError naming the argument and the fix; problems of the environment (no sm90 GPU,
 extension not built) raise RuntimeError; features the CUDA kernels do not implement yet raise NotImplementedError.
 Shape/dtype checks here only read metadata so they also run on the fake tensors torch.compile traces with;
-`check_cu_seqlens_values` reads tensor contents and therefore runs inside the custom op, on real tensors.
+`check_cu_seqlens_values` checks tensor contents and therefore runs inside the custom op, on real tensors.
 """
 from __future__ import annotations
 
@@ -134,8 +134,8 @@ def check_cu_seqlens_meta(q: torch.Tensor, cu_seqlens_q: torch.Tensor, cu_seqlen
             raise ValueError(f"{name} must have dtype torch.int32, got {cu.dtype}: pass {name}.to(torch.int32)")
         if cu.dim() != 1 or cu.shape[0] < 1:
             raise ValueError(f"{name} must be 1-D of length batch + 1, got shape {tuple(cu.shape)}")
-        if cu.device != q.device:
-            raise ValueError(f"{name} must be on the device of q ({q.device}), got {cu.device}")
+        if cu.device != q.device and cu.device.type != "cpu":
+            raise ValueError(f"{name} must be on the device of q ({q.device}) or on the CPU, got {cu.device}")
     if cu_seqlens_q.shape[0] != cu_seqlens_k.shape[0]:
         raise ValueError(f"cu_seqlens_q and cu_seqlens_k must both have length batch + 1, got "
                          f"{cu_seqlens_q.shape[0]} and {cu_seqlens_k.shape[0]}")
@@ -144,10 +144,9 @@ def check_cu_seqlens_meta(q: torch.Tensor, cu_seqlens_q: torch.Tensor, cu_seqlen
             raise ValueError(f"{name} must be an int >= 0 (the longest sequence), got {value!r}")
 
 
-def check_cu_seqlens_values(name: str, cu_seqlens: torch.Tensor, total: int, max_seqlen: int,
-                            max_name: str) -> None:
-    """Contents of cu_seqlens: starts at 0, non-decreasing, ends at the packed length, max_seqlen large enough."""
-    values = cu_seqlens.tolist()
+def check_cu_seqlens_values(name: str, values: Sequence[int], total: int, max_seqlen: int, max_name: str) -> None:
+    """Contents of cu_seqlens (a host copy): starts at 0, non-decreasing, ends at the packed length, max_seqlen large
+    enough."""
     if values[0] != 0:
         raise ValueError(f"{name} must start at 0, got {values[0]}")
     lengths = [b - a for a, b in zip(values[:-1], values[1:])]

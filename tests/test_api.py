@@ -157,6 +157,15 @@ def test_bad_varlen_arguments(overrides, message):
         dash_attn.flash_attn_varlen_func(q, k, v, **args)
 
 
+def test_varlen_accepts_host_cu_seqlens_next_to_device_tensors():
+    # cu_seqlens may stay on the CPU beside q on another device (the CUDA path reads it on the host anyway); any
+    # other device is refused.
+    q, k, v, cu_q, cu_k, max_q, max_k = _varlen_inputs()
+    validation.check_cu_seqlens_meta(q.to("meta"), cu_q, cu_k, max_q, max_k)
+    with pytest.raises(ValueError, match="cu_seqlens_q must be on the device of q"):
+        validation.check_cu_seqlens_meta(q, cu_q.to("meta"), cu_k, max_q, max_k)
+
+
 def test_varlen_rank_is_checked():
     q, k, v, cu_q, cu_k, max_q, max_k = _varlen_inputs()
     with pytest.raises(ValueError, match="3 dimensions"):

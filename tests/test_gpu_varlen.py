@@ -1,9 +1,10 @@
 """GPU varlen: flash_attn_varlen_func against the float32 varlen reference (marker `gpu`).
 
-The CUDA varlen path runs the dense kernels once per packed sequence; these tests cover what the packing adds on
-top of the dense tests: sequence boundaries (each sequence masked on its own, causal aligned per sequence), empty
-sequences on either side, GQA, windows re-normalised per sequence, bitwise-identical deterministic gradients, and the
-refusal under CUDA graph capture. Tolerances as in test_gpu_forward.py.
+The CUDA varlen path runs the dense kernels once per run of consecutive sequences with equal lengths; these tests
+cover what the packing adds on top of the dense tests: sequence boundaries (each sequence masked on its own,
+causal aligned per sequence), empty sequences on either side, runs batched together, GQA, windows re-normalised per
+run, bitwise-identical deterministic gradients, and the refusal under CUDA graph capture. Tolerances as in
+test_gpu_forward.py.
 """
 import os
 
@@ -25,20 +26,22 @@ PACKINGS = {
     "odd": ((113, 1, 257, 64), (113, 1, 257, 64)),
     "empty": ((0, 17, 300, 5), (9, 0, 300, 5)),
     "unequal": ((200, 31, 1023), (77, 400, 1023)),
+    # Runs of equal lengths go to the kernels as one batch each (the last run has seqlen_q != seqlen_k).
+    "runs": ((100, 100, 100, 7, 7, 0, 0, 300, 300), (100, 100, 100, 7, 7, 5, 5, 257, 257)),
 }
 
 
-def _cu(lengths):
-    return torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
+def _cu(lengths, device):
+    return torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32, device=device)
 
 
-def make_varlen(packing, nheads, nheads_k, headdim, dtype, seed=SEED):
+def make_varlen(packing, nheads, nheads_k, headdim, dtype, seed=SEED, cu_device="cuda"):
     lens_q, lens_k = PACKINGS[packing]
     gen = torch.Generator(device="cuda").manual_seed(seed)
     shapes = [(sum(lens_q), nheads, headdim), (sum(lens_k), nheads_k, headdim), (sum(lens_k), nheads_k, headdim),
               (sum(lens_q), nheads, headdim)]
     q, k, v, dout = (torch.randn(s, generator=gen, device="cuda", dtype=dtype) for s in shapes)
-    return q, k, v, dout, _cu(lens_q), _cu(lens_k), max(lens_q), max(lens_k)
+    return q, k, v, dout, _cu(lens_q, cu_device), _cu(lens_k, cu_device), max(lens_q), max(lens_k)
 
 
 def run_varlen(q, k, v, dout, cu_q, cu_k, max_q, max_k, causal, window, deterministic, schedule="auto"):
@@ -52,8 +55,9 @@ def run_varlen(q, k, v, dout, cu_q, cu_k, max_q, max_k, causal, window, determin
 
 
 def check_varlen(packing, nheads, nheads_k, headdim, dtype, causal, window=(-1, -1), deterministic=True,
-                 schedule="auto", poison=False):
-    q, k, v, dout, cu_q, cu_k, max_q, max_k = make_varlen(packing, nheads, nheads_k, headdim, dtype)
+                 schedule="auto", poison=False, cu_device="cuda"):
+    q, k, v, dout, cu_q, cu_k, max_q, max_k = make_varlen(packing, nheads, nheads_k, headdim, dtype,
+                                                          cu_device=cu_device)
     if poison:
         poison_allocator()
     out, lse, grads = run_varlen(q, k, v, dout, cu_q, cu_k, max_q, max_k, causal, window, deterministic, schedule)
@@ -92,6 +96,12 @@ def test_varlen_matches_reference(packing, causal, deterministic, headdim):
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 def test_varlen_windows_and_dtypes(window, dtype):
     check_varlen("unequal", 8, 2, main_head_dim(), dtype, False, window=window)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_varlen_with_cu_seqlens_on_the_host(causal):
+    check_varlen("runs", 4, 2, main_head_dim(), torch.bfloat16, causal, cu_device="cpu")
 
 
 @pytest.mark.gpu

@@ -166,6 +166,19 @@ def test_varlen_accepts_host_cu_seqlens_next_to_device_tensors():
         validation.check_cu_seqlens_meta(q, cu_q.to("meta"), cu_k, max_q, max_k)
 
 
+def test_varlen_runs_group_consecutive_equal_lengths():
+    # The CUDA varlen path runs one dense batch per run of consecutive sequences with equal (seqlen_q, seqlen_k).
+    cq = [0, 3, 6, 9, 9, 9, 14]
+    ck = [0, 2, 4, 6, 8, 10, 15]
+    assert interface._runs(cq, ck) == [(slice(0, 9), slice(0, 6), 3, 3, 2), (slice(9, 9), slice(6, 10), 2, 0, 2),
+                                       (slice(9, 14), slice(10, 15), 1, 5, 5)]
+    assert interface._runs([0], [0]) == []
+    x = torch.arange(14 * 3).reshape(14, 3)
+    batch = interface._batched(x, slice(0, 9), 3, 3)
+    assert batch.shape == (3, 3, 3) and batch.data_ptr() == x.data_ptr()  # a view: no copy
+    assert torch.equal(batch[1], x[3:6])
+
+
 def test_varlen_rank_is_checked():
     q, k, v, cu_q, cu_k, max_q, max_k = _varlen_inputs()
     with pytest.raises(ValueError, match="3 dimensions"):

@@ -145,7 +145,11 @@ def _device_guard(device: torch.device):
 
 def _launch_fwd(q, k, v, out, lse, softmax_scale, mask, window_left, window_right, softcap) -> None:
     """CUDA forward into preallocated out/lse; every check runs before the launch."""
-    ext = _check_cuda(q, softcap)
+    _run_fwd(_check_cuda(q, softcap), q, k, v, out, lse, softmax_scale, mask, window_left, window_right, softcap)
+
+
+def _run_fwd(ext, q, k, v, out, lse, softmax_scale, mask, window_left, window_right, softcap) -> None:
+    """The forward once _check_cuda has passed (the varlen path checks once for all of its launches)."""
     if q.numel() == 0:
         return
     if k.shape[1] == 0:  # no keys: every row is fully masked
@@ -159,7 +163,13 @@ def _launch_fwd(q, k, v, out, lse, softmax_scale, mask, window_left, window_righ
 def _launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, mask, window_left, window_right, softcap,
                 deterministic, schedule, sm_margin) -> None:
     """CUDA backward into preallocated dq/dk/dv; "auto" is resolved here, before the launch."""
-    ext = _check_cuda(q, softcap)
+    _run_bwd(_check_cuda(q, softcap), dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, mask, window_left,
+             window_right, softcap, deterministic, schedule, sm_margin)
+
+
+def _run_bwd(ext, dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, mask, window_left, window_right, softcap,
+             deterministic, schedule, sm_margin) -> None:
+    """The backward once _check_cuda has passed."""
     if q.numel() == 0 or k.numel() == 0:
         dq.zero_()
         dk.zero_()
@@ -258,11 +268,12 @@ _fwd.register_autograd(_fwd_backward, setup_context=_fwd_setup_context)
 # ----------------------------------------------------------------------------------------------------------------------
 
 def _check_varlen(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softcap):
-    """Every check of a varlen call; returns host copies of cu_seqlens_q and cu_seqlens_k. A copy from the GPU waits
-    for it (and then the host's launch work is no longer hidden behind running kernels), so both are read in one
-    copy, and none when the caller passes them on the CPU."""
+    """Every check of a varlen call; returns the checked extension (None on the CPU) and host copies of
+    cu_seqlens_q and cu_seqlens_k. A copy from the GPU waits for it (and then the host's launch work is no longer
+    hidden behind running kernels), so both are read in one copy, and none when the caller passes them on the CPU."""
+    ext = None
     if q.device.type != "cpu":
-        _check_cuda(q, softcap)
+        ext = _check_cuda(q, softcap)
         validation.check_varlen_not_capturing()
     if cu_seqlens_q.device == cu_seqlens_k.device:
         both = torch.cat((cu_seqlens_q, cu_seqlens_k)).tolist()
@@ -271,7 +282,7 @@ def _check_varlen(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, 
         cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
     validation.check_cu_seqlens_values("cu_seqlens_q", cq, q.shape[0], max_seqlen_q, "max_seqlen_q")
     validation.check_cu_seqlens_values("cu_seqlens_k", ck, k.shape[0], max_seqlen_k, "max_seqlen_k")
-    return cq, ck
+    return ext, cq, ck
 
 
 def _runs(cq: List[int], ck: List[int]):
@@ -286,13 +297,42 @@ def _runs(cq: List[int], ck: List[int]):
     return runs
 
 
+def _batched(x: torch.Tensor, rows: slice, count: int, seqlen: int) -> torch.Tensor:
+    return x[rows].unflatten(0, (count, seqlen))
+
+
 # The CUDA varlen path runs the dense kernels once per run of consecutive sequences with equal lengths, as a batch of
 # (sequences, seqlen, heads, d) views of the packed tensors (splitting the packed dim never copies); runs write
 # disjoint rows, so the deterministic mode stays bitwise reproducible. The window is re-normalised per run, so short
-# sequences reach the full/causal kernels.
+# sequences reach the full/causal kernels. `ext` is the extension _check_varlen checked once for every launch.
 
-def _batched(x: torch.Tensor, rows: slice, count: int, seqlen: int) -> torch.Tensor:
-    return x[rows].unflatten(0, (count, seqlen))
+def _varlen_fwd_cuda(ext, q, k, v, cq, ck, softmax_scale, mask, window_left, window_right, softcap):
+    out = torch.empty_like(q)
+    lse = torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device)
+    for sq, sk, count, seqlen_q, seqlen_k in _runs(cq, ck):
+        q_b = _batched(q, sq, count, seqlen_q)
+        k_b, v_b = _batched(k, sk, count, seqlen_k), _batched(v, sk, count, seqlen_k)
+        mask_b, left_b, right_b = _effective_mask(mask, window_left, window_right, seqlen_q, seqlen_k)
+        lse_b = torch.empty(_lse_shape(q_b), dtype=torch.float32, device=q.device)
+        _run_fwd(ext, q_b, k_b, v_b, _batched(out, sq, count, seqlen_q), lse_b, softmax_scale, mask_b, left_b,
+                 right_b, softcap)
+        lse[:, sq].unflatten(1, (count, seqlen_q)).copy_(lse_b.transpose(0, 1))
+    return out, lse
+
+
+def _varlen_bwd_cuda(ext, dout, q, k, v, out, lse, cq, ck, softmax_scale, mask, window_left, window_right, softcap,
+                     deterministic, schedule, sm_margin):
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    for sq, sk, count, seqlen_q, seqlen_k in _runs(cq, ck):
+        q_b = _batched(q, sq, count, seqlen_q)
+        k_b, v_b = _batched(k, sk, count, seqlen_k), _batched(v, sk, count, seqlen_k)
+        mask_b, left_b, right_b = _effective_mask(mask, window_left, window_right, seqlen_q, seqlen_k)
+        lse_b = lse[:, sq].unflatten(1, (count, seqlen_q)).transpose(0, 1).contiguous()
+        _run_bwd(ext, _batched(dout, sq, count, seqlen_q), q_b, k_b, v_b, _batched(out, sq, count, seqlen_q), lse_b,
+                 _batched(dq, sq, count, seqlen_q), _batched(dk, sk, count, seqlen_k),
+                 _batched(dv, sk, count, seqlen_k), softmax_scale, mask_b, left_b, right_b, softcap, deterministic,
+                 schedule, sm_margin)
+    return dq, dk, dv
 
 
 @torch.library.custom_op("dash_attn::varlen_fwd", mutates_args=())
@@ -301,24 +341,16 @@ def _varlen_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q:
                 window_left: int, window_right: int, softcap: float, deterministic: bool, schedule: str,
                 sm_margin: int) -> Tuple[torch.Tensor, torch.Tensor]:
     mask, window_left, window_right = _effective_mask(mask, window_left, window_right, max_seqlen_q, max_seqlen_k)
-    cq, ck = _check_varlen(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softcap)
+    ext, cq, ck = _check_varlen(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softcap)
+    if ext is not None:
+        return _varlen_fwd_cuda(ext, q, k, v, cq, ck, softmax_scale, mask, window_left, window_right, softcap)
     out = torch.empty_like(q)
     lse = torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device)
-    if q.device.type == "cpu":
-        ref_out, ref_lse = attention_ref_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, False,
-                                                (window_left, window_right), softcap, return_lse=True,
-                                                compute_dtype=_reference_dtype(q.dtype))
-        out.copy_(ref_out)
-        lse.copy_(ref_lse)
-        return out, lse
-    for sq, sk, count, seqlen_q, seqlen_k in _runs(cq, ck):
-        q_b = _batched(q, sq, count, seqlen_q)
-        k_b, v_b = _batched(k, sk, count, seqlen_k), _batched(v, sk, count, seqlen_k)
-        mask_b, left_b, right_b = _effective_mask(mask, window_left, window_right, seqlen_q, seqlen_k)
-        lse_b = torch.empty(_lse_shape(q_b), dtype=torch.float32, device=q.device)
-        _launch_fwd(q_b, k_b, v_b, _batched(out, sq, count, seqlen_q), lse_b, softmax_scale, mask_b, left_b,
-                    right_b, softcap)
-        lse[:, sq].unflatten(1, (count, seqlen_q)).copy_(lse_b.transpose(0, 1))
+    ref_out, ref_lse = attention_ref_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, False,
+                                            (window_left, window_right), softcap, return_lse=True,
+                                            compute_dtype=_reference_dtype(q.dtype))
+    out.copy_(ref_out)
+    lse.copy_(ref_lse)
     return out, lse
 
 
@@ -335,27 +367,19 @@ def _varlen_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.T
                 softcap: float, deterministic: bool, schedule: str,
                 sm_margin: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     mask, window_left, window_right = _effective_mask(mask, window_left, window_right, max_seqlen_q, max_seqlen_k)
-    cq, ck = _check_varlen(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softcap)
+    ext, cq, ck = _check_varlen(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softcap)
+    if ext is not None:
+        return _varlen_bwd_cuda(ext, dout, q, k, v, out, lse, cq, ck, softmax_scale, mask, window_left, window_right,
+                                softcap, deterministic, schedule, sm_margin)
+    window = (window_left, window_right)
+    compute_dtype = _reference_dtype(q.dtype)
+    ref_out, ref_lse = attention_ref_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, False, window,
+                                            softcap, return_lse=True, compute_dtype=compute_dtype)
+    grads = attention_bwd_ref_varlen(dout, q, k, v, ref_out, ref_lse, cu_seqlens_q, cu_seqlens_k, softmax_scale,
+                                     False, window, softcap, compute_dtype)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    if q.device.type == "cpu":
-        window = (window_left, window_right)
-        compute_dtype = _reference_dtype(q.dtype)
-        ref_out, ref_lse = attention_ref_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, False, window,
-                                                softcap, return_lse=True, compute_dtype=compute_dtype)
-        grads = attention_bwd_ref_varlen(dout, q, k, v, ref_out, ref_lse, cu_seqlens_q, cu_seqlens_k,
-                                         softmax_scale, False, window, softcap, compute_dtype)
-        for dst, src in zip((dq, dk, dv), grads):
-            dst.copy_(src)
-        return dq, dk, dv
-    for sq, sk, count, seqlen_q, seqlen_k in _runs(cq, ck):
-        q_b = _batched(q, sq, count, seqlen_q)
-        k_b, v_b = _batched(k, sk, count, seqlen_k), _batched(v, sk, count, seqlen_k)
-        mask_b, left_b, right_b = _effective_mask(mask, window_left, window_right, seqlen_q, seqlen_k)
-        lse_b = lse[:, sq].unflatten(1, (count, seqlen_q)).transpose(0, 1).contiguous()
-        _launch_bwd(_batched(dout, sq, count, seqlen_q), q_b, k_b, v_b, _batched(out, sq, count, seqlen_q), lse_b,
-                    _batched(dq, sq, count, seqlen_q), _batched(dk, sk, count, seqlen_k),
-                    _batched(dv, sk, count, seqlen_k), softmax_scale, mask_b, left_b, right_b, softcap,
-                    deterministic, schedule, sm_margin)
+    for dst, src in zip((dq, dk, dv), grads):
+        dst.copy_(src)
     return dq, dk, dv
 
 

@@ -487,6 +487,42 @@ def test_launch_bwd_passes_schedule_ids(fake_cuda, schedule, expected):
     assert name == "bwd" and args[9:] == (0.125, 0, -1, -1, 0.0, True, expected, 4)
 
 
+def test_varlen_cuda_path_launches_per_run_and_assembles_rows(fake_cuda, monkeypatch):
+    # The CUDA varlen path through the recording extension: one launch per run of equal lengths on views of the
+    # packed tensors (none for a run without queries), the window re-normalised per run, and each run's
+    # (count, heads, seqlen) lse placed in the packed (heads, total) layout and handed back to the backward.
+    def fwd(q, k, v, out, lse, *params):
+        fake_cuda.calls.append(("fwd", (tuple(q.shape), tuple(k.shape)) + params))
+        out.copy_(q)
+        lse.copy_(q[..., 0].transpose(1, 2))
+
+    def bwd(dout, q, k, v, out, lse, dq, dk, dv, *params):
+        assert torch.equal(lse, q[..., 0].transpose(1, 2).float())
+        fake_cuda.calls.append(("bwd", (tuple(q.shape), tuple(k.shape)) + params))
+        dq.copy_(dout)
+        dk.copy_(k)
+        dv.copy_(v)
+
+    monkeypatch.setattr(fake_cuda, "fwd", fwd)
+    monkeypatch.setattr(fake_cuda, "bwd", bwd)
+    q, k, v, cu_q, cu_k, _, _ = _varlen_inputs((3, 3, 0, 0, 5), (2, 2, 4, 4, 6), dtype=torch.float32)
+    cq, ck = cu_q.tolist(), cu_k.tolist()
+    out, lse = interface._varlen_fwd_cuda(fake_cuda, q, k, v, cq, ck, 0.125, 2, 4, 0, 0.0)
+    assert fake_cuda.calls == [("fwd", ((2, 3, 4, 8), (2, 2, 2, 8), 0.125, 1, -1, 0, 0.0)),
+                               ("fwd", ((1, 5, 4, 8), (1, 6, 2, 8), 0.125, 2, 4, 0, 0.0))]
+    assert torch.equal(out, q) and torch.equal(lse, q[..., 0].t())
+    fake_cuda.calls.clear()
+    dout = torch.randn_like(q)
+    dq, dk, dv = interface._varlen_bwd_cuda(fake_cuda, dout, q, k, v, out, lse, cq, ck, 0.125, 2, 4, 0, 0.0, True,
+                                            "shift", 0)
+    assert [c[1][:4] for c in fake_cuda.calls] == [((2, 3, 4, 8), (2, 2, 2, 8), 0.125, 1),
+                                                   ((1, 5, 4, 8), (1, 6, 2, 8), 0.125, 2)]
+    keys_without_queries = slice(4, 12)
+    assert torch.equal(dq, dout)
+    assert not dk[keys_without_queries].any() and not dv[keys_without_queries].any()
+    assert torch.equal(dk[:4], k[:4]) and torch.equal(dv[12:], v[12:])
+
+
 def test_auto_schedule_uses_the_cost_model(fake_cuda, monkeypatch):
     seen = []
 

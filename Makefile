@@ -50,13 +50,18 @@ check-kernels:
 	    | $(PYTHON) csrc/tools/check_spills.py || exit 1; done
 
 # Kernel objects (torch-free) for DASH_ATTN_PREBUILT_DIR=build/prebuilt: compile on a CPU machine, link on the GPU node.
+# PREBUILD_SOFTCAP=0 leaves out the soft-capped kernels (as DASH_ATTN_SOFTCAP=0 does for setup.py);
+# PREBUILD_EXTRA adds nvcc flags (e.g. "-Xptxas -v" for the resource reports).
 PREBUILD_HDIMS ?= 64 128
 PREBUILD_DTYPES ?= bf16 fp16
+PREBUILD_SOFTCAP ?= 1
+PREBUILD_MODS = $(if $(filter 0,$(PREBUILD_SOFTCAP)),_none,_none _softcap)
 PREBUILD_DEFS = $(foreach h,$(PREBUILD_HDIMS),-DDASH_ENABLE_HDIM_$(h)) \
-	$(foreach d,$(PREBUILD_DTYPES),-DDASH_ENABLE_$(shell echo $(d) | tr a-z A-Z))
+	$(foreach d,$(PREBUILD_DTYPES),-DDASH_ENABLE_$(shell echo $(d) | tr a-z A-Z)) \
+	$(if $(filter 0,$(PREBUILD_SOFTCAP)),,-DDASH_ENABLE_SOFTCAP)
 PREBUILD_SRCS = csrc/fwd/fwd_dispatch.cu csrc/bwd/bwd_dispatch.cu \
 	$(foreach h,$(PREBUILD_HDIMS),$(foreach d,$(PREBUILD_DTYPES),$(foreach m,full causal window,$(foreach dir,fwd bwd,\
-	csrc/instantiations/$(dir)_hdim$(h)_$(d)_$(m).cu))))
+	$(foreach s,$(PREBUILD_MODS),csrc/instantiations/$(dir)_hdim$(h)_$(d)_$(m)$(s:_none=).cu)))))
 PREBUILD_OBJS = $(patsubst %.cu,build/prebuilt/%.o,$(notdir $(PREBUILD_SRCS)))
 vpath %.cu csrc/fwd csrc/bwd csrc/instantiations
 
@@ -65,7 +70,7 @@ prebuild: $(PREBUILD_OBJS)
 build/prebuilt/%.o: %.cu
 	@mkdir -p build/prebuilt
 	$(NVCC) -std=c++17 -O3 --use_fast_math -gencode arch=compute_90a,code=sm_90a --expt-relaxed-constexpr \
-	  --expt-extended-lambda -Icsrc -I$(CUTLASS_INC) $(PREBUILD_DEFS) -Xcompiler -fPIC -c $< -o $@
+	  --expt-extended-lambda -Icsrc -I$(CUTLASS_INC) $(PREBUILD_DEFS) $(PREBUILD_EXTRA) -Xcompiler -fPIC -c $< -o $@
 
 demo:
 	$(PYTHON) -m dash_attn demo $(DEMO_ARGS)

@@ -9,6 +9,7 @@ Environment knobs:
   NVCC_THREADS               nvcc --threads per job (default 2)
   DASH_ATTN_HDIMS            head dims to compile, e.g. "64,128" (default 64,128,256)
   DASH_ATTN_DTYPES           "fp16,bf16" (default both)
+  DASH_ATTN_SOFTCAP          "0" skips the soft-capped kernels (softcap > 0), half the kernel objects (default "1")
   DASH_ATTN_SKIP_CUDA_BUILD  "1" skips dash_attn._C even where it could be built
   DASH_ATTN_DEBUG_SPIN       "1" turns an over-long semaphore spin into a trap that prints the tile coordinates
   DASH_ATTN_LINEINFO         "1" adds -lineinfo (sanitizer/profiler source lines)
@@ -113,9 +114,12 @@ def cuda_extension():
 
     hdims = _env_list("DASH_ATTN_HDIMS", ALL_HDIMS, int)
     dtypes = _env_list("DASH_ATTN_DTYPES", ALL_DTYPES)
+    softcap = os.environ.get("DASH_ATTN_SOFTCAP", "1") != "0"
     defines = [f"-DDASH_ENABLE_HDIM_{h}" for h in hdims] + [f"-DDASH_ENABLE_{d.upper()}" for d in dtypes]
-    inst = [f"csrc/instantiations/{direction}_hdim{h}_{d}_{m}.cu"
-            for direction in ("fwd", "bwd") for h in hdims for d in dtypes for m in MASKS]
+    defines += ["-DDASH_ENABLE_SOFTCAP"] if softcap else []
+    score_mods = ("", "_softcap") if softcap else ("",)
+    inst = [f"csrc/instantiations/{direction}_hdim{h}_{d}_{m}{mod}.cu"
+            for direction in ("fwd", "bwd") for h in hdims for d in dtypes for m in MASKS for mod in score_mods]
     sources = ["csrc/api/binding.cpp", "csrc/fwd/fwd_dispatch.cu", "csrc/bwd/bwd_dispatch.cu"] + inst
     nvcc_flags = [
         "-O3", "-std=c++17", "--use_fast_math",

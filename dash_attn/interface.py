@@ -90,6 +90,11 @@ def _supported_head_dims() -> Tuple[int, ...]:
 
 
 @functools.lru_cache(maxsize=None)
+def _softcap_built() -> bool:
+    return bool(_extension().softcap_built())
+
+
+@functools.lru_cache(maxsize=None)
 def _num_sms(device_index: int) -> int:
     return int(_extension().num_sms(device_index))
 
@@ -123,7 +128,7 @@ def _choose_schedule(mask: int, seqlen_q: int, seqlen_k: int, block_m: int, bloc
 def _check_cuda(q: torch.Tensor, softcap: float):
     validation.check_cuda_device(q.device)
     ext = _extension()
-    validation.check_cuda_features(q.shape[-1], _supported_head_dims(), softcap)
+    validation.check_cuda_features(q.shape[-1], _supported_head_dims(), softcap, _softcap_built())
     return ext
 
 

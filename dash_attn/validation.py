@@ -169,13 +169,15 @@ def check_cuda_device(device: torch.device) -> None:
                            "reference path")
 
 
-def check_cuda_features(headdim: int, supported_head_dims: Sequence[int], softcap: float) -> None:
-    """Features the CUDA kernels do not implement yet: refuse them instead of computing something else."""
+def check_cuda_features(headdim: int, supported_head_dims: Sequence[int], softcap: float,
+                        softcap_built: bool = True) -> None:
+    """Kernels this build does not have: refuse them instead of computing something else."""
     if headdim not in supported_head_dims:
         raise ValueError(f"head dim {headdim} has no compiled CUDA kernel; the build has "
                          f"{sorted(supported_head_dims)}: pad the head dim or rebuild with DASH_ATTN_HDIMS")
-    if softcap > 0.0:
-        raise NotImplementedError("softcap is not implemented in the CUDA kernels yet: use softcap=0.0 or CPU tensors")
+    if softcap > 0.0 and not softcap_built:
+        raise RuntimeError(f"softcap={softcap} needs the soft-capped kernels, which this build of dash_attn skipped "
+                           "(DASH_ATTN_SOFTCAP=0): rebuild without it, or use softcap=0.0")
 
 
 def check_varlen_not_capturing() -> None:

@@ -389,13 +389,18 @@ def test_non_hopper_gpu_is_refused(monkeypatch):
 
 @pytest.mark.parametrize("kwargs, error, message", [
     (dict(headdim=96), ValueError, "head dim 96"),
-    (dict(softcap=1.0), NotImplementedError, "softcap"),
+    (dict(softcap=1.0, softcap_built=False), RuntimeError, "DASH_ATTN_SOFTCAP=0"),
 ])
 def test_cuda_feature_gaps_are_refused(kwargs, error, message):
     args = dict(headdim=128, supported_head_dims=[64, 128], softcap=0.0)
     args.update(kwargs)
     with pytest.raises(error, match=message):
         validation.check_cuda_features(**args)
+
+
+def test_softcap_is_accepted_where_built():
+    validation.check_cuda_features(128, [64, 128], 30.0, softcap_built=True)
+    validation.check_cuda_features(128, [64, 128], 0.0, softcap_built=False)
 
 
 def test_cuda_varlen_refuses_graph_capture(monkeypatch):
@@ -413,11 +418,14 @@ def test_cuda_dtypes_exclude_full_precision():
 
 
 class _FakeExtension(types.SimpleNamespace):
-    def __init__(self):
-        super().__init__(calls=[])
+    def __init__(self, softcap=True):
+        super().__init__(calls=[], softcap=softcap)
 
     def supported_head_dims(self):
         return [64, 128]
+
+    def softcap_built(self):
+        return self.softcap
 
     def bwd_tile_shape(self, headdim, mask):
         return (64, 128)
@@ -441,11 +449,11 @@ def fake_cuda(monkeypatch):
     monkeypatch.setattr(interface, "_device_guard", lambda device: torch.no_grad())
     monkeypatch.setattr(interface, "_l2_bytes", lambda device_index: 60 * 2**20)
     for cached in (interface._supported_head_dims, interface._num_sms, interface._bwd_tile_shape,
-                   interface._choose_schedule):
+                   interface._choose_schedule, interface._softcap_built):
         cached.cache_clear()
     yield ext
     for cached in (interface._supported_head_dims, interface._num_sms, interface._bwd_tile_shape,
-                   interface._choose_schedule):
+                   interface._choose_schedule, interface._softcap_built):
         cached.cache_clear()
 
 
@@ -467,9 +475,17 @@ def test_launch_refuses_unsupported_head_dim_before_launch(fake_cuda):
     q, k, v, out, lse, *_ = _bf16_inputs(headdim=32)
     with pytest.raises(ValueError, match="head dim 32"):
         interface._launch_fwd(q, k, v, out, lse, 0.125, 0, -1, -1, 0.0)
-    with pytest.raises(NotImplementedError, match="softcap"):
+    fake_cuda.softcap = False
+    interface._softcap_built.cache_clear()
+    with pytest.raises(RuntimeError, match="softcap"):
         interface._launch_fwd(*_bf16_inputs()[:5], 0.125, 0, -1, -1, 5.0)
     assert fake_cuda.calls == []
+
+
+def test_launch_passes_softcap(fake_cuda):
+    interface._launch_fwd(*_bf16_inputs()[:5], 0.125, 1, -1, 0, 30.0)
+    name, args = fake_cuda.calls[0]
+    assert name == "fwd" and args[5:] == (0.125, 1, -1, 0, 30.0)
 
 
 def test_launch_passes_sliding_window_bounds(fake_cuda):

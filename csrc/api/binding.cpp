@@ -6,6 +6,7 @@
 #include <c10/cuda/CUDAStream.h>
 #include <cuda_runtime_api.h>
 
+#include <cmath>
 #include <vector>
 
 #include "common/params.h"
@@ -30,6 +31,14 @@ bool head_dim_built(int d) {
     if (h != 0 && h == d) return true;
   }
   return false;
+}
+
+bool softcap_built() {
+#ifdef DASH_ENABLE_SOFTCAP
+  return true;
+#else
+  return false;
+#endif
 }
 
 dash::DType dtype_of(const at::Tensor& t) {
@@ -94,7 +103,10 @@ dash::AttnShape make_shape(const at::Tensor& q, const at::Tensor& k, double soft
   TORCH_CHECK_VALUE(head_dim_built(s.headdim), "dash_attn: head dim ", s.headdim, " is not built");
   TORCH_CHECK_VALUE(s.nheads_k > 0 && s.nheads % s.nheads_k == 0, "dash_attn: nheads (", s.nheads,
                     ") must be divisible by nheads_k (", s.nheads_k, ")");
-  TORCH_CHECK_VALUE(s.softcap == 0.0f, "dash_attn: softcap is not implemented in the CUDA kernels yet");
+  TORCH_CHECK_VALUE(std::isfinite(softcap) && softcap >= 0.0, "dash_attn: softcap must be finite and >= 0, got ",
+                    softcap);
+  TORCH_CHECK_VALUE(s.softcap == 0.0f || softcap_built(), "dash_attn: softcap > 0 needs the soft-capped kernels, ",
+                    "which this extension was built without (DASH_ATTN_SOFTCAP=0)");
   // int32 bounds (-1: unbounded); the diagonal arithmetic adds them to tile offsets, so they stay below 2^30.
   TORCH_CHECK_VALUE(window_left >= -1 && window_left < (int64_t{1} << 30) && window_right >= -1 &&
                         window_right < (int64_t{1} << 30),
@@ -210,6 +222,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("fwd", &fwd, "forward: writes out and lse in place");
   m.def("bwd", &bwd, "backward: writes dq, dk, dv in place");
   m.def("supported_head_dims", &supported_head_dims);
+  m.def("softcap_built", &softcap_built);
   m.def("bwd_tile_shape", &bwd_tile_shape);
   m.def("num_sms", &num_sms);
 }

@@ -2,11 +2,12 @@
 # Included by the top-level Makefile; also usable alone from the repository root:
 #   make -f csrc/bench/bench.mk bench-build H=128 DT=bf16      # -> build/bench/dash_bench
 #   make -f csrc/bench/bench.mk bench H="64 128" BENCH_ARGS="--seqlens 2048,8192 --masks causal"
-# Variables: H (head dims, space or comma separated, default 128), DT (bf16 and/or fp16, default bf16), NVCC,
-# CUDA_HOME, CUTLASS_DIR (a CUTLASS checkout or its include/ folder; default: the nvidia-cutlass wheel's headers),
-# NVCC_THREADS, BENCH_EXTRA_FLAGS (e.g. -Xptxas -v or -lineinfo), BENCH_LDLIBS, BENCH_ARGS (passed to dash_bench).
+# Variables: H (head dims, space or comma separated, default 128), DT (bf16 and/or fp16, default bf16), SOFTCAP (1:
+# also the soft-capped kernels, for --softcap), NVCC, CUDA_HOME, CUTLASS_DIR (a CUTLASS checkout or its include/
+# folder; default: the nvidia-cutlass wheel's headers), NVCC_THREADS, BENCH_EXTRA_FLAGS (e.g. -Xptxas -v or
+# -lineinfo), BENCH_LDLIBS, BENCH_ARGS (passed to dash_bench).
 # Every object has its own rule, so `make -j` compiles the heavy kernel TUs in parallel. Objects live in a folder
-# named after (H, DT), so switching configurations never links stale objects.
+# named after (H, DT, SOFTCAP), so switching configurations never links stale objects.
 
 bench_mk_file := $(lastword $(MAKEFILE_LIST))
 bench_saved_goal := $(.DEFAULT_GOAL)
@@ -29,7 +30,11 @@ BENCH_LDLIBS ?=
 bench_hdims := $(strip $(subst $(bench_comma),$(bench_space),$(H)))
 bench_dtypes := $(strip $(subst $(bench_comma),$(bench_space),$(DT)))
 bench_masks := full causal window
-bench_config := h$(subst $(bench_space),-,$(bench_hdims))_$(subst $(bench_space),-,$(bench_dtypes))
+# SOFTCAP=1 also builds the soft-capped kernels (dash_bench --softcap C).
+SOFTCAP ?= 0
+bench_mods := $(if $(filter 1,$(SOFTCAP)),_none _softcap,_none)
+bench_config := h$(subst $(bench_space),-,$(bench_hdims))_$(subst $(bench_space),-,$(bench_dtypes))$\
+                $(if $(filter 1,$(SOFTCAP)),_softcap)
 bench_obj_dir := $(BENCH_BUILD_DIR)/obj_$(bench_config)
 
 # CUTLASS headers: $(CUTLASS_DIR)[/include], else located from the cutlass_library package without importing it.
@@ -43,13 +48,15 @@ BENCH_CUTLASS_INC = $(eval BENCH_CUTLASS_INC := $(bench_find_cutlass))$(BENCH_CU
 
 bench_upper = $(subst bf,BF,$(subst fp,FP,$(1)))
 BENCH_DEFINES := $(foreach h,$(bench_hdims),-DDASH_ENABLE_HDIM_$(h)) \
-                 $(foreach t,$(bench_dtypes),-DDASH_ENABLE_$(call bench_upper,$(t)))
+                 $(foreach t,$(bench_dtypes),-DDASH_ENABLE_$(call bench_upper,$(t))) \
+                 $(if $(filter 1,$(SOFTCAP)),-DDASH_ENABLE_SOFTCAP)
 BENCH_NVCC_FLAGS ?= -std=c++17 -O3 --use_fast_math -gencode arch=compute_90a,code=sm_90a \
                     --expt-relaxed-constexpr --expt-extended-lambda
 bench_threads := $(if $(NVCC_THREADS),--threads $(NVCC_THREADS))
 
 bench_inst_srcs := $(foreach dir,fwd bwd,$(foreach h,$(bench_hdims),$(foreach t,$(bench_dtypes),\
-                     $(foreach m,$(bench_masks),csrc/instantiations/$(dir)_hdim$(h)_$(t)_$(m).cu))))
+                     $(foreach m,$(bench_masks),$(foreach s,$(bench_mods),\
+                     csrc/instantiations/$(dir)_hdim$(h)_$(t)_$(m)$(s:_none=).cu)))))
 bench_srcs := csrc/bench/bench_main.cu csrc/fwd/fwd_dispatch.cu csrc/bwd/bwd_dispatch.cu $(bench_inst_srcs)
 bench_objs := $(patsubst %.cu,$(bench_obj_dir)/%.o,$(bench_srcs))
 

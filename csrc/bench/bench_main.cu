@@ -81,6 +81,7 @@ struct Options {
   std::vector<int> seqlens = {1024, 2048, 4096, 8192, 16384};
   std::vector<MaskKind> masks = {MaskKind::kFull, MaskKind::kCausal};
   int window_left = 1024, window_right = 0;  // --masks window
+  float softcap = 0.f;                       // > 0: the soft-capped kernels (ScoreMod::kSoftcap)
   std::vector<NamedSchedule> schedules{std::begin(kSchedules), std::end(kSchedules)};
   std::vector<NamedSchedule> nondet_schedules;  // empty: the one `auto` gives the non-deterministic backward
   DType dtype = DType::kBFloat16;
@@ -109,6 +110,7 @@ void usage(const char* argv0) {
       "  --nondet-schedules a,b  visit orders of the non-deterministic backward, one row each (default: auto's)\n"
       "  --heads N             query heads (default %d / hdim)\n"
       "  --gqa R               query heads per KV head (default 1)\n"
+      "  --softcap C           soft-capped scores, C * tanh(scores / C) (default 0: off; needs a SOFTCAP=1 build)\n"
       "  --dtype bf16|fp16     element type (default bf16 when built)\n"
       "  --warmup N            untimed calls per row (default 5)\n"
       "  --iters N             timed calls per row, median reported (default 20)\n"
@@ -210,6 +212,13 @@ Options parse_args(int argc, char** argv) {
       o.nheads = parse_int(argv[0], a, value(i), 1);
     } else if (a == "--gqa") {
       o.gqa = parse_int(argv[0], a, value(i), 1);
+    } else if (a == "--softcap") {
+      const std::string text = value(i);
+      char* end = nullptr;
+      o.softcap = std::strtof(text.c_str(), &end);
+      if (end == text.c_str() || *end != '\0' || !(o.softcap >= 0.f) || !std::isfinite(o.softcap)) {
+        bad_arg(argv[0], "--softcap: expected a finite number >= 0, got '" + text + "'");
+      }
     } else if (a == "--warmup") {
       o.timing.warmup = parse_int(argv[0], a, value(i), 0);
     } else if (a == "--iters") {
@@ -605,6 +614,7 @@ int main(int argc, char** argv) {
     std::printf("note: window mask (left, right) = (%d, %d) around the bottom-right diagonal; FLOPs count the band\n",
                 opt.window_left, opt.window_right);
   }
+  if (opt.softcap > 0.f) std::printf("note: soft-capped scores, softcap %g\n", opt.softcap);
   std::printf("\n");
 
   cudaStream_t stream;
@@ -623,7 +633,7 @@ int main(int argc, char** argv) {
     for (MaskKind m : opt.masks) {
       for (int s : opt.seqlens) {
         const Problem p{std::max(1, opt.tokens / s), s, nheads, nheads / opt.gqa, h, m, opt.dtype,
-                        opt.window_left, opt.window_right};
+                        opt.window_left, opt.window_right, opt.softcap};
         alive = alive && bench.run_problem(p);
         if (!alive) break;
       }

@@ -64,6 +64,7 @@ struct Problem {
   MaskKind mask;
   DType dtype;
   int window_left = -1, window_right = -1;  // MaskKind::kWindow only
+  float softcap = 0.f;                      // 0: off
   size_t q_elems() const { return size_t(batch) * seqlen * nheads * headdim; }
   size_t k_elems() const { return size_t(batch) * seqlen * nheads_k * headdim; }
   bool causal() const { return mask == MaskKind::kCausal; }
@@ -108,6 +109,7 @@ inline dash::AttnShape make_shape(const Problem& p) {
     s.window_right = p.window_right;
   }
   s.softmax_scale = 1.0f / std::sqrt(static_cast<float>(p.headdim));
+  s.softcap = p.softcap;
   return s;
 }
 

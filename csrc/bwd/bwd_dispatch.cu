@@ -1,6 +1,8 @@
-// C ABI of the backward (common/params.h): picks the (hdim, dtype, mask) instantiation. The kernels themselves live
-// in csrc/instantiations/bwd_*.cu; this TU only declares the launch template, so it compiles in seconds.
-// Build-time subsets: DASH_ENABLE_HDIM_{64,128,256} and DASH_ENABLE_{FP16,BF16}; anything not built returns -1.
+// C ABI of the backward (common/params.h): picks the (hdim, dtype, mask, score transform) instantiation. The kernels
+// themselves live in csrc/instantiations/bwd_*.cu; this TU only declares the launch template, so it compiles in
+// seconds.
+// Build-time subsets: DASH_ENABLE_HDIM_{64,128,256}, DASH_ENABLE_{FP16,BF16} and DASH_ENABLE_SOFTCAP (the
+// soft-capped kernels); anything not built returns -1.
 #include <cuda_runtime.h>
 
 #include <cutlass/numeric_types.h>
@@ -9,28 +11,38 @@
 #include "common/params.h"
 
 namespace dash::bwd {
-template <int kHeadDim, class Element, dash::MaskKind kMask>
+template <int kHeadDim, class Element, dash::MaskKind kMask, dash::ScoreMod kScoreMod>
 void run_bwd_(const dash::BwdParams&, cudaStream_t, int32_t stages);
 }  // namespace dash::bwd
 
 namespace {
 
+template <int kHeadDim, class Element, dash::MaskKind kMask>
+int run_score_mod(const dash::BwdParams& p, cudaStream_t stream, int32_t stages) {
+  if (p.shape.softcap == 0.f) {
+    dash::bwd::run_bwd_<kHeadDim, Element, kMask, dash::ScoreMod::kNone>(p, stream, stages);
+    return static_cast<int>(cudaGetLastError());
+  }
+#ifdef DASH_ENABLE_SOFTCAP
+  dash::bwd::run_bwd_<kHeadDim, Element, kMask, dash::ScoreMod::kSoftcap>(p, stream, stages);
+  return static_cast<int>(cudaGetLastError());
+#else
+  return -1;
+#endif
+}
+
 template <int kHeadDim, class Element>
 int run_masked(const dash::BwdParams& p, cudaStream_t stream, int32_t stages) {
   switch (p.shape.mask) {
     case dash::MaskKind::kFull:
-      dash::bwd::run_bwd_<kHeadDim, Element, dash::MaskKind::kFull>(p, stream, stages);
-      break;
+      return run_score_mod<kHeadDim, Element, dash::MaskKind::kFull>(p, stream, stages);
     case dash::MaskKind::kCausal:
-      dash::bwd::run_bwd_<kHeadDim, Element, dash::MaskKind::kCausal>(p, stream, stages);
-      break;
+      return run_score_mod<kHeadDim, Element, dash::MaskKind::kCausal>(p, stream, stages);
     case dash::MaskKind::kWindow:
-      dash::bwd::run_bwd_<kHeadDim, Element, dash::MaskKind::kWindow>(p, stream, stages);
-      break;
+      return run_score_mod<kHeadDim, Element, dash::MaskKind::kWindow>(p, stream, stages);
     default:
       return -1;
   }
-  return static_cast<int>(cudaGetLastError());
 }
 
 template <int kHeadDim>
@@ -73,7 +85,7 @@ int dash_bwd_stages(const dash::BwdParams* params, int32_t stages, void* stream)
   if (params == nullptr || stages <= 0 || (stages & ~int32_t{dash::BwdStage::kAll}) != 0) return -1;
   const dash::BwdParams& p = *params;
   const dash::AttnShape& s = p.shape;
-  if (s.softcap != 0.f || p.schedule == dash::ScheduleKind::kAuto) return -1;
+  if (!(s.softcap >= 0.f) || p.schedule == dash::ScheduleKind::kAuto) return -1;
   if (s.batch <= 0 || s.nheads <= 0 || s.nheads_k <= 0 || s.nheads % s.nheads_k != 0) return -1;
   if (s.seqlen_q < 0 || s.seqlen_k < 0 || p.num_sms <= 0) return -1;
   if (p.workspace_bytes < dash::bwd::bwd_workspace_layout(s).total) return -1;

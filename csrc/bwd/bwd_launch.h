@@ -1,9 +1,9 @@
 // Launch template of the backward: preprocess -> persistent main kernel -> postprocess, all on the caller's stream.
-// Instantiated once per (hdim, dtype, mask) by csrc/instantiations/bwd_*.cu; the schedule and the deterministic flag
-// are run-time parameters of the one kernel. `stages` (BwdStage bits, validated by dash_bwd_stages) picks which of
-// the three kernels are launched, so the benchmark can time them one by one; their order never changes. After a main
-// kernel of the same call, the postprocess is a programmatic dependent launch (bwd_postprocess.h) unless SMs are
-// reserved (sm_margin > 0): its CTAs would otherwise sit on those SMs while the main kernel runs.
+// Instantiated once per (hdim, dtype, mask, score transform) by csrc/instantiations/bwd_*.cu; the schedule and the
+// deterministic flag are run-time parameters of the one kernel. `stages` (BwdStage bits, validated by dash_bwd_stages)
+// picks which of the three kernels are launched, so the benchmark can time them one by one; their order never changes.
+// After a main kernel of the same call, the postprocess is a programmatic dependent launch (bwd_postprocess.h) unless
+// SMs are reserved (sm_margin > 0): its CTAs would otherwise sit on those SMs while the main kernel runs.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -44,10 +44,10 @@ sched::Problem bwd_problem(const BwdParams& params) {
 }
 
 // The persistent main kernel alone: it needs this call's preprocess to have run on the same workspace first.
-template <int kHeadDim, class Element, MaskKind kMask>
+template <int kHeadDim, class Element, MaskKind kMask, ScoreMod kScoreMod>
 void launch_bwd_main(const BwdParams& params, const BwdWorkspaceLayout& ws, const BwdWorkspaceViews& views,
                      cudaStream_t stream) {
-  using T = BwdTraits<kHeadDim, Element, kMask>;
+  using T = BwdTraits<kHeadDim, Element, kMask, kScoreMod>;
   const AttnShape& s = params.shape;
   const sched::Problem prob = bwd_problem<T>(params);
 
@@ -77,7 +77,7 @@ void launch_bwd_main(const BwdParams& params, const BwdWorkspaceLayout& ws, cons
       ws.seqlen_q_rounded,
       ws.num_m_blocks,
       s.softmax_scale,
-      s.softmax_scale * float(M_LOG2E),
+      score_scales(s).softmax * float(M_LOG2E),
       views.lse_log2,
       views.dsum,
       views.dq_accum,
@@ -89,7 +89,8 @@ void launch_bwd_main(const BwdParams& params, const BwdWorkspaceLayout& ws, cons
       s.window_left,
       s.window_right,
       {},
-      {}};
+      {},
+      score_scales(s).pre_tanh};
   if constexpr (T::kStagedEpilogue) {
     // dash_bwd_stages has checked that dk and dv are 16-byte aligned (base and strides), as TMA needs.
     auto mdK = make_qkv(params.dk, s.seqlen_k, s.nheads_k, s.batch, params.dk_stride);
@@ -105,9 +106,9 @@ void launch_bwd_main(const BwdParams& params, const BwdWorkspaceLayout& ws, cons
   kernel<<<prob.num_ctas, BwdThreads::kNumThreads, smem, stream>>>(p);
 }
 
-template <int kHeadDim, class Element, MaskKind kMask>
+template <int kHeadDim, class Element, MaskKind kMask, ScoreMod kScoreMod>
 void run_bwd_(const BwdParams& params, cudaStream_t stream, int32_t stages) {
-  using T = BwdTraits<kHeadDim, Element, kMask>;
+  using T = BwdTraits<kHeadDim, Element, kMask, kScoreMod>;
   const AttnShape& s = params.shape;
   const BwdWorkspaceLayout ws = bwd_workspace_layout(s);
   char* base = static_cast<char*>(params.workspace);
@@ -125,7 +126,7 @@ void run_bwd_(const BwdParams& params, cudaStream_t stream, int32_t stages) {
     bwd_preprocess_kernel<kHeadDim, T::kBlockM, Element><<<tile_grid, kPreprocessThreads, 0, stream>>>(pre);
   }
 
-  if (stages & BwdStage::kMain) launch_bwd_main<kHeadDim, Element, kMask>(params, ws, views, stream);
+  if (stages & BwdStage::kMain) launch_bwd_main<kHeadDim, Element, kMask, kScoreMod>(params, ws, views, stream);
 
   PostprocessParams post{views.dq_accum, params.dq, params.dq_stride.row, params.dq_stride.head, params.dq_stride.batch,
                          s.seqlen_q, s.nheads, ws.num_m_blocks, s.softmax_scale, aligned16(params.dq, params.dq_stride),

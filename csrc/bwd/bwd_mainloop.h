@@ -19,12 +19,13 @@
 #include "bwd/bwd_fragments.h"
 #include "bwd/bwd_tile_scheduler.h"
 #include "common/params.h"
+#include "common/score_mod.h"
 
 namespace dash::bwd {
 
 using namespace cute;
 
-template <int kHeadDim_, class Element_, MaskKind kMask_>
+template <int kHeadDim_, class Element_, MaskKind kMask_, ScoreMod kScoreMod_ = ScoreMod::kNone>
 struct BwdTraits {
   using Element = Element_;
   using Cfg = BwdConfig<kHeadDim_>;
@@ -33,6 +34,8 @@ struct BwdTraits {
   static constexpr int kBlockN = Cfg::kBlockN;
   static constexpr int kStages = Cfg::kStages;
   static constexpr MaskKind kMask = kMask_;
+  static constexpr ScoreMod kScoreMod = kScoreMod_;
+  static constexpr bool kSoftcap = kScoreMod_ == ScoreMod::kSoftcap;
   static constexpr int kNumMmaThreads = BwdThreads::kNumMmaThreads;
   using BM = Int<kBlockM>;
   using BN = Int<kBlockN>;
@@ -206,7 +209,7 @@ struct BwdKernelParams {
   int32_t seqlen_q_rounded;
   int32_t num_m_blocks;
   float scale;       // softmax scale (dK and, in the postprocess, dQ)
-  float scale_log2;  // softmax scale * log2(e)
+  float scale_log2;  // softmax scale * log2(e); with soft-capping softcap * log2(e) (common/score_mod.h)
   const float* lse_log2;
   const float* dsum;
   float* dq_accum;
@@ -221,6 +224,7 @@ struct BwdKernelParams {
   // dK/dV stores from the staging tiles (DkDvEpilogue::kTmaStaged*); unset for kRegisterStores.
   typename T::TmaStoreKV tma_dk;
   typename T::TmaStoreKV tma_dv;
+  float softcap_pre_tanh;  // ScoreMod::kSoftcap only: softmax_scale / softcap
 };
 
 using Barrier = cutlass::arch::ClusterBarrier;
@@ -608,6 +612,23 @@ CUTLASS_DEVICE void consumer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<
       float const* lse_smem = ss.lse[stage] + tScS.m0();
       if constexpr (kLseInRegs && !T::kShuffleStats) Cols::load(lse_cols, lse_smem, tScS);
       warpgroup_fence_operand(tSrS);
+      // Soft-capping: the score of element i is t = tanh(S * softmax_scale / softcap), and dS will need 1 - t^2.
+      // Where LSE sits in registers, 1 - t^2 is kept per element until then, as fp16 (in [0, 1]: 11 bits against the
+      // 8 of the bf16 dS it scales; in fp32 the hdim 128 consumers spilled 116 bytes, in fp16 36-56). Where LSE is
+      // read per element from shared memory (hdim 64: 64 elements per thread, which spilled ~300 bytes held in fp16),
+      // t is recovered from P instead: log2 P = t * scale_log2 - LSE_log2. The plain kernels allocate nothing.
+      constexpr bool kDtanhInRegs = T::kSoftcap && kLseInRegs;
+      Tensor dtanh =
+          make_tensor<cutlass::half_t>(std::conditional_t<kDtanhInRegs, decltype(tSrS.layout()), Layout<_1>>{});
+      auto score = [&](int i) {
+        if constexpr (T::kSoftcap) {
+          const float t = tanh_approx(tSrS(i) * p.softcap_pre_tanh);
+          if constexpr (kDtanhInRegs) dtanh(i) = cutlass::half_t(fmaf(-t, t, 1.f));
+          return t;
+        } else {
+          return tSrS(i);
+        }
+      };
       auto lse_of = [&](int i) { return kLseInRegs ? lse_cols[Cols::slot(i)] : lse_smem[get<1>(tScS.offset(i))]; };
       // Whether the element at offset d from this thread's first one (see AccCoords) is masked, given the tile's limits.
       auto is_masked = [&](auto d, int rows, int diag) {
@@ -638,18 +659,20 @@ CUTLASS_DEVICE void consumer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<
           const auto [rows, diag] = tile_limits();
           CUTLASS_PRAGMA_UNROLL
           for (int i = 0; i < size(tSrS); ++i) {
-            tSrS(i) = is_masked(tScS.offset(i), rows, diag) ? 0.f : exp2f(fmaf(tSrS(i), p.scale_log2, -lse_of(i)));
+            const float x = score(i);  // also where masked: dS multiplies the 0 of P by its 1 - t^2
+            tSrS(i) = is_masked(tScS.offset(i), rows, diag) ? 0.f : exp2f(fmaf(x, p.scale_log2, -lse_of(i)));
           }
         } else {
           CUTLASS_PRAGMA_UNROLL
-          for (int i = 0; i < size(tSrS); ++i) tSrS(i) = exp2f(fmaf(tSrS(i), p.scale_log2, -lse_of(i)));
+          for (int i = 0; i < size(tSrS); ++i) tSrS(i) = exp2f(fmaf(score(i), p.scale_log2, -lse_of(i)));
         }
       } else {
         CUTLASS_PRAGMA_UNROLL
         for (int i = 0; i < size(tSrS); ++i) {
           bool masked = false;
           if (need_mask) masked = is_masked(tScS.offset(i), kv_rows, diagonal);
-          tSrS(i) = masked ? 0.f : exp2f(fmaf(tSrS(i), p.scale_log2, -lse_of(i)));
+          const float x = score(i);
+          tSrS(i) = masked ? 0.f : exp2f(fmaf(x, p.scale_log2, -lse_of(i)));
         }
       }
 
@@ -691,6 +714,18 @@ CUTLASS_DEVICE void consumer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<
       } else {
         CUTLASS_PRAGMA_UNROLL
         for (int i = 0; i < size(tSrS); ++i) tdPrdP(i) = tSrS(i) * (tdPrdP(i) - dsum[get<1>(tScS.offset(i))]);
+      }
+      if constexpr (kDtanhInRegs) {
+        CUTLASS_PRAGMA_UNROLL
+        for (int i = 0; i < size(tdPrdP); ++i) tdPrdP(i) *= float(dtanh(i));
+      } else if constexpr (T::kSoftcap) {
+        // P = 0 (masked, or below exp2's range) has no t to recover, and its dS is 0 whatever 1 - t^2 is.
+        const float inv_scale_log2 = 1.f / p.scale_log2;
+        CUTLASS_PRAGMA_UNROLL
+        for (int i = 0; i < size(tdPrdP); ++i) {
+          const float t = (log2f(tSrS(i)) + lse_of(i)) * inv_scale_log2;
+          tdPrdP(i) = tSrS(i) > 0.f ? tdPrdP(i) * fmaf(-t, t, 1.f) : 0.f;
+        }
       }
       if constexpr (T::kDvAfterDs) rP = convert_fragment<Element>(tSrS);
       rdS = convert_fragment<Element>(tdPrdP);

@@ -14,6 +14,11 @@ enum class DType : int32_t { kFloat16 = 0, kBFloat16 = 1 };
 // window is Window with window_right = 0.
 enum class MaskKind : int32_t { kFull = 0, kCausal = 1, kWindow = 2 };
 
+// Transform of the scaled scores before the softmax, a compile-time variant of every kernel (its own instantiation,
+// so the plain kernels carry none of its code). kSoftcap: scores = softcap * tanh(scores / softcap) (logit
+// soft-capping as in Gemma 2 and FlashAttention's `softcap`), used when AttnShape::softcap > 0.
+enum class ScoreMod : int32_t { kNone = 0, kSoftcap = 1 };
+
 // Backward schedules. kAuto is resolved on the host (cost model) before any launch; kernels never see it.
 enum class ScheduleKind : int32_t {
   kAscending = 0,

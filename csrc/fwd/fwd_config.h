@@ -11,6 +11,7 @@
 #include <cutlass/pipeline/sm90_pipeline.hpp>
 
 #include "common/params.h"
+#include "common/score_mod.h"
 
 namespace dash::fwd {
 
@@ -64,12 +65,13 @@ struct FwdTileConfig<256> {
   static constexpr OStorePath kOStore = OStorePath::kRegisters;
 };
 
-template <int kHeadDim_, class Element_, MaskKind kMask_>
+template <int kHeadDim_, class Element_, MaskKind kMask_, ScoreMod kScoreMod_ = ScoreMod::kNone>
 struct FwdKernelTraits {
   using Element = Element_;
   using Tile = FwdTileConfig<kHeadDim_>;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr MaskKind kMask = kMask_;
+  static constexpr bool kSoftcap = kScoreMod_ == ScoreMod::kSoftcap;
   static constexpr bool kCausal = kMask_ == MaskKind::kCausal;
   static constexpr int kBlockM = Tile::kBlockM;
   static constexpr int kBlockN = Tile::kBlockN;

@@ -1,6 +1,7 @@
-// C ABI entry of the forward: picks the instantiation for (head dim, dtype, mask). Only the instantiations enabled
-// at build time (DASH_ENABLE_HDIM_*, DASH_ENABLE_FP16/BF16, set from DASH_ATTN_HDIMS/DTYPES) are referenced, so a
-// restricted build links; anything else returns -1.
+// C ABI entry of the forward: picks the instantiation for (head dim, dtype, mask, score transform). Only the
+// instantiations enabled at build time (DASH_ENABLE_HDIM_*, DASH_ENABLE_FP16/BF16, set from DASH_ATTN_HDIMS/DTYPES;
+// the soft-capped kernels with DASH_ENABLE_SOFTCAP, from DASH_ATTN_SOFTCAP) are referenced, so a restricted build
+// links; anything else returns -1.
 #include <cuda_runtime.h>
 #include <cutlass/numeric_types.h>
 
@@ -9,24 +10,35 @@
 namespace dash::fwd {
 // Defined in fwd/fwd_launch.h and explicitly instantiated by csrc/instantiations/fwd_*.cu; declared here only so
 // this TU does not compile any kernel.
-template <int kHeadDim, class Element, dash::MaskKind kMask>
+template <int kHeadDim, class Element, dash::MaskKind kMask, dash::ScoreMod kScoreMod>
 void run_fwd_(const dash::FwdParams&, cudaStream_t);
 }  // namespace dash::fwd
 
 namespace {
 
+template <int kHeadDim, class Element, dash::MaskKind kMask>
+int dispatch_score_mod(const dash::FwdParams& p, cudaStream_t stream) {
+  if (p.shape.softcap == 0.f) {
+    dash::fwd::run_fwd_<kHeadDim, Element, kMask, dash::ScoreMod::kNone>(p, stream);
+    return 0;
+  }
+#ifdef DASH_ENABLE_SOFTCAP
+  dash::fwd::run_fwd_<kHeadDim, Element, kMask, dash::ScoreMod::kSoftcap>(p, stream);
+  return 0;
+#else
+  return -1;
+#endif
+}
+
 template <int kHeadDim, class Element>
 int dispatch_mask(const dash::FwdParams& p, cudaStream_t stream) {
   switch (p.shape.mask) {
     case dash::MaskKind::kFull:
-      dash::fwd::run_fwd_<kHeadDim, Element, dash::MaskKind::kFull>(p, stream);
-      return 0;
+      return dispatch_score_mod<kHeadDim, Element, dash::MaskKind::kFull>(p, stream);
     case dash::MaskKind::kCausal:
-      dash::fwd::run_fwd_<kHeadDim, Element, dash::MaskKind::kCausal>(p, stream);
-      return 0;
+      return dispatch_score_mod<kHeadDim, Element, dash::MaskKind::kCausal>(p, stream);
     case dash::MaskKind::kWindow:
-      dash::fwd::run_fwd_<kHeadDim, Element, dash::MaskKind::kWindow>(p, stream);
-      return 0;
+      return dispatch_score_mod<kHeadDim, Element, dash::MaskKind::kWindow>(p, stream);
     default:
       return -1;
   }
@@ -72,7 +84,7 @@ int dispatch_headdim(const dash::FwdParams& p, cudaStream_t stream) {
 extern "C" int dash_fwd(const dash::FwdParams* params, void* stream) {
   if (params == nullptr) { return -1; }
   dash::AttnShape const& s = params->shape;
-  if (s.softcap != 0.f) { return -1; }
+  if (!(s.softcap >= 0.f)) { return -1; }  // 0 = off; negative or NaN is a caller bug
   if (s.nheads_k <= 0 || s.nheads % s.nheads_k != 0) { return -1; }
   if (params->lse == nullptr || params->o == nullptr) { return -1; }
   int const status = dispatch_headdim(*params, static_cast<cudaStream_t>(stream));

@@ -45,7 +45,7 @@ struct FwdEpilogue {
     float* lse;  // (batch, nheads, seqlen_q)
     int32_t seqlen_q;
     int32_t nheads;
-    float softmax_scale;
+    float softmax_scale;  // of the row max in LSE: softcap with soft-capping (common/score_mod.h)
     TmaO tma_o;
     ShapeO shape_o;
   };
@@ -56,7 +56,8 @@ struct FwdEpilogue {
     // As for Q: an empty sequence writes nothing, but the tensor map needs a non-empty extent.
     ShapeO shape_o{std::max(s.seqlen_q, 1), s.headdim, s.nheads, s.batch};
     StrideO stride_o{p.o_stride.row, cute::_1{}, p.o_stride.head, p.o_stride.batch};
-    return {o, p.o_stride, p.lse, s.seqlen_q, s.nheads, s.softmax_scale, make_tma_o(o, shape_o, stride_o), shape_o};
+    return {o, p.o_stride, p.lse, s.seqlen_q, s.nheads, score_scales(s).softmax,
+            make_tma_o(o, shape_o, stride_o), shape_o};
   }
 
   CUTLASS_DEVICE static void prefetch_descriptors(Params const& p) {

@@ -19,9 +19,9 @@ inline int device_sm_count() {
 }
 
 // Errors are reported through the CUDA error state (the caller reads cudaGetLastError()).
-template <int kHeadDim, class Element, dash::MaskKind kMask>
+template <int kHeadDim, class Element, dash::MaskKind kMask, dash::ScoreMod kScoreMod>
 void run_fwd_(const dash::FwdParams& params, cudaStream_t stream) {
-  using Traits = FwdKernelTraits<kHeadDim, Element, kMask>;
+  using Traits = FwdKernelTraits<kHeadDim, Element, kMask, kScoreMod>;
   using Kernel = FwdKernel<Traits>;
   AttnShape const& s = params.shape;
   if (s.batch <= 0 || s.seqlen_q <= 0 || s.nheads <= 0) { return; }

@@ -260,8 +260,9 @@ struct FwdMainloop {
     int32_t seqlen_q;
     int32_t seqlen_k;
     int32_t head_ratio;  // nheads / nheads_k
-    float scale_log2;    // softmax_scale * log2(e)
+    float scale_log2;    // softmax_scale * log2(e); with soft-capping softcap * log2(e) (common/score_mod.h)
     int32_t window_left, window_right;  // kWindow only (-1: that side unbounded)
+    float softcap_pre_tanh;             // kSoftcap only: softmax_scale / softcap
   };
 
   static Params make_params(FwdParams const& p) {
@@ -282,9 +283,10 @@ struct FwdMainloop {
             s.seqlen_q,
             s.seqlen_k,
             s.nheads / s.nheads_k,
-            s.softmax_scale * static_cast<float>(M_LOG2E),
+            score_scales(s).softmax * static_cast<float>(M_LOG2E),
             s.window_left,
-            s.window_right};
+            s.window_right,
+            score_scales(s).pre_tanh};
   }
 
   CUTLASS_DEVICE static void prefetch_descriptors(Params const& p) {
@@ -415,6 +417,16 @@ struct FwdMainloop {
     return ragged || right || left;
   }
 
+  // Soft-capping (ScoreMod::kSoftcap): the raw scores become tanh(S * softmax_scale / softcap), before the mask sets
+  // masked ones to -inf; the softmax's scale_log2 carries the factor softcap.
+  template <class TensorS>
+  CUTLASS_DEVICE static void apply_score_mod(Params const& p, TensorS& s) {
+    if constexpr (Traits::kSoftcap) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < cute::size(s); ++i) { s(i) = tanh_approx(s(i) * p.softcap_pre_tanh); }
+    }
+  }
+
   // Consumer: computes the unnormalised O tile (accumulator tOrO, cleared here) and the softmax statistics for one
   // query tile with a non-empty range of key tiles. Overlap inside each warpgroup: the QK^T GEMM of tile n and the PV
   // GEMM of tile n+1 are in flight together while the previous softmax result is converted.
@@ -465,6 +477,7 @@ struct FwdMainloop {
     warpgroup_fence_operand(tSrS);
     pipeline_k.consumer_release(read_k);
     ++read_k;
+    apply_score_mod(p, tSrS);
     if (needs_mask(p, m_block, n_block)) { apply_mask(p, s_rc, coord_rc, m_block, n_block); }
     softmax.step(s_rc, p.scale_log2);
     convert_p();
@@ -487,6 +500,7 @@ struct FwdMainloop {
       warpgroup_fence_operand(tSrS);
       pipeline_k.consumer_release(read_k);
       ++read_k;
+      apply_score_mod(p, tSrS);
       if (needs_mask(p, m_block, n_block)) { apply_mask(p, s_rc, coord_rc, m_block, n_block); }
       correction = softmax.step(s_rc, p.scale_log2);
       warpgroup_wait<0>();

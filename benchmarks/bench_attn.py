@@ -46,6 +46,7 @@ class Problem:
     headdim: int
     causal: bool
     window: tuple = (-1, -1)  # (left, right) around the bottom-right diagonal; (-1, -1): no window
+    softcap: float = 0.0      # > 0: scores = softcap * tanh(scores / softcap)
 
     @property
     def windowed(self):
@@ -91,6 +92,8 @@ def parse_args(argv):
     p.add_argument("--window", type=int_list, default=[1024, 0],
                    help="LEFT,RIGHT of the window mask around the diagonal, -1 = unbounded (default 1024,0)")
     p.add_argument("--gqa", type=int_list, default=[1], help="comma list of nheads/nheads_k ratios (default 1)")
+    p.add_argument("--softcap", type=float, default=0.0,
+                   help="soft-capped scores, softcap * tanh(scores / softcap) (default 0: off; SDPA has none)")
     p.add_argument("--tokens", type=int, default=16384, help="batch x seqlen per row (default 16384)")
     p.add_argument("--nheads", type=int, default=None, help="query heads (default 2048 / hdim)")
     p.add_argument("--schedules", type=str_list, default=list(peers.DASH_SCHEDULES),
@@ -145,7 +148,8 @@ def problems(args):
             for mask in args.masks:
                 for seqlen in args.seqlens:
                     yield Problem(max(1, args.tokens // seqlen), seqlen, seqlen, nheads, nheads // gqa, hdim,
-                                  mask == "causal", tuple(args.window) if mask == "window" else (-1, -1))
+                                  mask == "causal", tuple(args.window) if mask == "window" else (-1, -1),
+                                  args.softcap)
 
 
 # ---------------------------------------------------------------- timing
@@ -628,6 +632,8 @@ def main(argv=None):
     notes += unavailable_notes(runner.rows)
     notes.append("TFLOPS: benchmarks/flops.py (forward 4*b*h*sq*sk*d, causal halved, windows: the visible band "
                  "only; backward 2.5x forward).")
+    if args.softcap > 0:
+        notes.append(f"soft-capped scores (softcap {args.softcap:g}) in every column; the same FLOPs are counted.")
     print()
     for note in notes:
         print(f"note: {note}")

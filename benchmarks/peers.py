@@ -129,8 +129,9 @@ class DashImpl(Impl):
 
     def forward(self, q, k, v, problem):
         return _first(self._module.flash_attn_func(
-            q, k, v, causal=problem.causal, window_size=tuple(problem.window), deterministic=self.deterministic,
-            schedule=self.schedule, sm_margin=self.sm_margin, return_attn_probs=False))
+            q, k, v, causal=problem.causal, window_size=tuple(problem.window), softcap=problem.softcap,
+            deterministic=self.deterministic, schedule=self.schedule, sm_margin=self.sm_margin,
+            return_attn_probs=False))
 
 
 class SdpaImpl(Impl):
@@ -153,6 +154,8 @@ class SdpaImpl(Impl):
             return f"this torch has no SDPBackend.{self._BACKENDS[self.backend]}"
         if problem.windowed:
             return "SDPA has no sliding-window mask (an explicit attn_mask would pick another kernel)"
+        if problem.softcap > 0:
+            return "SDPA has no soft-capping"
         if problem.causal and problem.seqlen_q != problem.seqlen_k:
             return "SDPA is_causal is top-left aligned; dash_attn's causal mask is bottom-right"
         return None
@@ -179,6 +182,7 @@ class FlexImpl(Impl):
     def __init__(self):
         self._compiled = None
         self._masks = {}
+        self._score_mods = {}
         self._reason = None
 
     def _load(self):
@@ -222,10 +226,23 @@ class FlexImpl(Impl):
                 bottom_right_band, None, None, problem.seqlen_q, problem.seqlen_k, device=device)
         return self._masks[key]
 
+    def _score_mod(self, softcap):
+        """Soft-capping as a score_mod (its score is already scaled); one function per softcap, so that the
+        compiled kernel is reused."""
+        if softcap <= 0:
+            return None
+        if softcap not in self._score_mods:
+            def capped(score, b, h, q_idx, kv_idx):
+                return softcap * torch.tanh(score / softcap)
+
+            self._score_mods[softcap] = capped
+        return self._score_mods[softcap]
+
     def forward(self, q, k, v, problem):
         self._load()
         kwargs = {"enable_gqa": True} if problem.nheads != problem.nheads_k else {}
-        out = self._compiled(_bhsd(q), _bhsd(k), _bhsd(v), block_mask=self._block_mask(problem, q.device), **kwargs)
+        out = self._compiled(_bhsd(q), _bhsd(k), _bhsd(v), score_mod=self._score_mod(problem.softcap),
+                             block_mask=self._block_mask(problem, q.device), **kwargs)
         return _bhsd(out)
 
     def make_bwd(self, q, k, v, dout, problem):
@@ -257,7 +274,7 @@ class Fa3Impl(Impl):
 
     def forward(self, q, k, v, problem):
         return _first(self._module.flash_attn_func(q, k, v, causal=problem.causal, window_size=tuple(problem.window),
-                                                   deterministic=self.deterministic))
+                                                   softcap=problem.softcap, deterministic=self.deterministic))
 
 
 def build_impls(schedules, peer_keys, with_dash=True, sm_margin=0):

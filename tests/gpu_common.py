@@ -23,6 +23,17 @@ def supported_head_dims():
     return sorted(int(d) for d in _C.supported_head_dims())
 
 
+def softcap_built():
+    try:
+        from dash_attn import _C
+    except ImportError:
+        return True  # only names the tests; they are skipped without the extension
+    return bool(_C.softcap_built())
+
+
+requires_softcap = pytest.mark.skipif(not softcap_built(), reason="extension built with DASH_ATTN_SOFTCAP=0")
+
+
 def main_head_dim():
     dims = supported_head_dims()
     return 128 if 128 in dims else dims[-1]

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import dash_attn
-from gpu_common import exact_float32_matmul, supported_head_dims, tolerance, assert_within, poison_allocator  # noqa: F401 (fixture imported by name)
+from gpu_common import exact_float32_matmul, supported_head_dims, tolerance, assert_within, poison_allocator, requires_softcap, softcap_built  # noqa: F401 (fixture imported by name)
 from dash_attn.reference import attention_bwd_ref, attention_ref
 
 pytestmark = pytest.mark.gpu
@@ -22,17 +22,6 @@ DTYPES = [torch.float16, torch.bfloat16]
 SCORE_BOOST = 3.0 ** 0.5  # on q and k: scores (at softmax_scale = d^-1/2) have standard deviation ~3
 # (mask name, causal, window)
 MASKS = {"full": (False, (-1, -1)), "causal": (True, (-1, -1)), "window": (False, (150, 37))}
-
-
-def softcap_built():
-    try:
-        from dash_attn import _C
-    except ImportError:
-        return True  # the tests skip without the extension anyway
-    return bool(_C.softcap_built())
-
-
-requires_softcap = pytest.mark.skipif(not softcap_built(), reason="extension built with DASH_ATTN_SOFTCAP=0")
 
 
 def make_inputs(batch, seqlen_q, seqlen_k, nheads, nheads_k, headdim, dtype, seed=SEED):

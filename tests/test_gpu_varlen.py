@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import dash_attn
-from gpu_common import exact_float32_matmul, main_head_dim, supported_head_dims, tolerance, assert_within, poison_allocator  # noqa: F401 (fixture imported by name)
+from gpu_common import exact_float32_matmul, main_head_dim, supported_head_dims, tolerance, assert_within, poison_allocator, requires_softcap  # noqa: F401 (fixture imported by name)
 from dash_attn.reference import attention_bwd_ref_varlen, attention_ref_varlen
 
 pytestmark = pytest.mark.gpu
@@ -44,10 +44,11 @@ def make_varlen(packing, nheads, nheads_k, headdim, dtype, seed=SEED, cu_device=
     return q, k, v, dout, _cu(lens_q, cu_device), _cu(lens_k, cu_device), max(lens_q), max(lens_k)
 
 
-def run_varlen(q, k, v, dout, cu_q, cu_k, max_q, max_k, causal, window, deterministic, schedule="auto"):
+def run_varlen(q, k, v, dout, cu_q, cu_k, max_q, max_k, causal, window, deterministic, schedule="auto",
+               softcap=0.0):
     leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
     out, lse = dash_attn.flash_attn_varlen_func(*leaves, cu_q, cu_k, max_q, max_k, causal=causal, window_size=window,
-                                                deterministic=deterministic, schedule=schedule,
+                                                softcap=softcap, deterministic=deterministic, schedule=schedule,
                                                 return_attn_probs=True)
     out.backward(dout)
     torch.cuda.synchronize()
@@ -55,21 +56,25 @@ def run_varlen(q, k, v, dout, cu_q, cu_k, max_q, max_k, causal, window, determin
 
 
 def check_varlen(packing, nheads, nheads_k, headdim, dtype, causal, window=(-1, -1), deterministic=True,
-                 schedule="auto", poison=False, cu_device="cuda"):
+                 schedule="auto", poison=False, cu_device="cuda", softcap=0.0):
     q, k, v, dout, cu_q, cu_k, max_q, max_k = make_varlen(packing, nheads, nheads_k, headdim, dtype,
                                                           cu_device=cu_device)
+    if softcap > 0:  # scores of standard deviation ~3, so that tanh bends (as in test_gpu_softcap.py)
+        q, k = (t.float().mul(3.0 ** 0.5).to(dtype) for t in (q, k))
     if poison:
         poison_allocator()
-    out, lse, grads = run_varlen(q, k, v, dout, cu_q, cu_k, max_q, max_k, causal, window, deterministic, schedule)
+    out, lse, grads = run_varlen(q, k, v, dout, cu_q, cu_k, max_q, max_k, causal, window, deterministic, schedule,
+                                 softcap)
     assert out.shape == q.shape and lse.shape == (nheads, q.shape[0]) and lse.dtype == torch.float32
 
     qf, kf, vf = q.float(), k.float(), v.float()
     ref_out, ref_lse = attention_ref_varlen(qf, kf, vf, cu_q, cu_k, causal=causal, window_size=window,
-                                            return_lse=True)
+                                            softcap=softcap, return_lse=True)
     ref_grads = attention_bwd_ref_varlen(dout.float(), qf, kf, vf, ref_out, ref_lse, cu_q, cu_k, causal=causal,
-                                         window_size=window)
+                                         window_size=window, softcap=softcap)
     leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
-    base_out = attention_ref_varlen(*leaves, cu_q, cu_k, causal=causal, window_size=window, upcast=False)
+    base_out = attention_ref_varlen(*leaves, cu_q, cu_k, causal=causal, window_size=window, softcap=softcap,
+                                    upcast=False)
     base_grads = torch.autograd.grad(base_out, leaves, dout)
 
     assert torch.isfinite(out).all(), "output has NaN/Inf (unwritten or overflowed elements)"
@@ -89,6 +94,15 @@ def check_varlen(packing, nheads, nheads_k, headdim, dtype, causal, window=(-1, 
 @pytest.mark.parametrize("headdim", supported_head_dims())
 def test_varlen_matches_reference(packing, causal, deterministic, headdim):
     check_varlen(packing, 4, 2, headdim, torch.bfloat16, causal, deterministic=deterministic)
+
+
+@pytest.mark.gpu
+@requires_softcap
+@pytest.mark.parametrize("packing", ["odd", "empty", "runs"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("headdim", supported_head_dims())
+def test_varlen_softcap(packing, causal, headdim):
+    check_varlen(packing, 4, 2, headdim, torch.bfloat16, causal, softcap=5.0)
 
 
 @pytest.mark.gpu

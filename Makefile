@@ -39,13 +39,15 @@ test-gpu:
 # Compile the kernel TUs of one (hdim, dtype) without a GPU and fail on register spills or stack frames beyond the
 # measured allowances listed in csrc/tools/check_spills.py. First, the backward traits of every head dim, dtype and
 # mask are instantiated (types only, ~30 s): their static_asserts cover the head dims not compiled here.
+# CHECK_SCORE_MODS: none (plain kernels) and/or softcap (the soft-capped ones).
 CHECK_DIRECTIONS ?= fwd bwd
 CHECK_MASKS ?= full causal window
+CHECK_SCORE_MODS ?= none softcap
 check-kernels:
 	@mkdir -p build/check
 	@echo "== csrc/tools/check_traits.cu"; $(NVCC) $(NVCC_FLAGS) -c csrc/tools/check_traits.cu -o build/check/check_traits.o
-	@set -o pipefail; for f in $(foreach d,$(CHECK_DIRECTIONS),$(foreach m,$(CHECK_MASKS),\
-	    csrc/instantiations/$(d)_hdim$(CHECK_HDIM)_$(CHECK_DTYPE)_$(m).cu)); do \
+	@set -o pipefail; for f in $(foreach d,$(CHECK_DIRECTIONS),$(foreach m,$(CHECK_MASKS),$(foreach s,$(CHECK_SCORE_MODS),\
+	    csrc/instantiations/$(d)_hdim$(CHECK_HDIM)_$(CHECK_DTYPE)_$(m)$(if $(filter softcap,$(s)),_softcap).cu))); do \
 	  echo "== $$f"; $(NVCC) $(NVCC_FLAGS) -Xptxas -v -c $$f -o build/check/$$(basename $$f .cu).o 2>&1 \
 	    | $(PYTHON) csrc/tools/check_spills.py || exit 1; done
 

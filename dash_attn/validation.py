@@ -169,12 +169,21 @@ def check_cuda_device(device: torch.device) -> None:
                            "reference path")
 
 
+# The soft-capped kernels scale scores by softmax_scale / softcap before tanh and by softcap * log2(e) after it, in
+# fp32: past this the first underflows and the second overflows. A softcap this large caps nothing (pass 0).
+CUDA_MAX_SOFTCAP = 1e30
+
+
 def check_cuda_features(headdim: int, supported_head_dims: Sequence[int], softcap: float,
                         softcap_built: bool = True) -> None:
-    """Kernels this build does not have: refuse them instead of computing something else."""
+    """Kernels this build does not have, or values they cannot represent: refuse them instead of computing
+    something else."""
     if headdim not in supported_head_dims:
         raise ValueError(f"head dim {headdim} has no compiled CUDA kernel; the build has "
                          f"{sorted(supported_head_dims)}: pad the head dim or rebuild with DASH_ATTN_HDIMS")
+    if softcap > CUDA_MAX_SOFTCAP:
+        raise ValueError(f"softcap={softcap} is above {CUDA_MAX_SOFTCAP:g}, which the CUDA kernels cannot represent; "
+                         "a softcap that large caps nothing: pass softcap=0.0")
     if softcap > 0.0 and not softcap_built:
         raise RuntimeError(f"softcap={softcap} needs the soft-capped kernels, which this build of dash_attn skipped "
                            "(DASH_ATTN_SOFTCAP=0): rebuild without it, or use softcap=0.0")

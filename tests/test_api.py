@@ -390,6 +390,7 @@ def test_non_hopper_gpu_is_refused(monkeypatch):
 @pytest.mark.parametrize("kwargs, error, message", [
     (dict(headdim=96), ValueError, "head dim 96"),
     (dict(softcap=1.0, softcap_built=False), RuntimeError, "DASH_ATTN_SOFTCAP=0"),
+    (dict(softcap=1e31), ValueError, "softcap=1e\\+31 is above"),
 ])
 def test_cuda_feature_gaps_are_refused(kwargs, error, message):
     args = dict(headdim=128, supported_head_dims=[64, 128], softcap=0.0)

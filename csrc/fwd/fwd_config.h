@@ -52,16 +52,19 @@ struct FwdTileConfig<128> {
 };
 
 // Large head dim: the O accumulator alone takes 128 registers per consumer thread, and Q + 2 stages of K and V take
-// 224 KB of shared memory, so the key tile is narrow and O has no room for a staging buffer. The GEMMs are long
-// enough relative to the softmax that the issue turns are left off.
+// 192 KB of shared memory, so O has no room for a staging buffer. 64-key tiles with issue turns (H200, 4
+// alternations against the 80-key tiles without turns used before, forward only, 2k/8k/16k): causal 0.715 / 0.674 /
+// 0.673 of the time, full 0.782 / 0.768 / 0.720, windows (1024, 0) 0.68-0.70 (full 16k 471 -> 647 TFLOPS, spills
+// 72 -> 0 bytes at windows); 64-key tiles without turns read causal 0.70-0.72 and full 0.73-0.77, 80-key tiles with
+// turns 0.93-0.985.
 template <>
 struct FwdTileConfig<256> {
   static constexpr int kBlockM = 128;
-  static constexpr int kBlockN = 80;
+  static constexpr int kBlockN = 64;
   static constexpr int kStages = 2;
   static constexpr int kProducerRegs = 24;
   static constexpr int kConsumerRegs = 240;
-  static constexpr bool kPingPong = false;
+  static constexpr bool kPingPong = true;
   static constexpr OStorePath kOStore = OStorePath::kRegisters;
 };
 

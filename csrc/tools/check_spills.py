@@ -27,13 +27,11 @@ ALLOWANCES = [
     (r"bwd_main_kernel.*BwdTraitsILi64E.*MaskKindE2ELNS_8ScoreModE1", 108, "hdim 64 window softcap: 96/108 bytes"),
     (r"fwd_kernel.*FwdKernelTraitsILi64E.*MaskKindE2ELNS_8ScoreModE1", 204, "hdim 64 window forward softcap: 200/204"),
     (r"fwd_kernel.*FwdKernelTraitsILi64E.*ScoreModE1", 8, "hdim 64 forward softcap: 8 bytes"),
-    (r"fwd_kernel.*FwdKernelTraitsILi256E.*MaskKindE2ELNS_8ScoreModE1", 112, "hdim 256 window forward softcap: 112/96"),
     # Sliding windows as first built (2026-11-30), not tuned yet: the band tests carry two run-time bounds through
     # the masked P loop.
     (r"bwd_main_kernel.*BwdTraitsILi128E.*MaskKindE2", 20, "hdim 128 window: 20 bytes with two step bodies (32/36 before)"),
     (r"bwd_main_kernel.*BwdTraitsILi256E.*MaskKindE2", 20, "hdim 256 window: 20 bytes"),
     (r"fwd_kernel.*FwdKernelTraitsILi64E.*MaskKindE2", 100, "hdim 64 window forward: 100 bytes (72-byte stack frame)"),
-    (r"fwd_kernel.*FwdKernelTraitsILi256E.*MaskKindE2", 72, "hdim 256 window forward: 72 bytes (48-byte stack frame)"),
     # Hdim 64 with two step bodies and the dV GEMM after dS (MaskedSteps::kTwoBodies, 2026-11-30): the bytes are
     # mostly loop invariants stored once before the step loop; the unmasked body, which runs nearly every step,
     # reloads two words a step (causal). H200: 0.93-0.955 of the time (causal), 0.95-0.99 (full), 0.99-1.00

@@ -30,7 +30,7 @@
 #pragma once
 #include <cstdio>
 
-#include "bwd/bwd_mainloop.h"
+#include "bwd/bwd_storage.h"
 
 // log2 of the spin count after which the debug build traps (DASH_BWD_SPIN_TRAP).
 #ifndef DASH_BWD_SPIN_TRAP_LOG2

@@ -3,7 +3,8 @@
 // (kRegisterStores). GQA needs no cross-CTA reduction: the CTA walked every query head of the KV head's group, so the
 // registers already hold the group's sum, accumulated in the schedule's fixed visit order.
 #pragma once
-#include "bwd/bwd_mainloop.h"
+#include "bwd/bwd_fragments.h"
+#include "bwd/bwd_storage.h"
 
 namespace dash::bwd {
 

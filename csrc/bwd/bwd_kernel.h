@@ -2,9 +2,12 @@
 // at most (the shared storage needs a whole SM), all co-resident, which is the execution model under which the
 // schedules' dQ wait chains are deadlock-free.
 #pragma once
+#include <cutlass/arch/reg_reconfig.h>
+
 #include "bwd/bwd_dq_writer.h"
 #include "bwd/bwd_epilogue.h"
 #include "bwd/bwd_mainloop.h"
+#include "bwd/bwd_producer.h"
 
 namespace dash::bwd {
 

@@ -1,6 +1,6 @@
 // Instantiates the backward traits of every head dim, dtype and mask (types only, no kernels): their static_asserts
 // (staging room, warpgroup splits, operand sources) hold for head dims that check-kernels does not compile.
-#include "bwd/bwd_mainloop.h"
+#include "bwd/bwd_traits.h"
 
 namespace dash::bwd {
 #define DASH_TRAITS(D)                                                     \

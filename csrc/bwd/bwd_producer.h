@@ -1,0 +1,150 @@
+// Producer warp of the sm90 backward: the TMA load loop that feeds the consumers' pipeline in the schedule's order.
+#pragma once
+#include "bwd/bwd_storage.h"
+
+namespace dash::bwd {
+
+// ----------------------------------------------------------------------------------------------------------------
+// Producer warp: walks the schedule; per KV tile loads K_j, V_j once, per visit loads Q_i, dO_i, LSE_i, D_i into
+// the next stage together with the visit's record. Tiles without visits and the end of the work travel as records
+// without data. Runs ahead of the consumers by up to kStages steps; the empty barriers throttle it.
+// The 32 lanes evaluate 32 visits of the schedule at once (integer arithmetic with divisions, slow on one thread);
+// lane 0 issues the barriers and copies in visit order.
+//
+// Registers: the warpgroup runs with BwdThreads::kProducerRegs (24) per thread, and the schedule evaluation needs
+// most of them. The warp-uniform loop state (item index, current tile, its visit count) is therefore kept one word
+// per lane in a single register and read back with __shfl_sync where needed, instead of occupying seven registers
+// of every lane across the evaluation.
+template <class T>
+CUTLASS_DEVICE void producer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<T>& ss) {
+  Tensor mQ = p.tma_q.get_tma_tensor(p.shape_q);
+  Tensor mdO = p.tma_do.get_tma_tensor(p.shape_q);
+  Tensor mK = p.tma_k.get_tma_tensor(p.shape_k);
+  Tensor mV = p.tma_v.get_tma_tensor(p.shape_k);
+  Tensor sQ = make_tensor(make_smem_ptr(ss.q.data()), typename T::SmemLayoutQ{});
+  Tensor sdO = make_tensor(make_smem_ptr(ss.dout.data()), typename T::SmemLayoutQ{});
+  Tensor sK = make_tensor(make_smem_ptr(ss.k.data()), typename T::SmemLayoutK{});
+  Tensor sV = make_tensor(make_smem_ptr(ss.v.data()), typename T::SmemLayoutK{});
+  // Special registers read through volatile asm where they are used: nothing keeps them live across the loop.
+  auto lane_id = [] {
+    uint32_t l;
+    asm volatile("mov.u32 %0, %%laneid;\n" : "=r"(l));
+    return static_cast<int32_t>(l);
+  };
+  auto cta_index = [] {
+    uint32_t c;
+    asm volatile("mov.u32 %0, %%ctaid.x;\n" : "=r"(c));
+    return static_cast<int32_t>(c);
+  };
+
+  // Lane w holds word w of the loop state. Word kPipe is the leader's own: its pipeline position, bit 0 the parity
+  // of the KV tiles loaded so far, the bits above the count of Q stages claimed (wrapping at 2^31, a multiple of
+  // 2 * kStages, so stage and phase stay continuous). All words start at 0.
+  static_assert(T::kStages == 1 || T::kStages == 2, "the packed stage count needs 2 * kStages to divide 2^31");
+  enum Word : int { kPipe = 0, kItemLo, kItemHi, kNumVisits, kBatch, kHeadK, kNBlock };
+  uint32_t state = 0;
+  auto word = [&](int w) { return __shfl_sync(0xffffffffu, state, w); };  // the whole warp, converged
+  auto set_word = [&](int w, uint32_t v) {  // v: the same on every lane
+    if (lane_id() == w) state = v;
+  };
+  auto item_index = [&] { return static_cast<int64_t>((uint64_t(word(kItemHi)) << 32) | word(kItemLo)); };
+  auto current_tile = [&] {
+    return KvTileRef{static_cast<int32_t>(word(kBatch)), static_cast<int32_t>(word(kHeadK)),
+                     static_cast<int32_t>(word(kNBlock))};
+  };
+
+  // Leader only: claims the next stage and publishes its record; the caller then issues the stage's loads (if any).
+  auto next_stage = [&](const VisitRecord& rec, uint32_t tx_bytes) {
+    const RingPos pos = ring_pos<T::kStages>(state >> 1);
+    const int stage = pos.index;
+    state += 2;
+    wait_barrier(ss.q_empty[stage], pos.phase ^ 1, WaitSite::kQEmpty);
+    ss.rec[stage] = rec;  // published by the arrive below (mbarrier arrive has release semantics)
+    reinterpret_cast<TxBarrier&>(ss.q_full[stage]).arrive_and_expect_tx(tx_bytes);
+    return stage;
+  };
+
+  for (;;) {
+    {
+      const int64_t it = item_index();
+      if (it >= p.sched.template num_items<T>(cta_index())) break;
+      const KvTileRef tile = p.sched.template item<T>(cta_index(), it);
+      const int32_t nv = p.sched.template num_visits<T>(tile);
+      set_word(kNumVisits, nv);
+      set_word(kBatch, tile.batch);
+      set_word(kHeadK, tile.head_k);
+      set_word(kNBlock, tile.n_block);
+      if (lane_id() == 0) {
+        if (nv == 0) {
+          next_stage(VisitRecord{tile.batch, tile.head_k, tile.n_block, 0, 0, 0, VisitRecord::kEmptyTile}, 0);
+        } else {
+          wait_barrier(ss.kv_empty, (state & 1) ^ 1, WaitSite::kKvEmpty);
+          reinterpret_cast<TxBarrier&>(ss.kv_full).arrive_and_expect_tx(2 * T::kKBytes);
+          Tensor gK = local_tile(mK(_, _, tile.head_k, tile.batch), Shape<typename T::BN, typename T::HD>{},
+                                 make_coord(tile.n_block, _0{}));
+          Tensor gV = local_tile(mV(_, _, tile.head_k, tile.batch), Shape<typename T::BN, typename T::HD>{},
+                                 make_coord(tile.n_block, _0{}));
+          auto [tKgK, tKsK] =
+              tma_partition(p.tma_k, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
+          auto [tVgV, tVsV] =
+              tma_partition(p.tma_v, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sV), group_modes<0, 2>(gV));
+          // L2 hints: K/V are read by this CTA alone; Q, dO and the dQ accumulator (bwd_dq_writer.h) by every CTA
+          // of the head, so they should outlive K/V in L2.
+          copy(p.tma_k.with(ss.kv_full, 0, TMA::CacheHintSm90::EVICT_FIRST), tKgK, tKsK);
+          copy(p.tma_v.with(ss.kv_full, 0, TMA::CacheHintSm90::EVICT_FIRST), tVgV, tVsV);
+          state ^= 1;
+        }
+      }
+      __syncwarp();
+    }
+
+    for (int32_t t0 = 0; t0 < static_cast<int32_t>(word(kNumVisits)); t0 += 32) {
+      VisitRef mine{0, 0, 0};
+      {
+        const int32_t step = t0 + lane_id();
+        const int32_t nv = static_cast<int32_t>(word(kNumVisits));
+        const KvTileRef tile = current_tile();
+        const int64_t it = item_index();
+        if (step < nv) mine = p.sched.template visit<T>(cta_index(), it, tile, step);
+      }
+      const int32_t nv = static_cast<int32_t>(word(kNumVisits));
+#pragma unroll 1
+      for (int32_t j = 0; j < min(32, nv - t0); ++j) {
+        const int32_t head = __shfl_sync(0xffffffffu, mine.head, j);
+        const int32_t m_block = __shfl_sync(0xffffffffu, mine.m_block, j);
+        const int32_t wait_target = __shfl_sync(0xffffffffu, mine.wait_target, j);
+        const KvTileRef tile = current_tile();
+        if (lane_id() != 0) continue;
+        const int32_t t = t0 + j;
+        const int32_t flags = (t == 0 ? VisitRecord::kFirst : 0) | (t == nv - 1 ? VisitRecord::kLast : 0);
+        const int stage = next_stage(
+            VisitRecord{tile.batch, tile.head_k, tile.n_block, head, m_block, wait_target, flags},
+            2 * T::kQBytes + 2 * T::kRowStatBytes);
+        Tensor gQ = local_tile(mQ(_, _, head, tile.batch), Shape<typename T::BM, typename T::HD>{},
+                               make_coord(m_block, _0{}));
+        Tensor gdO = local_tile(mdO(_, _, head, tile.batch), Shape<typename T::BM, typename T::HD>{},
+                                make_coord(m_block, _0{}));
+        Tensor sQs = sQ(_, _, stage);
+        Tensor sdOs = sdO(_, _, stage);
+        auto [tQgQ, tQsQ] =
+            tma_partition(p.tma_q, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sQs), group_modes<0, 2>(gQ));
+        auto [tOgO, tOsO] =
+            tma_partition(p.tma_do, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sdOs), group_modes<0, 2>(gdO));
+        copy(p.tma_q.with(ss.q_full[stage], 0, TMA::CacheHintSm90::EVICT_LAST), tQgQ, tQsQ);
+        copy(p.tma_do.with(ss.q_full[stage], 0, TMA::CacheHintSm90::EVICT_LAST), tOgO, tOsO);
+        const int64_t row0 = (int64_t(tile.batch) * get<2>(p.shape_q) + head) * p.seqlen_q_rounded +
+                             int64_t(m_block) * T::kBlockM;
+        SM90_BULK_COPY_G2S::copy(p.lse_log2 + row0, &ss.q_full[stage], ss.lse[stage], T::kRowStatBytes);
+        SM90_BULK_COPY_G2S::copy(p.dsum + row0, &ss.q_full[stage], ss.dsum[stage], T::kRowStatBytes);
+      }
+      __syncwarp();
+    }
+
+    const uint64_t next = static_cast<uint64_t>(item_index()) + 1;
+    set_word(kItemLo, static_cast<uint32_t>(next));
+    set_word(kItemHi, static_cast<uint32_t>(next >> 32));
+  }
+  if (lane_id() == 0) next_stage(VisitRecord{0, 0, 0, 0, 0, 0, VisitRecord::kEnd}, 0);
+}
+
+}  // namespace dash::bwd

@@ -1,7 +1,7 @@
 """Input checks of the public API, run before any kernel launch.
 
 Every user mistake raises ValueError naming the argument and the fix; problems of the environment (no sm90 GPU,
-extension not built) raise RuntimeError; features the CUDA kernels do not implement yet raise NotImplementedError.
+extension not built, kernels a build left out) raise RuntimeError.
 Shape/dtype checks here only read metadata so they also run on the fake tensors torch.compile traces with;
 `check_cu_seqlens_values` checks tensor contents and therefore runs inside the custom op, on real tensors.
 """

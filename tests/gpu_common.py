@@ -50,6 +50,18 @@ def assert_within(name, got, ref, tol):
     assert err <= tol, f"{name}: max abs error {err:.3e} > tolerance {tol:.3e}"
 
 
+def assert_grads_within(grads, ref_grads, base_grads, dtype):
+    """dq, dk, dv: every element written and finite, and within the tolerance of the low-precision baseline."""
+    for name, g, r, b in zip(("dq", "dk", "dv"), grads, ref_grads, base_grads):
+        assert torch.isfinite(g).all(), f"{name} has NaN/Inf (unwritten or overflowed elements)"
+        assert_within(name, g, r, tolerance(b, r, dtype))
+
+
+# Scale of q and k in the soft-capping tests: scores (at softmax_scale = d^-1/2) of standard deviation ~3 against
+# softcaps of 2-30, so that tanh bends and a kernel that left out 1 - t^2 in dS would fail.
+SOFTCAP_SCORE_BOOST = 3.0 ** 0.5
+
+
 def poison_allocator(nbytes=1 << 30, small_blocks=256):
     """Leaves NaN in freed blocks of the caching allocator (large and small pools), so torch.empty in the op returns
     memory full of NaN: any output element the kernel fails to write shows up."""

@@ -50,6 +50,18 @@ def assert_within(name, got, ref, tol):
     assert err <= tol, f"{name}: max abs error {err:.3e} > tolerance {tol:.3e}"
 
 
+def assert_out_lse_within(out, lse, ref_out, ref_lse, base_out, dtype, base_lse=None, lse_abs=1e-3):
+    """out finite and within the baseline's tolerance; lse -inf exactly on the rows that see no key and, on the others,
+    within the tolerance of base_lse (the low-precision baseline's) when given, else within lse_abs."""
+    assert torch.isfinite(out).all(), "output has NaN/Inf (unwritten or overflowed elements)"
+    assert_within("out", out, ref_out, tolerance(base_out, ref_out, dtype))
+    seen = torch.isfinite(ref_lse)
+    assert torch.equal(torch.isneginf(lse), ~seen), "lse must be -inf exactly on the rows that see no key"
+    lse_tol = lse_abs if base_lse is None else tolerance(base_lse.float()[seen], ref_lse[seen], torch.float32,
+                                                          abs_floor=lse_abs)
+    assert_within("lse", lse[seen], ref_lse[seen], lse_tol)
+
+
 def assert_grads_within(grads, ref_grads, base_grads, dtype):
     """dq, dk, dv: every element written and finite, and within the tolerance of the low-precision baseline."""
     for name, g, r, b in zip(("dq", "dk", "dv"), grads, ref_grads, base_grads):

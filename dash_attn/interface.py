@@ -89,6 +89,25 @@ def _supported_head_dims() -> Tuple[int, ...]:
     return tuple(int(d) for d in _extension().supported_head_dims())
 
 
+@torch.compiler.assume_constant_result  # a property of the build: traced graphs keep the value
+def _cuda_kernel_head_dim(device_index: int, headdim: int) -> int:
+    validation.check_cuda_device(torch.device("cuda", device_index))
+    return validation.kernel_head_dim(headdim, _supported_head_dims())
+
+
+def _kernel_head_dim(q: torch.Tensor) -> int:
+    """The head dim q, k and v run at: their own, or on CUDA, where the build has no kernel for it, the smallest larger
+    compiled one. Zero columns appended to q, k and v add 0 to every score and give 0 output columns, so the padding
+    changes nothing but the cost (the padded FLOPs and the copies); the caller cuts the output back."""
+    if q.device.type != "cuda":
+        return q.shape[-1]
+    return _cuda_kernel_head_dim(q.device.index, q.shape[-1])
+
+
+def _pad_head_dim(t: torch.Tensor, headdim: int) -> torch.Tensor:
+    return torch.nn.functional.pad(t, (0, headdim - t.shape[-1]))
+
+
 @functools.lru_cache(maxsize=None)
 def _softcap_built() -> bool:
     return bool(_extension().softcap_built())
@@ -435,7 +454,8 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, window_size=(-1, 
     """Scaled dot-product attention with FlashAttention-3's interface.
 
     q: (batch, seqlen_q, nheads, headdim); k, v: (batch, seqlen_k, nheads_k, headdim), nheads % nheads_k == 0.
-    softmax_scale: default 1/sqrt(headdim). causal: bottom-right aligned (query i sees key j <= i + seqlen_k -
+    headdim: a multiple of 8 up to 256; on CUDA one without a compiled kernel (built: 64, 128, 256) runs zero-padded
+    to the next compiled one, at that one's cost. softmax_scale: default 1/sqrt(headdim). causal: bottom-right aligned (query i sees key j <= i + seqlen_k -
     seqlen_q). window_size: (left, right), -1 unbounded. softcap > 0: scores = softcap * tanh(scores / softcap).
     deterministic: bitwise-reproducible backward; None follows torch.are_deterministic_algorithms_enabled().
     schedule: backward schedule name from SCHEDULES ("auto" = cost model). sm_margin: SMs the backward leaves free.
@@ -443,7 +463,12 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, window_size=(-1, 
     """
     validation.check_qkv(q, k, v, varlen=False)
     args = _common_args(q, softmax_scale, causal, window_size, softcap, deterministic, schedule, sm_margin)
+    headdim, kernel_dim = q.shape[-1], _kernel_head_dim(q)
+    if kernel_dim != headdim:
+        q, k, v = (_pad_head_dim(t, kernel_dim) for t in (q, k, v))
     out, lse = _fwd(q, k, v, *args)
+    if kernel_dim != headdim:
+        out = out[..., :headdim].contiguous()
     return (out, lse) if return_attn_probs else out
 
 
@@ -462,5 +487,10 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     validation.check_qkv(q, k, v, varlen=True)
     validation.check_cu_seqlens_meta(q, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     args = _common_args(q, softmax_scale, causal, window_size, softcap, deterministic, schedule, sm_margin)
+    headdim, kernel_dim = q.shape[-1], _kernel_head_dim(q)
+    if kernel_dim != headdim:
+        q, k, v = (_pad_head_dim(t, kernel_dim) for t in (q, k, v))
     out, lse = _varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), *args)
+    if kernel_dim != headdim:
+        out = out[..., :headdim].contiguous()
     return (out, lse) if return_attn_probs else out

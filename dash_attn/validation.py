@@ -18,7 +18,7 @@ SCHEDULES = ("auto", "ascending", "descending", "spt", "shift", "shift_causal")
 KERNEL_DTYPES = (torch.float16, torch.bfloat16)
 # The CPU reference also takes full precision so torch.autograd.gradcheck can run in float64.
 CPU_DTYPES = KERNEL_DTYPES + (torch.float32, torch.float64)
-CPU_MAX_HEADDIM = 256
+MAX_HEADDIM = 256
 HEADDIM_MULTIPLE = 8
 
 
@@ -56,11 +56,10 @@ def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, varlen: bool) -
     if nheads_k == 0 or nheads % nheads_k != 0:
         raise ValueError(f"nheads of q ({nheads}) must be a multiple of nheads of k/v ({nheads_k}) for MQA/GQA: "
                          "pick a number of key/value heads that divides the number of query heads")
-    if q.device.type == "cpu":
-        headdim = q.shape[-1]
-        if headdim < HEADDIM_MULTIPLE or headdim % HEADDIM_MULTIPLE != 0 or headdim > CPU_MAX_HEADDIM:
-            raise ValueError(f"head dim {headdim} is not supported: use a multiple of {HEADDIM_MULTIPLE} "
-                             f"up to {CPU_MAX_HEADDIM} (pad q, k, v along the last dimension)")
+    headdim = q.shape[-1]
+    if headdim < HEADDIM_MULTIPLE or headdim % HEADDIM_MULTIPLE != 0 or headdim > MAX_HEADDIM:
+        raise ValueError(f"head dim {headdim} is not supported: use a multiple of {HEADDIM_MULTIPLE} "
+                         f"up to {MAX_HEADDIM} (pad q, k, v along the last dimension)")
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.stride(-1) != 1:
             raise ValueError(f"{name} must have a contiguous last dimension (stride(-1) == 1), got strides "
@@ -172,6 +171,18 @@ def check_cuda_device(device: torch.device) -> None:
 # The soft-capped kernels scale scores by softmax_scale / softcap before tanh and by softcap * log2(e) after it, in
 # fp32: past this the first underflows and the second overflows. A softcap this large caps nothing (pass 0).
 CUDA_MAX_SOFTCAP = 1e30
+
+
+def kernel_head_dim(headdim: int, supported_head_dims: Sequence[int]) -> int:
+    """The compiled head dim that runs `headdim`: itself, or the smallest larger one (the caller zero-pads)."""
+    if headdim in supported_head_dims:
+        return headdim
+    larger = [d for d in supported_head_dims if d > headdim]
+    if not larger:
+        raise ValueError(f"head dim {headdim} is above every compiled CUDA kernel's; the build has "
+                         f"{sorted(supported_head_dims)}: rebuild with DASH_ATTN_HDIMS including a head dim >= "
+                         f"{headdim}")
+    return min(larger)
 
 
 def check_cuda_features(headdim: int, supported_head_dims: Sequence[int], softcap: float,

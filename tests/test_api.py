@@ -4,6 +4,7 @@ import types
 
 import pytest
 import torch
+from torch._dynamo.testing import CompileCounterWithBackend
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import dash_attn
@@ -565,3 +566,75 @@ def test_auto_schedule_falls_back_without_the_simulator(fake_cuda, monkeypatch):
     q, k, v, out, lse, dq, dk, dv = _bf16_inputs()
     interface._launch_bwd(out, q, k, v, out, lse, dq, dk, dv, 0.125, 0, -1, -1, 0.0, True, "auto", 0)
     assert fake_cuda.calls[0][1][15] == interface.SCHEDULE_IDS[interface.FALLBACK_SCHEDULE]
+
+
+@pytest.mark.parametrize("headdim, supported, expected", [
+    (64, [64, 128, 256], 64), (96, [64, 128, 256], 128), (8, [64, 128], 64), (192, [64, 128, 256], 256),
+    (128, [128], 128),
+])
+def test_kernel_head_dim_is_the_smallest_compiled_one_that_fits(headdim, supported, expected):
+    assert validation.kernel_head_dim(headdim, supported) == expected
+
+
+def test_head_dim_above_every_kernel_is_refused():
+    with pytest.raises(ValueError, match="head dim 192 is above every compiled"):
+        validation.kernel_head_dim(192, [64, 128])
+
+
+def test_head_dim_rule_holds_on_every_device():
+    q, k, v = (t.to("meta") for t in _qkv(headdim=16, dtype=torch.bfloat16))
+    validation.check_qkv(q, k, v, varlen=False)
+    q, k, v = (torch.zeros(2, 9, n, 12, dtype=torch.bfloat16, device="meta") for n in (4, 2, 2))
+    with pytest.raises(ValueError, match="head dim 12 is not supported"):
+        validation.check_qkv(q, k, v, varlen=False)
+
+
+@pytest.fixture
+def pad_to_32(monkeypatch):
+    """The CPU path with the CUDA path's padding: head dim 24 runs as 32. Yields the head dims the op saw."""
+    seen = []
+    monkeypatch.setattr(interface, "_kernel_head_dim", lambda q: 32 if q.shape[-1] == 24 else q.shape[-1])
+    pad = interface._pad_head_dim
+    monkeypatch.setattr(interface, "_pad_head_dim", lambda t, d: seen.append(d) or pad(t, d))
+    yield seen
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_padding_the_head_dim_changes_no_result(pad_to_32, causal):
+    # Zero columns add nothing to the scores and give zero output columns; the softmax scale stays the caller's.
+    q, k, v = _qkv(seqlen_q=9, seqlen_k=11, headdim=24, dtype=torch.float64, requires_grad=True)
+    dout = torch.randn(q.shape, dtype=torch.float64)
+    out, lse = dash_attn.flash_attn_func(q, k, v, causal=causal, return_attn_probs=True)
+    out.backward(dout)
+    assert out.shape == q.shape and out.is_contiguous() and pad_to_32 == [32, 32, 32]
+    padded = [t.grad for t in (q, k, v)]
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    ref_out, ref_lse = attention_ref(*leaves, causal=causal, return_lse=True)
+    ref_grads = torch.autograd.grad(ref_out, leaves, dout)
+    torch.testing.assert_close(out, ref_out, rtol=0, atol=1e-12)
+    torch.testing.assert_close(lse, ref_lse.to(lse.dtype), rtol=0, atol=1e-6)
+    for g, r in zip(padded, ref_grads):
+        assert g.shape == r.shape
+        torch.testing.assert_close(g, r, rtol=0, atol=1e-12)
+
+
+def test_padding_the_head_dim_varlen(pad_to_32):
+    q, k, v, cu_q, cu_k, max_q, max_k = _varlen_inputs(headdim=24, requires_grad=True)
+    out = dash_attn.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, causal=True)
+    ref = attention_ref_varlen(q.detach(), k.detach(), v.detach(), cu_q, cu_k, causal=True)
+    assert out.shape == q.shape and out.is_contiguous() and pad_to_32 == [32, 32, 32]
+    torch.testing.assert_close(out, ref, rtol=0, atol=1e-12)
+    out.sum().backward()
+    assert q.grad.shape == q.shape and k.grad.shape == k.shape
+
+
+def test_cuda_kernel_head_dim_traces_as_a_constant(fake_cuda):
+    # The padding decision reads the build through the extension; under torch.compile(fullgraph=True) it must be a
+    # constant of the graph, not a graph break.
+    def f(x):
+        return x[..., :interface._cuda_kernel_head_dim(0, 96)] * 2
+
+    x = torch.randn(3, 256)
+    counter = CompileCounterWithBackend("eager")
+    out = torch.compile(f, backend=counter, fullgraph=True)(x)
+    assert out.shape == (3, 128) and counter.frame_count == 1

@@ -1,0 +1,97 @@
+"""GPU head dims without a compiled kernel (marker `gpu`): run zero-padded to the next compiled head dim.
+
+Forward O/LSE and backward dQ/dK/dV against the float32 reference at the caller's head dim (tolerance scheme of
+test_gpu_forward.py), the default softmax scale taken from the caller's head dim, bitwise-identical repeated
+deterministic backward calls, the varlen path, and torch.compile(fullgraph=True).
+"""
+import os
+
+import pytest
+import torch
+
+import dash_attn
+from gpu_common import (exact_float32_matmul, supported_head_dims, assert_out_lse_within,  # noqa: F401 (fixture)
+                        assert_grads_within, poison_allocator)
+from dash_attn.reference import attention_bwd_ref, attention_ref
+from test_gpu_varlen import check_varlen
+
+pytestmark = pytest.mark.gpu
+
+SEED = int(os.environ.get("DASH_TEST_SEED", "0"))
+# Multiples of 8 below the largest compiled head dim that have no kernel of their own.
+PADDED = [d for d in (8, 32, 80, 96, 160, 192, 248) if d not in supported_head_dims() and d < max(supported_head_dims())]
+
+
+def make_inputs(batch, seqlen_q, seqlen_k, nheads, nheads_k, headdim, dtype, seed=SEED):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    shapes = [(batch, seqlen_q, nheads, headdim), (batch, seqlen_k, nheads_k, headdim),
+              (batch, seqlen_k, nheads_k, headdim), (batch, seqlen_q, nheads, headdim)]
+    return tuple(torch.randn(s, generator=gen, device="cuda", dtype=dtype) for s in shapes)
+
+
+def run(q, k, v, dout, causal, deterministic, poison=False):
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    if poison:
+        poison_allocator()
+    out, lse = dash_attn.flash_attn_func(*leaves, causal=causal, deterministic=deterministic, return_attn_probs=True)
+    out.backward(dout)
+    torch.cuda.synchronize()
+    return out, lse, tuple(t.grad for t in leaves)
+
+
+@pytest.mark.parametrize("seqlen_q, seqlen_k", [(17, 17), (113, 257), (1023, 1023)], ids=["17", "113x257", "1023"])
+@pytest.mark.parametrize("deterministic", [True, False], ids=["det", "nondet"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("headdim", PADDED)
+def test_padded_head_dim_matches_reference(seqlen_q, seqlen_k, deterministic, causal, dtype, headdim):
+    q, k, v, dout = make_inputs(2, seqlen_q, seqlen_k, 4, 2, headdim, dtype)
+    out, lse, grads = run(q, k, v, dout, causal, deterministic, poison=True)
+    assert out.shape == q.shape and out.is_contiguous() and out.dtype == dtype
+    for g, x in zip(grads, (q, k, v)):
+        assert g.shape == x.shape and g.dtype == dtype
+
+    qf, kf, vf = q.float(), k.float(), v.float()
+    ref_out, ref_lse = attention_ref(qf, kf, vf, causal=causal, return_lse=True)
+    ref_grads = attention_bwd_ref(dout.float(), qf, kf, vf, ref_out, ref_lse, causal=causal)
+    base_leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    base_out, base_lse = attention_ref(*base_leaves, causal=causal, upcast=False, return_lse=True)
+    base_grads = torch.autograd.grad(base_out, base_leaves, dout)
+    assert_out_lse_within(out, lse, ref_out, ref_lse, base_out, dtype, base_lse=base_lse)
+    assert_grads_within(grads, ref_grads, base_grads, dtype)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("headdim", PADDED)
+def test_padded_head_dim_backward_is_bitwise_reproducible(causal, headdim):
+    q, k, v, dout = make_inputs(2, 1023, 1023, 8, 2, headdim, torch.bfloat16)
+    _, _, first = run(q, k, v, dout, causal, True)
+    for _ in range(20):
+        _, _, again = run(q, k, v, dout, causal, True)
+        for name, a, b in zip(("dq", "dk", "dv"), first, again):
+            assert torch.equal(a, b), f"{name} differs between deterministic calls"
+
+
+@pytest.mark.parametrize("packing", ["odd", "runs"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("headdim", PADDED)
+def test_padded_head_dim_varlen(packing, causal, headdim):
+    check_varlen(packing, 4, 2, headdim, torch.bfloat16, causal, deterministic=True, poison=True)
+
+
+@pytest.mark.skipif(not PADDED, reason="every head dim up to the largest compiled one has a kernel")
+def test_padded_head_dim_compiles_fullgraph():
+    torch._dynamo.reset()
+    q, k, v, dout = make_inputs(2, 257, 257, 4, 2, PADDED[0], torch.bfloat16)
+
+    def step(q, k, v):
+        return dash_attn.flash_attn_func(q, k, v, causal=True, deterministic=True)
+
+    eager = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    step(*eager).backward(dout)
+    compiled = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    out = torch.compile(step, fullgraph=True)(*compiled)
+    out.backward(dout)
+    assert torch.equal(out, step(q, k, v))
+    for e, c in zip(eager, compiled):
+        assert torch.equal(e.grad, c.grad)

@@ -8,6 +8,7 @@ opaque ops per attention call. deterministic, schedule and sm_margin travel as o
 """
 from __future__ import annotations
 
+import contextlib
 import enum
 import functools
 import math
@@ -19,7 +20,8 @@ from . import validation
 from .reference import attention_bwd_ref, attention_bwd_ref_varlen, attention_ref, attention_ref_varlen
 from .validation import SCHEDULES
 
-__all__ = ["flash_attn_func", "flash_attn_varlen_func", "SCHEDULES"]
+__all__ = ["flash_attn_func", "flash_attn_qkvpacked_func", "flash_attn_kvpacked_func", "flash_attn_varlen_func",
+           "SCHEDULES"]
 
 
 class MaskKind(enum.IntEnum):
@@ -89,25 +91,6 @@ def _supported_head_dims() -> Tuple[int, ...]:
     return tuple(int(d) for d in _extension().supported_head_dims())
 
 
-@torch.compiler.assume_constant_result  # a property of the build: traced graphs keep the value
-def _cuda_kernel_head_dim(device_index: int, headdim: int) -> int:
-    validation.check_cuda_device(torch.device("cuda", device_index))
-    return validation.kernel_head_dim(headdim, _supported_head_dims())
-
-
-def _kernel_head_dim(q: torch.Tensor) -> int:
-    """The head dim q, k and v run at: their own, or on CUDA, where the build has no kernel for it, the smallest larger
-    compiled one. Zero columns appended to q, k and v add 0 to every score and give 0 output columns, so the padding
-    changes nothing but the cost (the padded FLOPs and the copies); the caller cuts the output back."""
-    if q.device.type != "cuda":
-        return q.shape[-1]
-    return _cuda_kernel_head_dim(q.device.index, q.shape[-1])
-
-
-def _pad_head_dim(t: torch.Tensor, headdim: int) -> torch.Tensor:
-    return torch.nn.functional.pad(t, (0, headdim - t.shape[-1]))
-
-
 @functools.lru_cache(maxsize=None)
 def _softcap_built() -> bool:
     return bool(_extension().softcap_built())
@@ -167,6 +150,23 @@ def _device_guard(device: torch.device):
     return torch.cuda.device(device)
 
 
+@contextlib.contextmanager
+def _full_width(q: torch.Tensor, result: torch.Tensor):
+    """Where `result` goes for a kernel launch: itself, or, at a head dim below the kernel's (csrc/common/head_dims.h),
+    the first columns of rows as wide as the kernel's, copied into `result` afterwards. The kernels read and write
+    nothing past the call's head dim through TMA, but some of their stores write whole rows of the kernel's width (O
+    and dK/dV at head dim 256, the zeros of KV tiles no query sees): in a buffer of that width they land in its
+    spare columns instead of the next row."""
+    headdim = q.shape[-1]
+    kernel_dim = validation.kernel_head_dim(headdim, _supported_head_dims())
+    if kernel_dim == headdim:
+        yield result
+        return
+    rows = result.new_empty(*result.shape[:-1], kernel_dim)[..., :headdim]
+    yield rows
+    result.copy_(rows)
+
+
 def _launch_fwd(q, k, v, out, lse, softmax_scale, mask, window_left, window_right, softcap) -> None:
     """CUDA forward into preallocated out/lse; every check runs before the launch."""
     _run_fwd(_check_cuda(q, softcap), q, k, v, out, lse, softmax_scale, mask, window_left, window_right, softcap)
@@ -180,8 +180,8 @@ def _run_fwd(ext, q, k, v, out, lse, softmax_scale, mask, window_left, window_ri
         out.zero_()
         lse.fill_(float("-inf"))
         return
-    with _device_guard(q.device):
-        ext.fwd(q, k, v, out, lse, softmax_scale, mask, window_left, window_right, softcap)
+    with _device_guard(q.device), _full_width(q, out) as out_rows:
+        ext.fwd(q, k, v, out_rows, lse, softmax_scale, mask, window_left, window_right, softcap)
 
 
 def _launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, mask, window_left, window_right, softcap,
@@ -200,9 +200,9 @@ def _run_bwd(ext, dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, mask, wind
         dv.zero_()
         return
     schedule_id = _resolve_schedule(schedule, q, k, mask, window_left, window_right, deterministic, sm_margin)
-    with _device_guard(q.device):
-        ext.bwd(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, mask, window_left, window_right, softcap,
-                deterministic, schedule_id, sm_margin)
+    with _device_guard(q.device), _full_width(q, dk) as dk_rows, _full_width(q, dv) as dv_rows:
+        ext.bwd(dout, q, k, v, out, lse, dq, dk_rows, dv_rows, softmax_scale, mask, window_left, window_right,
+                softcap, deterministic, schedule_id, sm_margin)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -454,21 +454,17 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, window_size=(-1, 
     """Scaled dot-product attention with FlashAttention-3's interface.
 
     q: (batch, seqlen_q, nheads, headdim); k, v: (batch, seqlen_k, nheads_k, headdim), nheads % nheads_k == 0.
-    headdim: a multiple of 8 up to 256; on CUDA one without a compiled kernel (built: 64, 128, 256) runs zero-padded
-    to the next compiled one, at that one's cost. softmax_scale: default 1/sqrt(headdim). causal: bottom-right aligned (query i sees key j <= i + seqlen_k -
-    seqlen_q). window_size: (left, right), -1 unbounded. softcap > 0: scores = softcap * tanh(scores / softcap).
+    headdim: a multiple of 8 up to 256; on CUDA one without a kernel of its own (built: 64, 128, 256) runs in the next
+    larger one, its missing columns zero, at that one's cost. softmax_scale: default 1/sqrt(headdim).
+    causal: bottom-right aligned (query i sees key j <= i + seqlen_k - seqlen_q). window_size: (left, right), -1
+    unbounded. softcap > 0: scores = softcap * tanh(scores / softcap).
     deterministic: bitwise-reproducible backward; None follows torch.are_deterministic_algorithms_enabled().
     schedule: backward schedule name from SCHEDULES ("auto" = cost model). sm_margin: SMs the backward leaves free.
     Returns out (like q), or (out, lse) with return_attn_probs, lse float32 (batch, nheads, seqlen_q), natural log.
     """
     validation.check_qkv(q, k, v, varlen=False)
     args = _common_args(q, softmax_scale, causal, window_size, softcap, deterministic, schedule, sm_margin)
-    headdim, kernel_dim = q.shape[-1], _kernel_head_dim(q)
-    if kernel_dim != headdim:
-        q, k, v = (_pad_head_dim(t, kernel_dim) for t in (q, k, v))
     out, lse = _fwd(q, k, v, *args)
-    if kernel_dim != headdim:
-        out = out[..., :headdim].contiguous()
     return (out, lse) if return_attn_probs else out
 
 
@@ -487,10 +483,33 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     validation.check_qkv(q, k, v, varlen=True)
     validation.check_cu_seqlens_meta(q, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     args = _common_args(q, softmax_scale, causal, window_size, softcap, deterministic, schedule, sm_margin)
-    headdim, kernel_dim = q.shape[-1], _kernel_head_dim(q)
-    if kernel_dim != headdim:
-        q, k, v = (_pad_head_dim(t, kernel_dim) for t in (q, k, v))
     out, lse = _varlen_fwd(q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), *args)
-    if kernel_dim != headdim:
-        out = out[..., :headdim].contiguous()
     return (out, lse) if return_attn_probs else out
+
+
+def flash_attn_qkvpacked_func(qkv, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                              deterministic=None, num_heads_q=None, schedule="auto", sm_margin=0,
+                              return_attn_probs=False):
+    """flash_attn_func on q, k, v packed in one tensor (FlashAttention-3's qkvpacked interface).
+
+    qkv: (batch, seqlen, 3, nheads, headdim), or with num_heads_q given (batch, seqlen, num_heads_q + 2 * nheads_k,
+    headdim): the query heads, then the key heads, then the value heads (MQA/GQA). The kernels read the three slices
+    in place; their gradients come back packed like qkv. Other arguments and the result as in flash_attn_func.
+    """
+    q, k, v = validation.unpack_qkv(qkv, num_heads_q)
+    return flash_attn_func(q, k, v, softmax_scale=softmax_scale, causal=causal, window_size=window_size,
+                           softcap=softcap, deterministic=deterministic, schedule=schedule, sm_margin=sm_margin,
+                           return_attn_probs=return_attn_probs)
+
+
+def flash_attn_kvpacked_func(q, kv, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                             deterministic=None, schedule="auto", sm_margin=0, return_attn_probs=False):
+    """flash_attn_func with k and v packed in one tensor (FlashAttention-2's kvpacked interface).
+
+    q: (batch, seqlen_q, nheads, headdim); kv: (batch, seqlen_k, 2, nheads_k, headdim). Other arguments and the
+    result as in flash_attn_func.
+    """
+    k, v = validation.unpack_kv(kv)
+    return flash_attn_func(q, k, v, softmax_scale=softmax_scale, causal=causal, window_size=window_size,
+                           softcap=softcap, deterministic=deterministic, schedule=schedule, sm_margin=sm_margin,
+                           return_attn_probs=return_attn_probs)

@@ -22,11 +22,15 @@ MAX_HEADDIM = 256
 HEADDIM_MULTIPLE = 8
 
 
+def _check_tensor(name: str, t) -> None:
+    if not isinstance(t, torch.Tensor):
+        raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+
+
 def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, varlen: bool) -> None:
     """dtype, device, rank, shape and stride checks shared by the dense and varlen entry points."""
     for name, t in (("q", q), ("k", k), ("v", v)):
-        if not isinstance(t, torch.Tensor):
-            raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        _check_tensor(name, t)
     if not (q.device == k.device == v.device):
         raise ValueError(f"q, k, v must be on one device, got q on {q.device}, k on {k.device}, v on {v.device}: "
                          "move them with .to(q.device)")
@@ -64,6 +68,35 @@ def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, varlen: bool) -
         if t.stride(-1) != 1:
             raise ValueError(f"{name} must have a contiguous last dimension (stride(-1) == 1), got strides "
                              f"{tuple(t.stride())}: pass {name}.contiguous()")
+
+
+def unpack_qkv(qkv: torch.Tensor, num_heads_q) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q, k, v as views of a packed qkv: (batch, seqlen, 3, nheads, d), or (batch, seqlen, num_heads_q + 2 * nheads_k,
+    d) with num_heads_q."""
+    _check_tensor("qkv", qkv)
+    if num_heads_q is None:
+        if qkv.dim() != 5 or qkv.shape[2] != 3:
+            raise ValueError(f"qkv must be (batch, seqlen, 3, nheads, headdim), got shape {tuple(qkv.shape)}; for "
+                             "(batch, seqlen, nheads_q + 2 * nheads_k, headdim) pass num_heads_q")
+        return qkv.unbind(2)
+    if isinstance(num_heads_q, bool) or not isinstance(num_heads_q, int):
+        raise ValueError(f"num_heads_q must be an int or None, got {num_heads_q!r}")
+    if qkv.dim() != 4:
+        raise ValueError(f"qkv with num_heads_q must be (batch, seqlen, nheads_q + 2 * nheads_k, headdim), got shape "
+                         f"{tuple(qkv.shape)}")
+    kv_heads = qkv.shape[2] - num_heads_q
+    if num_heads_q <= 0 or kv_heads <= 0 or kv_heads % 2 != 0:
+        raise ValueError(f"num_heads_q={num_heads_q} does not split qkv's {qkv.shape[2]} heads into num_heads_q query "
+                         "heads and two equal groups of key and value heads")
+    return qkv.split([num_heads_q, kv_heads // 2, kv_heads // 2], dim=2)
+
+
+def unpack_kv(kv: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """k, v as views of a packed kv: (batch, seqlen_k, 2, nheads_k, d)."""
+    _check_tensor("kv", kv)
+    if kv.dim() != 5 or kv.shape[2] != 2:
+        raise ValueError(f"kv must be (batch, seqlen_k, 2, nheads_k, headdim), got shape {tuple(kv.shape)}")
+    return kv.unbind(2)
 
 
 def check_window(causal: bool, window_size: Sequence[int]) -> Tuple[int, int]:
@@ -174,7 +207,8 @@ CUDA_MAX_SOFTCAP = 1e30
 
 
 def kernel_head_dim(headdim: int, supported_head_dims: Sequence[int]) -> int:
-    """The compiled head dim that runs `headdim`: itself, or the smallest larger one (the caller zero-pads)."""
+    """The compiled head dim that runs `headdim`: itself, or the smallest larger one, whose kernel treats the missing
+    columns as zeros (csrc/common/head_dims.h)."""
     if headdim in supported_head_dims:
         return headdim
     larger = [d for d in supported_head_dims if d > headdim]
@@ -189,9 +223,7 @@ def check_cuda_features(headdim: int, supported_head_dims: Sequence[int], softca
                         softcap_built: bool = True) -> None:
     """Kernels this build does not have, or values they cannot represent: refuse them instead of computing
     something else."""
-    if headdim not in supported_head_dims:
-        raise ValueError(f"head dim {headdim} has no compiled CUDA kernel; the build has "
-                         f"{sorted(supported_head_dims)}: pad the head dim or rebuild with DASH_ATTN_HDIMS")
+    kernel_head_dim(headdim, supported_head_dims)
     if softcap > CUDA_MAX_SOFTCAP:
         raise ValueError(f"softcap={softcap} is above {CUDA_MAX_SOFTCAP:g}, which the CUDA kernels cannot represent; "
                          "a softcap that large caps nothing: pass softcap=0.0")

@@ -4,7 +4,6 @@ import types
 
 import pytest
 import torch
-from torch._dynamo.testing import CompileCounterWithBackend
 from torch.utils._python_dispatch import TorchDispatchMode
 
 import dash_attn
@@ -389,7 +388,7 @@ def test_non_hopper_gpu_is_refused(monkeypatch):
 
 
 @pytest.mark.parametrize("kwargs, error, message", [
-    (dict(headdim=96), ValueError, "head dim 96"),
+    (dict(headdim=192), ValueError, "head dim 192"),
     (dict(softcap=1.0, softcap_built=False), RuntimeError, "DASH_ATTN_SOFTCAP=0"),
     (dict(softcap=1e31), ValueError, "softcap=1e\\+31 is above"),
 ])
@@ -474,8 +473,8 @@ def test_launch_fwd_calls_the_binding_in_order(fake_cuda):
 
 
 def test_launch_refuses_unsupported_head_dim_before_launch(fake_cuda):
-    q, k, v, out, lse, *_ = _bf16_inputs(headdim=32)
-    with pytest.raises(ValueError, match="head dim 32"):
+    q, k, v, out, lse, *_ = _bf16_inputs(headdim=192)  # the fake build's largest head dim is 128
+    with pytest.raises(ValueError, match="head dim 192"):
         interface._launch_fwd(q, k, v, out, lse, 0.125, 0, -1, -1, 0.0)
     fake_cuda.softcap = False
     interface._softcap_built.cache_clear()
@@ -589,52 +588,70 @@ def test_head_dim_rule_holds_on_every_device():
         validation.check_qkv(q, k, v, varlen=False)
 
 
-@pytest.fixture
-def pad_to_32(monkeypatch):
-    """The CPU path with the CUDA path's padding: head dim 24 runs as 32. Yields the head dims the op saw."""
-    seen = []
-    monkeypatch.setattr(interface, "_kernel_head_dim", lambda q: 32 if q.shape[-1] == 24 else q.shape[-1])
-    pad = interface._pad_head_dim
-    monkeypatch.setattr(interface, "_pad_head_dim", lambda t, d: seen.append(d) or pad(t, d))
-    yield seen
+def test_launch_takes_head_dims_between_kernels(fake_cuda):
+    # The fake build has 64 and 128: 96 runs in the 128 kernel, whose outputs go through rows 128 wide (their first
+    # 96 columns, copied into the results after the launch); 192 has no kernel and is refused before any launch.
+    def write_rows(*args):
+        fake_cuda.calls.append(("fwd", args))
+        rows = args[3]
+        assert rows.shape == out.shape and rows.stride(-2) == 128 and rows.stride(-1) == 1
+        rows.fill_(7.0)
+
+    fake_cuda.fwd = write_rows
+    q, k, v, out, lse, *_ = _bf16_inputs(headdim=96)
+    interface._launch_fwd(q, k, v, out, lse, 0.125, 0, -1, -1, 0.0)
+    assert len(fake_cuda.calls) == 1 and bool((out == 7.0).all())
+    q, k, v, out, lse, dq, dk, dv = _bf16_inputs(headdim=96)
+    interface._launch_bwd(q, q, k, v, out, lse, dq, dk, dv, 0.125, 0, -1, -1, 0.0, True, "shift", 0)
+    name, args = fake_cuda.calls[-1]
+    assert name == "bwd" and args[6] is dq and args[7].stride(-2) == 128 and args[8].stride(-2) == 128
+    q, k, v, out, lse, *_ = _bf16_inputs(headdim=192)
+    with pytest.raises(ValueError, match="head dim 192 is above every compiled"):
+        interface._launch_fwd(q, k, v, out, lse, 0.125, 0, -1, -1, 0.0)
+    assert len(fake_cuda.calls) == 2
 
 
 @pytest.mark.parametrize("causal", [False, True])
-def test_padding_the_head_dim_changes_no_result(pad_to_32, causal):
-    # Zero columns add nothing to the scores and give zero output columns; the softmax scale stays the caller's.
-    q, k, v = _qkv(seqlen_q=9, seqlen_k=11, headdim=24, dtype=torch.float64, requires_grad=True)
-    dout = torch.randn(q.shape, dtype=torch.float64)
-    out, lse = dash_attn.flash_attn_func(q, k, v, causal=causal, return_attn_probs=True)
+def test_qkvpacked_matches_separate_tensors(causal):
+    gen = torch.Generator().manual_seed(3)
+    qkv = torch.randn(2, 9, 3, 4, 16, generator=gen, dtype=torch.float64, requires_grad=True)
+    dout = torch.randn(2, 9, 4, 16, generator=gen, dtype=torch.float64)
+    out, lse = dash_attn.flash_attn_qkvpacked_func(qkv, causal=causal, return_attn_probs=True)
     out.backward(dout)
-    assert out.shape == q.shape and out.is_contiguous() and pad_to_32 == [32, 32, 32]
-    padded = [t.grad for t in (q, k, v)]
-    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
-    ref_out, ref_lse = attention_ref(*leaves, causal=causal, return_lse=True)
-    ref_grads = torch.autograd.grad(ref_out, leaves, dout)
-    torch.testing.assert_close(out, ref_out, rtol=0, atol=1e-12)
-    torch.testing.assert_close(lse, ref_lse.to(lse.dtype), rtol=0, atol=1e-6)
-    for g, r in zip(padded, ref_grads):
-        assert g.shape == r.shape
-        torch.testing.assert_close(g, r, rtol=0, atol=1e-12)
+    leaves = [t.detach().clone().requires_grad_() for t in qkv.unbind(2)]
+    ref, ref_lse = dash_attn.flash_attn_func(*leaves, causal=causal, return_attn_probs=True)
+    ref.backward(dout)
+    assert torch.equal(out, ref) and torch.equal(lse, ref_lse)
+    assert torch.equal(qkv.grad, torch.stack([t.grad for t in leaves], 2))
 
 
-def test_padding_the_head_dim_varlen(pad_to_32):
-    q, k, v, cu_q, cu_k, max_q, max_k = _varlen_inputs(headdim=24, requires_grad=True)
-    out = dash_attn.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, causal=True)
-    ref = attention_ref_varlen(q.detach(), k.detach(), v.detach(), cu_q, cu_k, causal=True)
-    assert out.shape == q.shape and out.is_contiguous() and pad_to_32 == [32, 32, 32]
-    torch.testing.assert_close(out, ref, rtol=0, atol=1e-12)
+def test_qkvpacked_with_num_heads_q_is_gqa():
+    gen = torch.Generator().manual_seed(4)
+    qkv = torch.randn(2, 9, 4 + 2 * 2, 16, generator=gen, dtype=torch.float64, requires_grad=True)
+    out = dash_attn.flash_attn_qkvpacked_func(qkv, num_heads_q=4, causal=True)
+    q, k, v = qkv.detach()[:, :, :4], qkv.detach()[:, :, 4:6], qkv.detach()[:, :, 6:]
+    assert torch.equal(out, dash_attn.flash_attn_func(q, k, v, causal=True))
     out.sum().backward()
-    assert q.grad.shape == q.shape and k.grad.shape == k.shape
+    assert qkv.grad.shape == qkv.shape
 
 
-def test_cuda_kernel_head_dim_traces_as_a_constant(fake_cuda):
-    # The padding decision reads the build through the extension; under torch.compile(fullgraph=True) it must be a
-    # constant of the graph, not a graph break.
-    def f(x):
-        return x[..., :interface._cuda_kernel_head_dim(0, 96)] * 2
+def test_kvpacked_matches_separate_tensors():
+    q, k, v = _qkv(dtype=torch.float64)
+    kv = torch.stack([k, v], 2)
+    assert torch.equal(dash_attn.flash_attn_kvpacked_func(q, kv, causal=True),
+                       dash_attn.flash_attn_func(q, k, v, causal=True))
 
-    x = torch.randn(3, 256)
-    counter = CompileCounterWithBackend("eager")
-    out = torch.compile(f, backend=counter, fullgraph=True)(x)
-    assert out.shape == (3, 128) and counter.frame_count == 1
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: dash_attn.flash_attn_qkvpacked_func(torch.zeros(2, 9, 4, 16)), "pass num_heads_q"),
+    (lambda: dash_attn.flash_attn_qkvpacked_func(torch.zeros(2, 9, 2, 4, 16)), "qkv must be"),
+    (lambda: dash_attn.flash_attn_qkvpacked_func(torch.zeros(2, 9, 7, 16), num_heads_q=4), "num_heads_q=4"),
+    (lambda: dash_attn.flash_attn_qkvpacked_func(torch.zeros(2, 9, 8, 16), num_heads_q=8), "num_heads_q=8"),
+    (lambda: dash_attn.flash_attn_qkvpacked_func(torch.zeros(2, 9, 8, 16), num_heads_q=2.0), "num_heads_q"),
+    (lambda: dash_attn.flash_attn_qkvpacked_func(torch.zeros(2, 9, 3, 4, 16), num_heads_q=4), "num_heads_q must"),
+    (lambda: dash_attn.flash_attn_qkvpacked_func([1, 2]), "qkv must be a torch.Tensor"),
+    (lambda: dash_attn.flash_attn_kvpacked_func(torch.zeros(2, 9, 4, 16), torch.zeros(2, 9, 3, 2, 16)), "kv must"),
+])
+def test_packed_layouts_are_checked(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()

@@ -1,8 +1,10 @@
-"""GPU head dims without a compiled kernel (marker `gpu`): run zero-padded to the next compiled head dim.
+"""GPU head dims without a kernel of their own (marker `gpu`): they run in the next larger head dim's kernel, whose
+loads fill the missing columns with zeros (csrc/common/head_dims.h); its outputs go through rows of its width.
 
 Forward O/LSE and backward dQ/dK/dV against the float32 reference at the caller's head dim (tolerance scheme of
-test_gpu_forward.py), the default softmax scale taken from the caller's head dim, bitwise-identical repeated
-deterministic backward calls, the varlen path, and torch.compile(fullgraph=True).
+test_gpu_forward.py) with outputs from a NaN-poisoned allocator, inputs whose rows continue in memory past the head
+dim with NaN (nothing past it may be read), bitwise-identical repeated deterministic backward calls, the varlen path,
+and torch.compile(fullgraph=True).
 """
 import os
 
@@ -19,7 +21,8 @@ pytestmark = pytest.mark.gpu
 
 SEED = int(os.environ.get("DASH_TEST_SEED", "0"))
 # Multiples of 8 below the largest compiled head dim that have no kernel of their own.
-PADDED = [d for d in (8, 32, 80, 96, 160, 192, 248) if d not in supported_head_dims() and d < max(supported_head_dims())]
+PADDED = [d for d in (8, 32, 80, 96, 160, 192, 248)
+          if d not in supported_head_dims() and d < max(supported_head_dims())]
 
 
 def make_inputs(batch, seqlen_q, seqlen_k, nheads, nheads_k, headdim, dtype, seed=SEED):
@@ -59,6 +62,29 @@ def test_padded_head_dim_matches_reference(seqlen_q, seqlen_k, deterministic, ca
     base_grads = torch.autograd.grad(base_out, base_leaves, dout)
     assert_out_lse_within(out, lse, ref_out, ref_lse, base_out, dtype, base_lse=base_lse)
     assert_grads_within(grads, ref_grads, base_grads, dtype)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("headdim", PADDED)
+def test_padded_head_dim_reads_nothing_past_the_head_dim(causal, headdim):
+    # q, k, v, dout as views of rows 8 elements wider whose extra columns hold NaN: a kernel that read a column past
+    # the head dim (instead of taking zeros) would spread NaN into every result.
+    q, k, v, dout = make_inputs(2, 257, 257, 4, 2, headdim, torch.bfloat16)
+
+    def wide(t):
+        w = torch.full((*t.shape[:-1], headdim + 8), float("nan"), device="cuda", dtype=t.dtype)
+        w[..., :headdim] = t
+        return w
+
+    leaves = [wide(t).requires_grad_() for t in (q, k, v)]
+    views = [w[..., :headdim] for w in leaves]
+    assert not views[0].is_contiguous()
+    out, lse = dash_attn.flash_attn_func(*views, causal=causal, deterministic=True, return_attn_probs=True)
+    out.backward(wide(dout)[..., :headdim])
+    ref_out, ref_lse, ref_grads = run(q, k, v, dout, causal, True)
+    assert torch.equal(out, ref_out) and torch.equal(lse, ref_lse)
+    for name, w, r in zip(("dq", "dk", "dv"), leaves, ref_grads):
+        assert torch.equal(w.grad[..., :headdim], r), f"{name} differs when the rows continue past the head dim"
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])

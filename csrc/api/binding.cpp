@@ -9,29 +9,10 @@
 #include <cmath>
 #include <vector>
 
+#include "common/head_dims.h"
 #include "common/params.h"
 
 namespace {
-
-constexpr int kSupportedHeadDims[] = {
-#ifdef DASH_ENABLE_HDIM_64
-    64,
-#endif
-#ifdef DASH_ENABLE_HDIM_128
-    128,
-#endif
-#ifdef DASH_ENABLE_HDIM_256
-    256,
-#endif
-    0,  // sentinel so the array is never empty
-};
-
-bool head_dim_built(int d) {
-  for (int h : kSupportedHeadDims) {
-    if (h != 0 && h == d) return true;
-  }
-  return false;
-}
 
 bool softcap_built() {
 #ifdef DASH_ENABLE_SOFTCAP
@@ -100,7 +81,8 @@ dash::AttnShape make_shape(const at::Tensor& q, const at::Tensor& k, double soft
   s.window_right = static_cast<int32_t>(window_right);
   s.softmax_scale = static_cast<float>(softmax_scale);
   s.softcap = static_cast<float>(softcap);
-  TORCH_CHECK_VALUE(head_dim_built(s.headdim), "dash_attn: head dim ", s.headdim, " is not built");
+  TORCH_CHECK_VALUE(dash::kernel_head_dim(s.headdim) != 0, "dash_attn: head dim ", s.headdim,
+                    " has no kernel: a multiple of ", dash::kHeadDimMultiple, " up to the largest built head dim");
   TORCH_CHECK_VALUE(s.nheads_k > 0 && s.nheads % s.nheads_k == 0, "dash_attn: nheads (", s.nheads,
                     ") must be divisible by nheads_k (", s.nheads_k, ")");
   TORCH_CHECK_VALUE(std::isfinite(softcap) && softcap >= 0.0, "dash_attn: softcap must be finite and >= 0, got ",
@@ -203,7 +185,7 @@ void bwd(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const
 
 std::vector<int64_t> supported_head_dims() {
   std::vector<int64_t> dims;
-  for (int h : kSupportedHeadDims) {
+  for (int32_t h : dash::kBuiltHeadDims) {
     if (h != 0) dims.push_back(h);
   }
   return dims;

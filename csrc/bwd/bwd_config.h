@@ -285,17 +285,18 @@ struct BwdWorkspaceLayout {
   size_t dq_accum = 0, lse_log2 = 0, dsum = 0, semaphores = 0, total = 0;
 };
 
-inline BwdWorkspaceLayout bwd_workspace_layout(const AttnShape& s) {
+// kernel_headdim: the head dim of the kernel that runs the call (common/head_dims.h); its dQ tiles are that wide.
+inline BwdWorkspaceLayout bwd_workspace_layout(const AttnShape& s, int32_t kernel_headdim) {
   auto align = [](size_t x) { return (x + 127) / 128 * 128; };
   BwdWorkspaceLayout w;
-  const BwdTileConfig cfg = bwd_tile_config(s.headdim);
+  const BwdTileConfig cfg = bwd_tile_config(kernel_headdim);
   if (cfg.block_m == 0) return w;
   w.num_m_blocks = (s.seqlen_q + cfg.block_m - 1) / cfg.block_m;
   w.seqlen_q_rounded = w.num_m_blocks * cfg.block_m;
   const size_t bh = size_t(s.batch) * size_t(s.nheads);
   size_t off = 0;
   w.dq_accum = off;
-  off = align(off + bh * w.seqlen_q_rounded * size_t(s.headdim) * sizeof(float));
+  off = align(off + bh * w.seqlen_q_rounded * size_t(kernel_headdim) * sizeof(float));
   w.lse_log2 = off;
   off = align(off + bh * w.seqlen_q_rounded * sizeof(float));
   w.dsum = off;

@@ -8,6 +8,7 @@
 #include <cutlass/numeric_types.h>
 
 #include "bwd/bwd_config.h"
+#include "common/head_dims.h"
 #include "common/params.h"
 
 namespace dash::bwd {
@@ -67,12 +68,13 @@ extern "C" {
 
 size_t dash_bwd_workspace_bytes(const dash::BwdParams* params) {
   if (params == nullptr) return 0;
-  return dash::bwd::bwd_workspace_layout(params->shape).total;
+  const dash::AttnShape& s = params->shape;
+  return dash::bwd::bwd_workspace_layout(s, dash::kernel_head_dim(s.headdim)).total;
 }
 
 void dash_bwd_tile_shape(int32_t headdim, int32_t /*mask: same tiles for every mask*/, int32_t* block_m,
                          int32_t* block_n) {
-  const dash::bwd::BwdTileConfig cfg = dash::bwd::bwd_tile_config(headdim);
+  const dash::bwd::BwdTileConfig cfg = dash::bwd::bwd_tile_config(dash::kernel_head_dim(headdim));
   if (block_m != nullptr) *block_m = cfg.block_m;
   if (block_n != nullptr) *block_n = cfg.block_n;
 }
@@ -88,7 +90,7 @@ int dash_bwd_stages(const dash::BwdParams* params, int32_t stages, void* stream)
   if (!(s.softcap >= 0.f) || p.schedule == dash::ScheduleKind::kAuto) return -1;
   if (s.batch <= 0 || s.nheads <= 0 || s.nheads_k <= 0 || s.nheads % s.nheads_k != 0) return -1;
   if (s.seqlen_q < 0 || s.seqlen_k < 0 || p.num_sms <= 0) return -1;
-  if (p.workspace_bytes < dash::bwd::bwd_workspace_layout(s).total) return -1;
+  if (p.workspace_bytes < dash::bwd::bwd_workspace_layout(s, dash::kernel_head_dim(s.headdim)).total) return -1;
   // dQ is written at least two elements (4 bytes) at a time. dK and dV leave by TMA where the kernel stages them
   // (DkDvEpilogue::kTmaStaged*) and get TMA's rule everywhere: 16-byte bases and strides, as the inputs (which arrive
   // by TMA). The binding asks 16 bytes of every tensor.
@@ -97,7 +99,7 @@ int dash_bwd_stages(const dash::BwdParams* params, int32_t stages, void* stream)
     return -1;
   }
   auto st = static_cast<cudaStream_t>(stream);
-  switch (s.headdim) {
+  switch (dash::kernel_head_dim(s.headdim)) {
 #ifdef DASH_ENABLE_HDIM_64
     case 64:
       return run_typed<64>(p, st, stages);

@@ -51,10 +51,11 @@ void launch_bwd_main(const BwdParams& params, const BwdWorkspaceLayout& ws, cons
   const AttnShape& s = params.shape;
   const sched::Problem prob = bwd_problem<T>(params);
 
-  // A (batch, seqlen, heads, d) tensor as TMA sees it: (seqlen, d, head, batch); const for the loaded inputs.
-  auto make_qkv = [](auto* ptr, int32_t seqlen, int32_t heads, int32_t batch, const TensorStrides& st) {
+  // A (batch, seqlen, heads, d) tensor as TMA sees it: (seqlen, d, head, batch); const for the loaded inputs. d is
+  // the call's head dim, which may be below kHeadDim (common/head_dims.h): TMA zero-fills and clips the rest.
+  auto make_qkv = [&s](auto* ptr, int32_t seqlen, int32_t heads, int32_t batch, const TensorStrides& st) {
     using E = std::conditional_t<std::is_const_v<std::remove_pointer_t<decltype(ptr)>>, Element const, Element>;
-    return make_tensor(make_gmem_ptr(static_cast<E*>(ptr)), make_shape(seqlen, int32_t(kHeadDim), heads, batch),
+    return make_tensor(make_gmem_ptr(static_cast<E*>(ptr)), make_shape(seqlen, s.headdim, heads, batch),
                        make_stride(st.row, _1{}, st.head, st.batch));
   };
   auto mQ = make_qkv(params.q, s.seqlen_q, s.nheads, s.batch, params.q_stride);
@@ -110,7 +111,7 @@ template <int kHeadDim, class Element, MaskKind kMask, ScoreMod kScoreMod>
 void run_bwd_(const BwdParams& params, cudaStream_t stream, int32_t stages) {
   using T = BwdTraits<kHeadDim, Element, kMask, kScoreMod>;
   const AttnShape& s = params.shape;
-  const BwdWorkspaceLayout ws = bwd_workspace_layout(s);
+  const BwdWorkspaceLayout ws = bwd_workspace_layout(s, kHeadDim);
   char* base = static_cast<char*>(params.workspace);
   const BwdWorkspaceViews views{reinterpret_cast<float*>(base + ws.lse_log2), reinterpret_cast<float*>(base + ws.dsum),
                                 reinterpret_cast<float*>(base + ws.dq_accum),
@@ -121,7 +122,7 @@ void run_bwd_(const BwdParams& params, cudaStream_t stream, int32_t stages) {
                        params.o_stride.row, params.o_stride.head, params.o_stride.batch,
                        params.do_stride.row, params.do_stride.head, params.do_stride.batch,
                        views.lse_log2, views.dsum, views.semaphores,
-                       s.seqlen_q, ws.seqlen_q_rounded, s.nheads, ws.num_m_blocks};
+                       s.seqlen_q, ws.seqlen_q_rounded, s.nheads, ws.num_m_blocks, s.headdim};
   if ((stages & BwdStage::kPreprocess) && ws.num_m_blocks > 0) {
     bwd_preprocess_kernel<kHeadDim, T::kBlockM, Element><<<tile_grid, kPreprocessThreads, 0, stream>>>(pre);
   }
@@ -130,7 +131,7 @@ void run_bwd_(const BwdParams& params, cudaStream_t stream, int32_t stages) {
 
   PostprocessParams post{views.dq_accum, params.dq, params.dq_stride.row, params.dq_stride.head, params.dq_stride.batch,
                          s.seqlen_q, s.nheads, ws.num_m_blocks, s.softmax_scale, aligned16(params.dq, params.dq_stride),
-                         views.semaphores, bwd_problem<T>(params)};
+                         views.semaphores, bwd_problem<T>(params), s.headdim};
   if ((stages & BwdStage::kPostprocess) && ws.num_m_blocks > 0) {
     cudaLaunchAttribute overlap{};
     overlap.id = cudaLaunchAttributeProgrammaticStreamSerialization;

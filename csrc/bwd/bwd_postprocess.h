@@ -22,6 +22,7 @@ struct PostprocessParams {
   bool aligned16;  // dq and its row/head/batch strides allow 16-byte stores
   const int32_t* semaphores;  // counts of completed adds per tile part (both modes)
   sched::Problem problem;  // the main kernel's tiling and mask: a tile's number of contributing KV tiles
+  int32_t headdim;  // of dq; may be below T::kHeadDim (common/head_dims.h): the columns past it are not stored
 };
 
 // Returns once all adds into the tile have completed (its semaphore equals the number of
@@ -93,6 +94,7 @@ __global__ void __launch_bounds__(T::kNumMmaThreads) bwd_postprocess_kernel(cons
   for (int i = tid; i < rows * Tile::kChunksPerRow; i += T::kNumMmaThreads) {
     const int row = i / Tile::kChunksPerRow;
     const int col = (i % Tile::kChunksPerRow) * Tile::kChunkElems;
+    if (col >= p.headdim) continue;
     const uint4 chunk = *reinterpret_cast<uint4 const*>(&tile[row * Tile::kRowElems + col]);
     Element* dst = out + int64_t(row) * p.dq_row + col;
     if (p.aligned16) {

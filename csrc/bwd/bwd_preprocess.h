@@ -27,6 +27,7 @@ struct PreprocessParams {
   float* dsum;      // (batch, nheads, seqlen_q_rounded)
   int32_t* semaphores;
   int32_t seqlen_q, seqlen_q_rounded, nheads, num_m_blocks;
+  int32_t headdim;  // of o and dout; may be below kHeadDim (common/head_dims.h)
 };
 
 constexpr int kPreprocessThreads = 256;
@@ -44,7 +45,7 @@ __global__ void __launch_bounds__(kPreprocessThreads) bwd_preprocess_kernel(cons
   for (int r = threadIdx.x / kThreadsPerRow; r < kBlockM; r += kRowsPerPass) {
     const int row = m_block * kBlockM + r;
     float dot = 0.f;
-    if (row < p.seqlen_q) {
+    if (row < p.seqlen_q && sub * kVec < p.headdim) {
       const Element* o = static_cast<const Element*>(p.o) + batch * p.o_batch + head * p.o_head + row * p.o_row;
       const Element* d = static_cast<const Element*>(p.dout) + batch * p.do_batch + head * p.do_head + row * p.do_row;
       const uint4 ov = reinterpret_cast<const uint4*>(o)[sub];

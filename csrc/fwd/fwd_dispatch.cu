@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 #include <cutlass/numeric_types.h>
 
+#include "common/head_dims.h"
 #include "common/params.h"
 
 namespace dash::fwd {
@@ -61,7 +62,7 @@ int dispatch_dtype(const dash::FwdParams& p, cudaStream_t stream) {
 }
 
 int dispatch_headdim(const dash::FwdParams& p, cudaStream_t stream) {
-  switch (p.shape.headdim) {
+  switch (dash::kernel_head_dim(p.shape.headdim)) {
 #ifdef DASH_ENABLE_HDIM_64
     case 64:
       return dispatch_dtype<64>(p, stream);

@@ -450,7 +450,7 @@ def _common_args(q, softmax_scale, causal, window_size, softcap, deterministic, 
 
 
 def flash_attn_func(q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, deterministic=None,
-                    schedule="auto", sm_margin=0, return_attn_probs=False):
+                    schedule="auto", sm_margin=0, return_attn_probs=False, **fa3_options):
     """Scaled dot-product attention with FlashAttention-3's interface.
 
     q: (batch, seqlen_q, nheads, headdim); k, v: (batch, seqlen_k, nheads_k, headdim), nheads % nheads_k == 0.
@@ -461,7 +461,10 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, window_size=(-1, 
     deterministic: bitwise-reproducible backward; None follows torch.are_deterministic_algorithms_enabled().
     schedule: backward schedule name from SCHEDULES ("auto" = cost model). sm_margin: SMs the backward leaves free.
     Returns out (like q), or (out, lse) with return_attn_probs, lse float32 (batch, nheads, seqlen_q), natural log.
+    fa3_options: FlashAttention-3's other keywords (qv, q/k/v_descale, attention_chunk, num_splits, pack_gqa), so
+    that its calls run unchanged: the tuning hints are accepted and ignored, the features only when off.
     """
+    validation.check_fa3_options("flash_attn_func", fa3_options)
     validation.check_qkv(q, k, v, varlen=False)
     args = _common_args(q, softmax_scale, causal, window_size, softcap, deterministic, schedule, sm_margin)
     out, lse = _fwd(q, k, v, *args)
@@ -470,7 +473,7 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, window_size=(-1, 
 
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale=None,
                            causal=False, window_size=(-1, -1), softcap=0.0, deterministic=None, schedule="auto",
-                           sm_margin=0, return_attn_probs=False):
+                           sm_margin=0, return_attn_probs=False, **fa3_options):
     """Attention over sequences packed along dim 0 (FlashAttention-3's varlen interface).
 
     q: (total_q, nheads, headdim); k, v: (total_k, nheads_k, headdim); cu_seqlens_q/k: int32 (batch + 1,) prefix sums
@@ -480,6 +483,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     the host, so the call cannot be captured in a CUDA graph; cu_seqlens_q/k may be CPU tensors, which saves the
     device-to-host copy (a wait for the GPU) in the forward and in the backward.
     """
+    validation.check_fa3_options("flash_attn_varlen_func", fa3_options)
     validation.check_qkv(q, k, v, varlen=True)
     validation.check_cu_seqlens_meta(q, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
     args = _common_args(q, softmax_scale, causal, window_size, softcap, deterministic, schedule, sm_margin)
@@ -489,7 +493,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
 
 def flash_attn_qkvpacked_func(qkv, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
                               deterministic=None, num_heads_q=None, schedule="auto", sm_margin=0,
-                              return_attn_probs=False):
+                              return_attn_probs=False, **fa3_options):
     """flash_attn_func on q, k, v packed in one tensor (FlashAttention-3's qkvpacked interface).
 
     qkv: (batch, seqlen, 3, nheads, headdim), or with num_heads_q given (batch, seqlen, num_heads_q + 2 * nheads_k,
@@ -499,11 +503,12 @@ def flash_attn_qkvpacked_func(qkv, softmax_scale=None, causal=False, window_size
     q, k, v = validation.unpack_qkv(qkv, num_heads_q)
     return flash_attn_func(q, k, v, softmax_scale=softmax_scale, causal=causal, window_size=window_size,
                            softcap=softcap, deterministic=deterministic, schedule=schedule, sm_margin=sm_margin,
-                           return_attn_probs=return_attn_probs)
+                           return_attn_probs=return_attn_probs, **fa3_options)
 
 
 def flash_attn_kvpacked_func(q, kv, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
-                             deterministic=None, schedule="auto", sm_margin=0, return_attn_probs=False):
+                             deterministic=None, schedule="auto", sm_margin=0, return_attn_probs=False,
+                             **fa3_options):
     """flash_attn_func with k and v packed in one tensor (FlashAttention-2's kvpacked interface).
 
     q: (batch, seqlen_q, nheads, headdim); kv: (batch, seqlen_k, 2, nheads_k, headdim). Other arguments and the
@@ -512,4 +517,4 @@ def flash_attn_kvpacked_func(q, kv, softmax_scale=None, causal=False, window_siz
     k, v = validation.unpack_kv(kv)
     return flash_attn_func(q, k, v, softmax_scale=softmax_scale, causal=causal, window_size=window_size,
                            softcap=softcap, deterministic=deterministic, schedule=schedule, sm_margin=sm_margin,
-                           return_attn_probs=return_attn_probs)
+                           return_attn_probs=return_attn_probs, **fa3_options)

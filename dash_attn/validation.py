@@ -150,6 +150,35 @@ def check_sm_margin(sm_margin: int) -> None:
         raise ValueError(f"sm_margin must be an int >= 0 (SMs left free for other work), got {sm_margin!r}")
 
 
+FA3_OPTIONS = ("qv", "q_descale", "k_descale", "v_descale", "attention_chunk", "num_splits", "pack_gqa")
+
+
+def check_fa3_options(caller: str, options: dict) -> None:
+    """FlashAttention-3 keywords, accepted so that its calls run unchanged. num_splits and pack_gqa only tune FA3's
+    kernels (any valid value is accepted and changes nothing here); the features behind the others are not built:
+    refuse them unless they are off. Any other keyword is a TypeError, as for a Python function."""
+    for name in options:
+        if name not in FA3_OPTIONS:
+            raise TypeError(f"{caller}() got an unexpected keyword argument {name!r}")
+    qv, q_descale, k_descale, v_descale = (options.get(n) for n in ("qv", "q_descale", "k_descale", "v_descale"))
+    attention_chunk = options.get("attention_chunk", 0)
+    num_splits = options.get("num_splits", 1)
+    pack_gqa = options.get("pack_gqa")
+    for name, value, feature in (("qv", qv, "the extra query-value product (qv)"),
+                                 ("q_descale", q_descale, "FP8 inputs (descale factors)"),
+                                 ("k_descale", k_descale, "FP8 inputs (descale factors)"),
+                                 ("v_descale", v_descale, "FP8 inputs (descale factors)")):
+        if value is not None:
+            raise ValueError(f"{name} must be None: {feature} is not supported by dash_attn")
+    if attention_chunk not in (0, None):
+        raise ValueError(f"attention_chunk must be 0: chunked attention is not supported by dash_attn, got "
+                         f"{attention_chunk!r}")
+    if isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 0:
+        raise ValueError(f"num_splits must be an int >= 0 (FlashAttention-3's split-KV hint), got {num_splits!r}")
+    if pack_gqa is not None and not isinstance(pack_gqa, bool):
+        raise ValueError(f"pack_gqa must be True, False or None, got {pack_gqa!r}")
+
+
 def check_deterministic(deterministic) -> None:
     if deterministic is not None and not isinstance(deterministic, bool):
         raise ValueError(f"deterministic must be True, False or None (follow "

@@ -59,7 +59,7 @@ def test_signatures_follow_flash_attention_3():
     import inspect
     dense = list(inspect.signature(dash_attn.flash_attn_func).parameters)
     assert dense == ["q", "k", "v", "softmax_scale", "causal", "window_size", "softcap", "deterministic", "schedule",
-                     "sm_margin", "return_attn_probs"]
+                     "sm_margin", "return_attn_probs", "fa3_options"]
     varlen = list(inspect.signature(dash_attn.flash_attn_varlen_func).parameters)
     assert varlen == ["q", "k", "v", "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k"] + dense[3:]
     defaults = {name: p.default for name, p in inspect.signature(dash_attn.flash_attn_func).parameters.items()}
@@ -655,3 +655,35 @@ def test_kvpacked_matches_separate_tensors():
 def test_packed_layouts_are_checked(call, message):
     with pytest.raises(ValueError, match=message):
         call()
+
+
+def test_fa3_keywords_at_their_defaults_and_tuning_hints_are_accepted():
+    q, k, v = _qkv(dtype=torch.float64)
+    ref = dash_attn.flash_attn_func(q, k, v, causal=True)
+    out = dash_attn.flash_attn_func(q, k, v, causal=True, qv=None, q_descale=None, k_descale=None, v_descale=None,
+                                    attention_chunk=0, num_splits=4, pack_gqa=True)
+    assert torch.equal(out, ref)
+    kv = torch.stack([k, v], 2)
+    assert torch.equal(dash_attn.flash_attn_kvpacked_func(q, kv, causal=True, num_splits=0), ref)
+
+
+@pytest.mark.parametrize("option, message", [
+    (dict(qv=torch.zeros(1)), "qv must be None"),
+    (dict(q_descale=torch.ones(1)), "q_descale must be None: FP8"),
+    (dict(v_descale=torch.ones(1)), "v_descale must be None"),
+    (dict(attention_chunk=128), "attention_chunk must be 0"),
+    (dict(num_splits=-1), "num_splits must be an int"),
+    (dict(num_splits=True), "num_splits must be an int"),
+    (dict(pack_gqa="yes"), "pack_gqa must be"),
+])
+def test_fa3_features_we_lack_are_refused(option, message):
+    with pytest.raises(ValueError, match=message):
+        _call(**option)
+
+
+def test_unknown_keywords_are_a_type_error():
+    with pytest.raises(TypeError, match="flash_attn_func\\(\\) got an unexpected keyword argument 'dropout_p'"):
+        _call(dropout_p=0.1)
+    q, k, v, cu_q, cu_k, max_q, max_k = _varlen_inputs()
+    with pytest.raises(TypeError, match="flash_attn_varlen_func\\(\\) got an unexpected keyword argument 'alibi'"):
+        dash_attn.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, alibi=None)

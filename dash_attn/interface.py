@@ -127,17 +127,18 @@ def _choose_schedule(mask: int, seqlen_q: int, seqlen_k: int, block_m: int, bloc
                   l2=l2_model(l2_bytes, block_m, block_n, headdim))
 
 
-def _check_cuda(q: torch.Tensor, softcap: float):
+def _check_cuda(q: torch.Tensor, v: torch.Tensor, softcap: float):
     validation.check_cuda_device(q.device)
     ext = _extension()
-    validation.check_cuda_features(q.shape[-1], _supported_head_dims(), softcap, _softcap_built())
+    validation.check_cuda_features(max(q.shape[-1], v.shape[-1]), _supported_head_dims(), softcap, _softcap_built())
     return ext
 
 
-def _resolve_schedule(schedule: str, q: torch.Tensor, k: torch.Tensor, mask: int, window_left: int,
+def _resolve_schedule(schedule: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: int, window_left: int,
                       window_right: int, deterministic: bool, sm_margin: int) -> int:
     if schedule == "auto":
-        batch, seqlen_q, nheads, headdim = q.shape
+        batch, seqlen_q, nheads, _ = q.shape
+        headdim = max(q.shape[-1], v.shape[-1])  # the kernel's tiles are those of the head dim that holds both
         block_m, block_n = _bwd_tile_shape(headdim, mask)
         ctas = max(1, _num_sms(q.device.index) - sm_margin)
         window = (window_left, window_right) if mask == MaskKind.WINDOW else None
@@ -151,25 +152,24 @@ def _device_guard(device: torch.device):
 
 
 @contextlib.contextmanager
-def _full_width(q: torch.Tensor, result: torch.Tensor):
+def _full_width(q: torch.Tensor, v: torch.Tensor, result: torch.Tensor):
     """Where `result` goes for a kernel launch: itself, or, at a head dim below the kernel's (csrc/common/head_dims.h),
     the first columns of rows as wide as the kernel's, copied into `result` afterwards. The kernels read and write
-    nothing past the call's head dim through TMA, but some of their stores write whole rows of the kernel's width (O
+    nothing past the call's head dims through TMA, but some of their stores write whole rows of the kernel's width (O
     and dK/dV at head dim 256, the zeros of KV tiles no query sees): in a buffer of that width they land in its
     spare columns instead of the next row."""
-    headdim = q.shape[-1]
-    kernel_dim = validation.kernel_head_dim(headdim, _supported_head_dims())
-    if kernel_dim == headdim:
+    kernel_dim = validation.kernel_head_dim(max(q.shape[-1], v.shape[-1]), _supported_head_dims())
+    if kernel_dim == result.shape[-1]:
         yield result
         return
-    rows = result.new_empty(*result.shape[:-1], kernel_dim)[..., :headdim]
+    rows = result.new_empty(*result.shape[:-1], kernel_dim)[..., :result.shape[-1]]
     yield rows
     result.copy_(rows)
 
 
 def _launch_fwd(q, k, v, out, lse, softmax_scale, mask, window_left, window_right, softcap) -> None:
     """CUDA forward into preallocated out/lse; every check runs before the launch."""
-    _run_fwd(_check_cuda(q, softcap), q, k, v, out, lse, softmax_scale, mask, window_left, window_right, softcap)
+    _run_fwd(_check_cuda(q, v, softcap), q, k, v, out, lse, softmax_scale, mask, window_left, window_right, softcap)
 
 
 def _run_fwd(ext, q, k, v, out, lse, softmax_scale, mask, window_left, window_right, softcap) -> None:
@@ -180,14 +180,14 @@ def _run_fwd(ext, q, k, v, out, lse, softmax_scale, mask, window_left, window_ri
         out.zero_()
         lse.fill_(float("-inf"))
         return
-    with _device_guard(q.device), _full_width(q, out) as out_rows:
+    with _device_guard(q.device), _full_width(q, v, out) as out_rows:
         ext.fwd(q, k, v, out_rows, lse, softmax_scale, mask, window_left, window_right, softcap)
 
 
 def _launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, mask, window_left, window_right, softcap,
                 deterministic, schedule, sm_margin) -> None:
     """CUDA backward into preallocated dq/dk/dv; "auto" is resolved here, before the launch."""
-    _run_bwd(_check_cuda(q, softcap), dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, mask, window_left,
+    _run_bwd(_check_cuda(q, v, softcap), dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, mask, window_left,
              window_right, softcap, deterministic, schedule, sm_margin)
 
 
@@ -199,8 +199,8 @@ def _run_bwd(ext, dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, mask, wind
         dk.zero_()
         dv.zero_()
         return
-    schedule_id = _resolve_schedule(schedule, q, k, mask, window_left, window_right, deterministic, sm_margin)
-    with _device_guard(q.device), _full_width(q, dk) as dk_rows, _full_width(q, dv) as dv_rows:
+    schedule_id = _resolve_schedule(schedule, q, k, v, mask, window_left, window_right, deterministic, sm_margin)
+    with _device_guard(q.device), _full_width(q, v, dk) as dk_rows, _full_width(q, v, dv) as dv_rows:
         ext.bwd(dout, q, k, v, out, lse, dq, dk_rows, dv_rows, softmax_scale, mask, window_left, window_right,
                 softcap, deterministic, schedule_id, sm_margin)
 
@@ -208,6 +208,11 @@ def _run_bwd(ext, dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, mask, wind
 # ----------------------------------------------------------------------------------------------------------------------
 # Dense custom ops
 # ----------------------------------------------------------------------------------------------------------------------
+
+def _out_like(q: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """The output: q's rows and heads, v's head dim (contiguous, like q)."""
+    return q.new_empty(*q.shape[:-1], v.shape[-1])
+
 
 def _lse_shape(q: torch.Tensor) -> Tuple[int, int, int]:
     return (q.shape[0], q.shape[2], q.shape[1])
@@ -218,7 +223,7 @@ def _fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float
          window_right: int, softcap: float, deterministic: bool, schedule: str,
          sm_margin: int) -> Tuple[torch.Tensor, torch.Tensor]:
     mask, window_left, window_right = _effective_mask(mask, window_left, window_right, q.shape[1], k.shape[1])
-    out = torch.empty_like(q)
+    out = _out_like(q, v)
     lse = torch.empty(_lse_shape(q), dtype=torch.float32, device=q.device)
     if q.device.type == "cpu":
         ref_out, ref_lse = attention_ref(q, k, v, softmax_scale, False, (window_left, window_right), softcap,
@@ -232,7 +237,7 @@ def _fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float
 
 @_fwd.register_fake
 def _fwd_fake(q, k, v, softmax_scale, mask, window_left, window_right, softcap, deterministic, schedule, sm_margin):
-    return torch.empty_like(q), q.new_empty(_lse_shape(q), dtype=torch.float32)
+    return _out_like(q, v), q.new_empty(_lse_shape(q), dtype=torch.float32)
 
 
 @torch.library.custom_op("dash_attn::bwd", mutates_args=())
@@ -291,13 +296,13 @@ _fwd.register_autograd(_fwd_backward, setup_context=_fwd_setup_context)
 # Varlen custom ops
 # ----------------------------------------------------------------------------------------------------------------------
 
-def _check_varlen(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softcap):
+def _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softcap):
     """Every check of a varlen call; returns the checked extension (None on the CPU) and host copies of
     cu_seqlens_q and cu_seqlens_k. A copy from the GPU waits for it (and then the host's launch work is no longer
     hidden behind running kernels), so both are read in one copy, and none when the caller passes them on the CPU."""
     ext = None
     if q.device.type != "cpu":
-        ext = _check_cuda(q, softcap)
+        ext = _check_cuda(q, v, softcap)
         validation.check_varlen_not_capturing()
     if cu_seqlens_q.device == cu_seqlens_k.device:
         both = torch.cat((cu_seqlens_q, cu_seqlens_k)).tolist()
@@ -331,7 +336,7 @@ def _batched(x: torch.Tensor, rows: slice, count: int, seqlen: int) -> torch.Ten
 # sequences reach the full/causal kernels. `ext` is the extension _check_varlen checked once for every launch.
 
 def _varlen_fwd_cuda(ext, q, k, v, cq, ck, softmax_scale, mask, window_left, window_right, softcap):
-    out = torch.empty_like(q)
+    out = _out_like(q, v)
     lse = torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device)
     for sq, sk, count, seqlen_q, seqlen_k in _runs(cq, ck):
         q_b = _batched(q, sq, count, seqlen_q)
@@ -365,10 +370,10 @@ def _varlen_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q:
                 window_left: int, window_right: int, softcap: float, deterministic: bool, schedule: str,
                 sm_margin: int) -> Tuple[torch.Tensor, torch.Tensor]:
     mask, window_left, window_right = _effective_mask(mask, window_left, window_right, max_seqlen_q, max_seqlen_k)
-    ext, cq, ck = _check_varlen(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softcap)
+    ext, cq, ck = _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softcap)
     if ext is not None:
         return _varlen_fwd_cuda(ext, q, k, v, cq, ck, softmax_scale, mask, window_left, window_right, softcap)
-    out = torch.empty_like(q)
+    out = _out_like(q, v)
     lse = torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device)
     ref_out, ref_lse = attention_ref_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, False,
                                             (window_left, window_right), softcap, return_lse=True,
@@ -381,7 +386,7 @@ def _varlen_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q:
 @_varlen_fwd.register_fake
 def _varlen_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, mask,
                      window_left, window_right, softcap, deterministic, schedule, sm_margin):
-    return torch.empty_like(q), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
+    return _out_like(q, v), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
 
 
 @torch.library.custom_op("dash_attn::varlen_bwd", mutates_args=())
@@ -391,7 +396,7 @@ def _varlen_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.T
                 softcap: float, deterministic: bool, schedule: str,
                 sm_margin: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     mask, window_left, window_right = _effective_mask(mask, window_left, window_right, max_seqlen_q, max_seqlen_k)
-    ext, cq, ck = _check_varlen(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softcap)
+    ext, cq, ck = _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softcap)
     if ext is not None:
         return _varlen_bwd_cuda(ext, dout, q, k, v, out, lse, cq, ck, softmax_scale, mask, window_left, window_right,
                                 softcap, deterministic, schedule, sm_margin)
@@ -453,14 +458,16 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, window_size=(-1, 
                     schedule="auto", sm_margin=0, return_attn_probs=False, **fa3_options):
     """Scaled dot-product attention with FlashAttention-3's interface.
 
-    q: (batch, seqlen_q, nheads, headdim); k, v: (batch, seqlen_k, nheads_k, headdim), nheads % nheads_k == 0.
-    headdim: a multiple of 8 up to 256; on CUDA one without a kernel of its own (built: 64, 128, 256) runs in the next
-    larger one, its missing columns zero, at that one's cost. softmax_scale: default 1/sqrt(headdim).
+    q: (batch, seqlen_q, nheads, headdim); k: (batch, seqlen_k, nheads_k, headdim), nheads % nheads_k == 0; v:
+    (batch, seqlen_k, nheads_k, headdim_v), headdim_v = headdim or another (e.g. 192 / 128); out takes headdim_v.
+    Head dims: multiples of 8 up to 256; on CUDA the kernel is the smallest built one (64, 128, 256) that holds both,
+    the missing columns read as zeros, at its cost. softmax_scale: default 1/sqrt(headdim).
     causal: bottom-right aligned (query i sees key j <= i + seqlen_k - seqlen_q). window_size: (left, right), -1
     unbounded. softcap > 0: scores = softcap * tanh(scores / softcap).
     deterministic: bitwise-reproducible backward; None follows torch.are_deterministic_algorithms_enabled().
     schedule: backward schedule name from SCHEDULES ("auto" = cost model). sm_margin: SMs the backward leaves free.
-    Returns out (like q), or (out, lse) with return_attn_probs, lse float32 (batch, nheads, seqlen_q), natural log.
+    Returns out (batch, seqlen_q, nheads, headdim_v), or (out, lse) with return_attn_probs, lse float32 (batch,
+    nheads, seqlen_q), natural log.
     fa3_options: FlashAttention-3's other keywords (qv, q/k/v_descale, attention_chunk, num_splits, pack_gqa), so
     that its calls run unchanged: the tuning hints are accepted and ignored, the features only when off.
     """

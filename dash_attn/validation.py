@@ -50,8 +50,9 @@ def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, varlen: bool) -
         if t.dim() != rank:
             raise ValueError(f"{name} must have {rank} dimensions, got shape {tuple(t.shape)}: "
                              f"the layout is q {layout}")
-    if tuple(k.shape) != tuple(v.shape):
-        raise ValueError(f"k and v must have the same shape, got k {tuple(k.shape)} and v {tuple(v.shape)}")
+    if tuple(k.shape[:-1]) != tuple(v.shape[:-1]):
+        raise ValueError(f"k and v must have the same shape but for the head dim, got k {tuple(k.shape)} and v "
+                         f"{tuple(v.shape)}")
     if not varlen and q.shape[0] != k.shape[0]:
         raise ValueError(f"q and k must have the same batch size, got {q.shape[0]} and {k.shape[0]}")
     if q.shape[-1] != k.shape[-1]:
@@ -60,10 +61,10 @@ def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, varlen: bool) -
     if nheads_k == 0 or nheads % nheads_k != 0:
         raise ValueError(f"nheads of q ({nheads}) must be a multiple of nheads of k/v ({nheads_k}) for MQA/GQA: "
                          "pick a number of key/value heads that divides the number of query heads")
-    headdim = q.shape[-1]
-    if headdim < HEADDIM_MULTIPLE or headdim % HEADDIM_MULTIPLE != 0 or headdim > MAX_HEADDIM:
-        raise ValueError(f"head dim {headdim} is not supported: use a multiple of {HEADDIM_MULTIPLE} "
-                         f"up to {MAX_HEADDIM} (pad q, k, v along the last dimension)")
+    for name, headdim in (("", q.shape[-1]), (" of v", v.shape[-1])):
+        if headdim < HEADDIM_MULTIPLE or headdim % HEADDIM_MULTIPLE != 0 or headdim > MAX_HEADDIM:
+            raise ValueError(f"head dim{name} {headdim} is not supported: use a multiple of {HEADDIM_MULTIPLE} "
+                             f"up to {MAX_HEADDIM} (pad q, k, v along the last dimension)")
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.stride(-1) != 1:
             raise ValueError(f"{name} must have a contiguous last dimension (stride(-1) == 1), got strides "

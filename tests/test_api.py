@@ -86,7 +86,7 @@ BAD_ARGUMENTS = [
     (dict(k=torch.zeros(2, 9, 2, 16, dtype=torch.float64)), "dtype"),
     (dict(q=torch.zeros(9, 4, 16)), "4 dimensions"),
     (dict(k=torch.zeros(3, 9, 2, 16), v=torch.zeros(3, 9, 2, 16)), "batch"),
-    (dict(q=torch.zeros(2, 9, 4, 24), k=torch.zeros(2, 9, 2, 24)), "same shape"),
+    (dict(k=torch.zeros(2, 8, 2, 16)), "same shape but for the head dim"),
     (dict(q=torch.zeros(2, 9, 4, 24)), "head dim"),
     (dict(q=torch.zeros(2, 9, 3, 16)), "multiple of nheads"),
     (dict(q=torch.zeros(2, 9, 4, 12), k=torch.zeros(2, 9, 2, 12), v=torch.zeros(2, 9, 2, 12)), "head dim 12"),
@@ -687,3 +687,39 @@ def test_unknown_keywords_are_a_type_error():
     q, k, v, cu_q, cu_k, max_q, max_k = _varlen_inputs()
     with pytest.raises(TypeError, match="flash_attn_varlen_func\\(\\) got an unexpected keyword argument 'alibi'"):
         dash_attn.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, alibi=None)
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_value_head_dim_may_differ(causal):
+    # DeepSeek-style attention: q/k head dim 24, v head dim 8; out takes v's head dim, the scale q's.
+    gen = torch.Generator().manual_seed(6)
+    q = torch.randn(2, 9, 4, 24, generator=gen, dtype=torch.float64, requires_grad=True)
+    k = torch.randn(2, 11, 2, 24, generator=gen, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(2, 11, 2, 8, generator=gen, dtype=torch.float64, requires_grad=True)
+    out = dash_attn.flash_attn_func(q, k, v, causal=causal)
+    assert out.shape == (2, 9, 4, 8)
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    ref = attention_ref(*leaves, causal=causal)
+    torch.testing.assert_close(out, ref, rtol=0, atol=1e-12)
+    dout = torch.randn(out.shape, generator=gen, dtype=torch.float64)
+    out.backward(dout)
+    for g, r in zip((q.grad, k.grad, v.grad), torch.autograd.grad(ref, leaves, dout)):
+        torch.testing.assert_close(g, r, rtol=0, atol=1e-10)
+
+
+def test_value_head_dim_varlen_and_checks():
+    q, k, v, cu_q, cu_k, max_q, max_k = _varlen_inputs(headdim=16)
+    out = dash_attn.flash_attn_varlen_func(q, k, v[..., :8].contiguous(), cu_q, cu_k, max_q, max_k)
+    assert out.shape == (q.shape[0], q.shape[1], 8)
+    with pytest.raises(ValueError, match="head dim of v 12 is not supported"):
+        dash_attn.flash_attn_func(*_qkv()[:2], torch.zeros(2, 9, 2, 12))
+
+
+def test_launch_value_head_dim_below_the_kernel_goes_through_full_rows(fake_cuda):
+    q, k, v, out, lse, dq, dk, dv = _bf16_inputs(headdim=128)
+    v, out, dv = v[..., :64].contiguous(), out[..., :64].contiguous(), dv[..., :64].contiguous()
+    interface._launch_fwd(q, k, v, out, lse, 0.125, 0, -1, -1, 0.0)
+    assert fake_cuda.calls[-1][1][3].stride(-2) == 128  # out rows as wide as the 128 kernel
+    interface._launch_bwd(out, q, k, v, out, lse, dq, dk, dv, 0.125, 0, -1, -1, 0.0, True, "shift", 0)
+    args = fake_cuda.calls[-1][1]
+    assert args[6] is dq and args[7] is dk and args[8].stride(-2) == 128

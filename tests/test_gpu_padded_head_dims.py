@@ -14,7 +14,7 @@ import torch
 import dash_attn
 from gpu_common import (exact_float32_matmul, supported_head_dims, assert_out_lse_within,  # noqa: F401 (fixture)
                         assert_grads_within, poison_allocator)
-from dash_attn.reference import attention_bwd_ref, attention_ref
+from dash_attn.reference import attention_bwd_ref, attention_bwd_ref_varlen, attention_ref, attention_ref_varlen
 from test_gpu_varlen import check_varlen
 
 pytestmark = pytest.mark.gpu
@@ -121,3 +121,70 @@ def test_padded_head_dim_compiles_fullgraph():
     assert torch.equal(out, step(q, k, v))
     for e, c in zip(eager, compiled):
         assert torch.equal(e.grad, c.grad)
+
+
+# (q/k head dim, v head dim): DeepSeek's 192/128 and others; the kernel is the one that holds both.
+VALUE_HEAD_DIMS = [(d, dv) for d, dv in ((192, 128), (128, 64), (64, 128), (96, 64), (64, 256))
+                   if max(d, dv) <= max(supported_head_dims())]
+
+
+def make_inputs_v(batch, seqlen_q, seqlen_k, nheads, nheads_k, headdim, headdim_v, dtype, seed=SEED):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    shapes = [(batch, seqlen_q, nheads, headdim), (batch, seqlen_k, nheads_k, headdim),
+              (batch, seqlen_k, nheads_k, headdim_v), (batch, seqlen_q, nheads, headdim_v)]
+    return tuple(torch.randn(s, generator=gen, device="cuda", dtype=dtype) for s in shapes)
+
+
+@pytest.mark.parametrize("seqlen_q, seqlen_k", [(113, 257), (1023, 1023)], ids=["113x257", "1023"])
+@pytest.mark.parametrize("deterministic", [True, False], ids=["det", "nondet"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("headdim, headdim_v", VALUE_HEAD_DIMS, ids=[f"{d}v{dv}" for d, dv in VALUE_HEAD_DIMS])
+def test_value_head_dim_matches_reference(seqlen_q, seqlen_k, deterministic, causal, headdim, headdim_v):
+    dtype = torch.bfloat16
+    q, k, v, dout = make_inputs_v(2, seqlen_q, seqlen_k, 4, 2, headdim, headdim_v, dtype)
+    out, lse, grads = run(q, k, v, dout, causal, deterministic, poison=True)
+    assert out.shape == (*q.shape[:-1], headdim_v) and out.is_contiguous()
+    for g, x in zip(grads, (q, k, v)):
+        assert g.shape == x.shape and g.dtype == dtype
+
+    qf, kf, vf = q.float(), k.float(), v.float()
+    ref_out, ref_lse = attention_ref(qf, kf, vf, causal=causal, return_lse=True)
+    ref_grads = attention_bwd_ref(dout.float(), qf, kf, vf, ref_out, ref_lse, causal=causal)
+    base_leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    base_out, base_lse = attention_ref(*base_leaves, causal=causal, upcast=False, return_lse=True)
+    base_grads = torch.autograd.grad(base_out, base_leaves, dout)
+    assert_out_lse_within(out, lse, ref_out, ref_lse, base_out, dtype, base_lse=base_lse)
+    assert_grads_within(grads, ref_grads, base_grads, dtype)
+
+
+@pytest.mark.parametrize("headdim, headdim_v", VALUE_HEAD_DIMS, ids=[f"{d}v{dv}" for d, dv in VALUE_HEAD_DIMS])
+def test_value_head_dim_backward_is_bitwise_reproducible(headdim, headdim_v):
+    q, k, v, dout = make_inputs_v(2, 1023, 1023, 8, 2, headdim, headdim_v, torch.bfloat16)
+    _, _, first = run(q, k, v, dout, True, True)
+    for _ in range(20):
+        _, _, again = run(q, k, v, dout, True, True)
+        for name, a, b in zip(("dq", "dk", "dv"), first, again):
+            assert torch.equal(a, b), f"{name} differs between deterministic calls"
+
+
+@pytest.mark.parametrize("headdim, headdim_v", VALUE_HEAD_DIMS[:2], ids=[f"{d}v{dv}" for d, dv in VALUE_HEAD_DIMS[:2]])
+def test_value_head_dim_varlen(headdim, headdim_v):
+    lens = [113, 1, 257, 64, 64]
+    cu = torch.tensor([0] + torch.tensor(lens).cumsum(0).tolist(), dtype=torch.int32, device="cuda")
+    gen = torch.Generator(device="cuda").manual_seed(SEED)
+    q, k = (torch.randn(sum(lens), 4, headdim, generator=gen, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    v, dout = (torch.randn(sum(lens), 4, headdim_v, generator=gen, device="cuda", dtype=torch.bfloat16)
+               for _ in range(2))
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    out, lse = dash_attn.flash_attn_varlen_func(*leaves, cu, cu, max(lens), max(lens), causal=True,
+                                                deterministic=True, return_attn_probs=True)
+    out.backward(dout)
+    assert out.shape == (sum(lens), 4, headdim_v)
+    qf, kf, vf = q.float(), k.float(), v.float()
+    ref_out, ref_lse = attention_ref_varlen(qf, kf, vf, cu, cu, causal=True, return_lse=True)
+    ref_grads = attention_bwd_ref_varlen(dout.float(), qf, kf, vf, ref_out, ref_lse, cu, cu, causal=True)
+    base_leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    base_out = attention_ref_varlen(*base_leaves, cu, cu, causal=True, upcast=False)
+    base_grads = torch.autograd.grad(base_out, base_leaves, dout)
+    assert_out_lse_within(out, lse, ref_out, ref_lse, base_out, torch.bfloat16)
+    assert_grads_within([t.grad for t in leaves], ref_grads, base_grads, torch.bfloat16)

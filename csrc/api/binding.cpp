@@ -65,7 +65,8 @@ void check_lse(const at::Tensor& lse) {
                     "dash_attn: lse must be a contiguous float32 (batch, nheads, seqlen_q) tensor");
 }
 
-dash::AttnShape make_shape(const at::Tensor& q, const at::Tensor& k, double softmax_scale, int64_t mask,
+dash::AttnShape make_shape(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double softmax_scale,
+                           int64_t mask,
                            int64_t window_left, int64_t window_right, double softcap) {
   TORCH_CHECK_VALUE(mask >= 0 && mask <= 2, "dash_attn: unknown mask id ", mask);
   dash::AttnShape s;
@@ -73,6 +74,7 @@ dash::AttnShape make_shape(const at::Tensor& q, const at::Tensor& k, double soft
   s.seqlen_q = static_cast<int32_t>(q.size(1));
   s.nheads = static_cast<int32_t>(q.size(2));
   s.headdim = static_cast<int32_t>(q.size(3));
+  s.headdim_v = static_cast<int32_t>(v.size(3));
   s.seqlen_k = static_cast<int32_t>(k.size(1));
   s.nheads_k = static_cast<int32_t>(k.size(2));
   s.dtype = dtype_of(q);
@@ -81,8 +83,8 @@ dash::AttnShape make_shape(const at::Tensor& q, const at::Tensor& k, double soft
   s.window_right = static_cast<int32_t>(window_right);
   s.softmax_scale = static_cast<float>(softmax_scale);
   s.softcap = static_cast<float>(softcap);
-  TORCH_CHECK_VALUE(dash::kernel_head_dim(s.headdim) != 0, "dash_attn: head dim ", s.headdim,
-                    " has no kernel: a multiple of ", dash::kHeadDimMultiple, " up to the largest built head dim");
+  TORCH_CHECK_VALUE(dash::kernel_head_dim(s) != 0, "dash_attn: head dims ", s.headdim, " (q, k) and ", s.headdim_v,
+                    " (v) have no kernel: multiples of ", dash::kHeadDimMultiple, " up to the largest built head dim");
   TORCH_CHECK_VALUE(s.nheads_k > 0 && s.nheads % s.nheads_k == 0, "dash_attn: nheads (", s.nheads,
                     ") must be divisible by nheads_k (", s.nheads_k, ")");
   TORCH_CHECK_VALUE(std::isfinite(softcap) && softcap >= 0.0, "dash_attn: softcap must be finite and >= 0, got ",
@@ -121,7 +123,7 @@ void fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tens
   check_lse(lse);
   c10::cuda::CUDAGuard guard(q.device());
   dash::FwdParams p;
-  p.shape = make_shape(q, k, softmax_scale, mask, window_left, window_right, softcap);
+  p.shape = make_shape(q, k, v, softmax_scale, mask, window_left, window_right, softcap);
   p.q = q.data_ptr();
   p.k = k.data_ptr();
   p.v = v.data_ptr();
@@ -152,7 +154,7 @@ void bwd(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const
   TORCH_CHECK_VALUE(sm_margin >= 0, "dash_attn: sm_margin must be >= 0");
   c10::cuda::CUDAGuard guard(q.device());
   dash::BwdParams p;
-  p.shape = make_shape(q, k, softmax_scale, mask, window_left, window_right, softcap);
+  p.shape = make_shape(q, k, v, softmax_scale, mask, window_left, window_right, softcap);
   p.q = q.data_ptr();
   p.k = k.data_ptr();
   p.v = v.data_ptr();

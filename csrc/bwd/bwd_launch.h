@@ -52,16 +52,18 @@ void launch_bwd_main(const BwdParams& params, const BwdWorkspaceLayout& ws, cons
   const sched::Problem prob = bwd_problem<T>(params);
 
   // A (batch, seqlen, heads, d) tensor as TMA sees it: (seqlen, d, head, batch); const for the loaded inputs. d is
-  // the call's head dim, which may be below kHeadDim (common/head_dims.h): TMA zero-fills and clips the rest.
-  auto make_qkv = [&s](auto* ptr, int32_t seqlen, int32_t heads, int32_t batch, const TensorStrides& st) {
+  // the call's head dim (q, k, dq, dk: headdim; v, dout, dv: value_head_dim), which may be below kHeadDim
+  // (common/head_dims.h): TMA zero-fills and clips the rest. The kernel addresses them through tile coordinates only.
+  auto make_qkv = [](auto* ptr, int32_t seqlen, int32_t d, int32_t heads, int32_t batch, const TensorStrides& st) {
     using E = std::conditional_t<std::is_const_v<std::remove_pointer_t<decltype(ptr)>>, Element const, Element>;
-    return make_tensor(make_gmem_ptr(static_cast<E*>(ptr)), make_shape(seqlen, s.headdim, heads, batch),
+    return make_tensor(make_gmem_ptr(static_cast<E*>(ptr)), make_shape(seqlen, d, heads, batch),
                        make_stride(st.row, _1{}, st.head, st.batch));
   };
-  auto mQ = make_qkv(params.q, s.seqlen_q, s.nheads, s.batch, params.q_stride);
-  auto mdO = make_qkv(params.dout, s.seqlen_q, s.nheads, s.batch, params.do_stride);
-  auto mK = make_qkv(params.k, s.seqlen_k, s.nheads_k, s.batch, params.k_stride);
-  auto mV = make_qkv(params.v, s.seqlen_k, s.nheads_k, s.batch, params.v_stride);
+  const int32_t dv = value_head_dim(s);
+  auto mQ = make_qkv(params.q, s.seqlen_q, s.headdim, s.nheads, s.batch, params.q_stride);
+  auto mdO = make_qkv(params.dout, s.seqlen_q, dv, s.nheads, s.batch, params.do_stride);
+  auto mK = make_qkv(params.k, s.seqlen_k, s.headdim, s.nheads_k, s.batch, params.k_stride);
+  auto mV = make_qkv(params.v, s.seqlen_k, dv, s.nheads_k, s.batch, params.v_stride);
   using BM = typename T::BM;
   using BN = typename T::BN;
   using HD = typename T::HD;
@@ -94,8 +96,8 @@ void launch_bwd_main(const BwdParams& params, const BwdWorkspaceLayout& ws, cons
       score_scales(s).pre_tanh};
   if constexpr (T::kStagedEpilogue) {
     // dash_bwd_stages has checked that dk and dv are 16-byte aligned (base and strides), as TMA needs.
-    auto mdK = make_qkv(params.dk, s.seqlen_k, s.nheads_k, s.batch, params.dk_stride);
-    auto mdV = make_qkv(params.dv, s.seqlen_k, s.nheads_k, s.batch, params.dv_stride);
+    auto mdK = make_qkv(params.dk, s.seqlen_k, s.headdim, s.nheads_k, s.batch, params.dk_stride);
+    auto mdV = make_qkv(params.dv, s.seqlen_k, dv, s.nheads_k, s.batch, params.dv_stride);
     using Box = Shape<typename T::StageRows, HD>;
     p.tma_dk = make_tma_copy(SM90_TMA_STORE{}, mdK, typename T::SmemLayoutStageWG{}, Box{}, _1{});
     p.tma_dv = make_tma_copy(SM90_TMA_STORE{}, mdV, typename T::SmemLayoutStageWG{}, Box{}, _1{});
@@ -122,7 +124,7 @@ void run_bwd_(const BwdParams& params, cudaStream_t stream, int32_t stages) {
                        params.o_stride.row, params.o_stride.head, params.o_stride.batch,
                        params.do_stride.row, params.do_stride.head, params.do_stride.batch,
                        views.lse_log2, views.dsum, views.semaphores,
-                       s.seqlen_q, ws.seqlen_q_rounded, s.nheads, ws.num_m_blocks, s.headdim};
+                       s.seqlen_q, ws.seqlen_q_rounded, s.nheads, ws.num_m_blocks, value_head_dim(s)};
   if ((stages & BwdStage::kPreprocess) && ws.num_m_blocks > 0) {
     bwd_preprocess_kernel<kHeadDim, T::kBlockM, Element><<<tile_grid, kPreprocessThreads, 0, stream>>>(pre);
   }

@@ -27,7 +27,7 @@ struct PreprocessParams {
   float* dsum;      // (batch, nheads, seqlen_q_rounded)
   int32_t* semaphores;
   int32_t seqlen_q, seqlen_q_rounded, nheads, num_m_blocks;
-  int32_t headdim;  // of o and dout; may be below kHeadDim (common/head_dims.h)
+  int32_t headdim;  // of o and dout (value_head_dim); may be below kHeadDim (common/head_dims.h)
 };
 
 constexpr int kPreprocessThreads = 256;

@@ -3,6 +3,8 @@
 #pragma once
 #include <cstdint>
 
+#include "common/params.h"
+
 namespace dash {
 
 inline constexpr int32_t kBuiltHeadDims[] = {
@@ -32,6 +34,13 @@ inline constexpr int32_t kernel_head_dim(int32_t headdim) {
     if (d != 0 && d >= headdim && (best == 0 || d < best)) best = d;
   }
   return best;
+}
+
+// The kernel of a call: the one that holds both its q/k and its v head dims (common/params.h), 0 if none.
+inline int32_t kernel_head_dim(const AttnShape& s) {
+  const int32_t dv = value_head_dim(s);
+  if (kernel_head_dim(s.headdim) == 0 || kernel_head_dim(dv) == 0) return 0;
+  return kernel_head_dim(s.headdim > dv ? s.headdim : dv);
 }
 
 }  // namespace dash

@@ -60,7 +60,13 @@ struct AttnShape {
   int32_t window_right = -1;
   float softmax_scale = 1.0f;
   float softcap = 0.0f;  // 0 = off
+  // Head dim of v (and of o, dout, dv) where it differs from q's and k's; 0: the same. Last, so that the fields above
+  // keep their offsets.
+  int32_t headdim_v = 0;
 };
+
+// The head dim of v, o, dout and dv.
+inline int32_t value_head_dim(const AttnShape& s) { return s.headdim_v > 0 ? s.headdim_v : s.headdim; }
 
 struct FwdParams {
   AttnShape shape;

@@ -62,7 +62,7 @@ int dispatch_dtype(const dash::FwdParams& p, cudaStream_t stream) {
 }
 
 int dispatch_headdim(const dash::FwdParams& p, cudaStream_t stream) {
-  switch (dash::kernel_head_dim(p.shape.headdim)) {
+  switch (dash::kernel_head_dim(p.shape)) {
 #ifdef DASH_ENABLE_HDIM_64
     case 64:
       return dispatch_dtype<64>(p, stream);

@@ -54,7 +54,7 @@ struct FwdEpilogue {
     AttnShape const& s = p.shape;
     auto* o = static_cast<Element*>(p.o);
     // As for Q: an empty sequence writes nothing, but the tensor map needs a non-empty extent.
-    ShapeO shape_o{std::max(s.seqlen_q, 1), s.headdim, s.nheads, s.batch};
+    ShapeO shape_o{std::max(s.seqlen_q, 1), value_head_dim(s), s.nheads, s.batch};
     StrideO stride_o{p.o_stride.row, cute::_1{}, p.o_stride.head, p.o_stride.batch};
     return {o, p.o_stride, p.lse, s.seqlen_q, s.nheads, score_scales(s).softmax,
             make_tma_o(o, shape_o, stride_o), shape_o};

@@ -270,6 +270,8 @@ struct FwdMainloop {
     // A zero-length sequence has no tiles to load, but the tensor map still needs a non-empty extent.
     ShapeQKV shape_q{std::max(s.seqlen_q, 1), s.headdim, s.nheads, s.batch};
     ShapeQKV shape_k{std::max(s.seqlen_k, 1), s.headdim, s.nheads_k, s.batch};
+    // V's own head dim (it may differ from K's); the kernel addresses both through shape_k's tile coordinates.
+    ShapeQKV shape_v{std::max(s.seqlen_k, 1), value_head_dim(s), s.nheads_k, s.batch};
     auto stride = [](TensorStrides const& t) { return StrideQKV{t.row, cute::_1{}, t.head, t.batch}; };
     auto const* q = static_cast<Element const*>(p.q);
     auto const* k = static_cast<Element const*>(p.k);
@@ -277,7 +279,7 @@ struct FwdMainloop {
     auto kv_smem = cute::take<0, 2>(typename Traits::SmemLayoutKV{});
     return {make_tma(q, shape_q, stride(p.q_stride), typename Traits::SmemLayoutQ{}, TileQ{}),
             make_tma(k, shape_k, stride(p.k_stride), kv_smem, TileKV{}),
-            make_tma(v, shape_k, stride(p.v_stride), kv_smem, TileKV{}),
+            make_tma(v, shape_v, stride(p.v_stride), kv_smem, TileKV{}),
             shape_q,
             shape_k,
             s.seqlen_q,

@@ -12,7 +12,7 @@ import torch
 
 import dash_attn
 from gpu_common import (exact_float32_matmul, supported_head_dims, main_head_dim,  # noqa: F401 (fixture)
-                        assert_grads_within, poison_allocator)
+                        assert_grads_within, assert_compiled_step_matches_eager, poison_allocator)
 from dash_attn.reference import attention_bwd_ref, attention_ref
 
 pytestmark = pytest.mark.gpu
@@ -171,20 +171,7 @@ def test_packed_qkv_matches_separate_tensors(num_heads_q):
 
 @pytest.mark.gpu
 def test_torch_compile_fullgraph_matches_eager():
-    torch._dynamo.reset()
-    q, k, v, dout = make_inputs(2, 513, 513, 8, 2, main_head_dim(), torch.bfloat16)
-
-    def step(q, k, v):
-        return dash_attn.flash_attn_func(q, k, v, causal=True, deterministic=True)
-
-    eager = [t.detach().clone().requires_grad_() for t in (q, k, v)]
-    step(*eager).backward(dout)
-    compiled = [t.detach().clone().requires_grad_() for t in (q, k, v)]
-    out = torch.compile(step, fullgraph=True)(*compiled)
-    out.backward(dout)
-    assert torch.equal(out, step(q, k, v))
-    for e, c in zip(eager, compiled):
-        assert torch.equal(e.grad, c.grad)
+    assert_compiled_step_matches_eager(*make_inputs(2, 513, 513, 8, 2, main_head_dim(), torch.bfloat16))
 
 
 @pytest.mark.gpu

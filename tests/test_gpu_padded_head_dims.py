@@ -13,7 +13,7 @@ import torch
 
 import dash_attn
 from gpu_common import (exact_float32_matmul, supported_head_dims, assert_out_lse_within,  # noqa: F401 (fixture)
-                        assert_grads_within, poison_allocator)
+                        assert_compiled_step_matches_eager, assert_grads_within, poison_allocator)
 from dash_attn.reference import attention_bwd_ref, attention_bwd_ref_varlen, attention_ref, attention_ref_varlen
 from test_gpu_varlen import check_varlen
 
@@ -25,10 +25,12 @@ PADDED = [d for d in (8, 32, 80, 96, 160, 192, 248)
           if d not in supported_head_dims() and d < max(supported_head_dims())]
 
 
-def make_inputs(batch, seqlen_q, seqlen_k, nheads, nheads_k, headdim, dtype, seed=SEED):
+def make_inputs(batch, seqlen_q, seqlen_k, nheads, nheads_k, headdim, dtype, seed=SEED, headdim_v=None):
+    """q, k, v, dout; v and dout with headdim_v columns where given."""
+    dv = headdim if headdim_v is None else headdim_v
     gen = torch.Generator(device="cuda").manual_seed(seed)
     shapes = [(batch, seqlen_q, nheads, headdim), (batch, seqlen_k, nheads_k, headdim),
-              (batch, seqlen_k, nheads_k, headdim), (batch, seqlen_q, nheads, headdim)]
+              (batch, seqlen_k, nheads_k, dv), (batch, seqlen_q, nheads, dv)]
     return tuple(torch.randn(s, generator=gen, device="cuda", dtype=dtype) for s in shapes)
 
 
@@ -42,18 +44,13 @@ def run(q, k, v, dout, causal, deterministic, poison=False):
     return out, lse, tuple(t.grad for t in leaves)
 
 
-@pytest.mark.parametrize("seqlen_q, seqlen_k", [(17, 17), (113, 257), (1023, 1023)], ids=["17", "113x257", "1023"])
-@pytest.mark.parametrize("deterministic", [True, False], ids=["det", "nondet"])
-@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
-@pytest.mark.parametrize("headdim", PADDED)
-def test_padded_head_dim_matches_reference(seqlen_q, seqlen_k, deterministic, causal, dtype, headdim):
-    q, k, v, dout = make_inputs(2, seqlen_q, seqlen_k, 4, 2, headdim, dtype)
+def check_against_reference(q, k, v, dout, causal, deterministic):
+    """Outputs from a NaN-poisoned allocator, shapes (out takes v's head dim) and values against the reference."""
+    dtype = q.dtype
     out, lse, grads = run(q, k, v, dout, causal, deterministic, poison=True)
-    assert out.shape == q.shape and out.is_contiguous() and out.dtype == dtype
+    assert out.shape == (*q.shape[:-1], v.shape[-1]) and out.is_contiguous() and out.dtype == dtype
     for g, x in zip(grads, (q, k, v)):
         assert g.shape == x.shape and g.dtype == dtype
-
     qf, kf, vf = q.float(), k.float(), v.float()
     ref_out, ref_lse = attention_ref(qf, kf, vf, causal=causal, return_lse=True)
     ref_grads = attention_bwd_ref(dout.float(), qf, kf, vf, ref_out, ref_lse, causal=causal)
@@ -62,6 +59,23 @@ def test_padded_head_dim_matches_reference(seqlen_q, seqlen_k, deterministic, ca
     base_grads = torch.autograd.grad(base_out, base_leaves, dout)
     assert_out_lse_within(out, lse, ref_out, ref_lse, base_out, dtype, base_lse=base_lse)
     assert_grads_within(grads, ref_grads, base_grads, dtype)
+
+
+def check_reproducible(q, k, v, dout, causal, calls=20):
+    _, _, first = run(q, k, v, dout, causal, True)
+    for _ in range(calls):
+        _, _, again = run(q, k, v, dout, causal, True)
+        for name, a, b in zip(("dq", "dk", "dv"), first, again):
+            assert torch.equal(a, b), f"{name} differs between deterministic calls"
+
+
+@pytest.mark.parametrize("seqlen_q, seqlen_k", [(17, 17), (113, 257), (1023, 1023)], ids=["17", "113x257", "1023"])
+@pytest.mark.parametrize("deterministic", [True, False], ids=["det", "nondet"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("headdim", PADDED)
+def test_padded_head_dim_matches_reference(seqlen_q, seqlen_k, deterministic, causal, dtype, headdim):
+    check_against_reference(*make_inputs(2, seqlen_q, seqlen_k, 4, 2, headdim, dtype), causal, deterministic)
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
@@ -90,12 +104,7 @@ def test_padded_head_dim_reads_nothing_past_the_head_dim(causal, headdim):
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("headdim", PADDED)
 def test_padded_head_dim_backward_is_bitwise_reproducible(causal, headdim):
-    q, k, v, dout = make_inputs(2, 1023, 1023, 8, 2, headdim, torch.bfloat16)
-    _, _, first = run(q, k, v, dout, causal, True)
-    for _ in range(20):
-        _, _, again = run(q, k, v, dout, causal, True)
-        for name, a, b in zip(("dq", "dk", "dv"), first, again):
-            assert torch.equal(a, b), f"{name} differs between deterministic calls"
+    check_reproducible(*make_inputs(2, 1023, 1023, 8, 2, headdim, torch.bfloat16), causal)
 
 
 @pytest.mark.parametrize("packing", ["odd", "runs"])
@@ -107,20 +116,7 @@ def test_padded_head_dim_varlen(packing, causal, headdim):
 
 @pytest.mark.skipif(not PADDED, reason="every head dim up to the largest compiled one has a kernel")
 def test_padded_head_dim_compiles_fullgraph():
-    torch._dynamo.reset()
-    q, k, v, dout = make_inputs(2, 257, 257, 4, 2, PADDED[0], torch.bfloat16)
-
-    def step(q, k, v):
-        return dash_attn.flash_attn_func(q, k, v, causal=True, deterministic=True)
-
-    eager = [t.detach().clone().requires_grad_() for t in (q, k, v)]
-    step(*eager).backward(dout)
-    compiled = [t.detach().clone().requires_grad_() for t in (q, k, v)]
-    out = torch.compile(step, fullgraph=True)(*compiled)
-    out.backward(dout)
-    assert torch.equal(out, step(q, k, v))
-    for e, c in zip(eager, compiled):
-        assert torch.equal(e.grad, c.grad)
+    assert_compiled_step_matches_eager(*make_inputs(2, 257, 257, 4, 2, PADDED[0], torch.bfloat16))
 
 
 # (q/k head dim, v head dim): DeepSeek's 192/128 and others; the kernel is the one that holds both.
@@ -128,43 +124,18 @@ VALUE_HEAD_DIMS = [(d, dv) for d, dv in ((192, 128), (128, 64), (64, 128), (96, 
                    if max(d, dv) <= max(supported_head_dims())]
 
 
-def make_inputs_v(batch, seqlen_q, seqlen_k, nheads, nheads_k, headdim, headdim_v, dtype, seed=SEED):
-    gen = torch.Generator(device="cuda").manual_seed(seed)
-    shapes = [(batch, seqlen_q, nheads, headdim), (batch, seqlen_k, nheads_k, headdim),
-              (batch, seqlen_k, nheads_k, headdim_v), (batch, seqlen_q, nheads, headdim_v)]
-    return tuple(torch.randn(s, generator=gen, device="cuda", dtype=dtype) for s in shapes)
-
-
 @pytest.mark.parametrize("seqlen_q, seqlen_k", [(113, 257), (1023, 1023)], ids=["113x257", "1023"])
 @pytest.mark.parametrize("deterministic", [True, False], ids=["det", "nondet"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("headdim, headdim_v", VALUE_HEAD_DIMS, ids=[f"{d}v{dv}" for d, dv in VALUE_HEAD_DIMS])
 def test_value_head_dim_matches_reference(seqlen_q, seqlen_k, deterministic, causal, headdim, headdim_v):
-    dtype = torch.bfloat16
-    q, k, v, dout = make_inputs_v(2, seqlen_q, seqlen_k, 4, 2, headdim, headdim_v, dtype)
-    out, lse, grads = run(q, k, v, dout, causal, deterministic, poison=True)
-    assert out.shape == (*q.shape[:-1], headdim_v) and out.is_contiguous()
-    for g, x in zip(grads, (q, k, v)):
-        assert g.shape == x.shape and g.dtype == dtype
-
-    qf, kf, vf = q.float(), k.float(), v.float()
-    ref_out, ref_lse = attention_ref(qf, kf, vf, causal=causal, return_lse=True)
-    ref_grads = attention_bwd_ref(dout.float(), qf, kf, vf, ref_out, ref_lse, causal=causal)
-    base_leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
-    base_out, base_lse = attention_ref(*base_leaves, causal=causal, upcast=False, return_lse=True)
-    base_grads = torch.autograd.grad(base_out, base_leaves, dout)
-    assert_out_lse_within(out, lse, ref_out, ref_lse, base_out, dtype, base_lse=base_lse)
-    assert_grads_within(grads, ref_grads, base_grads, dtype)
+    inputs = make_inputs(2, seqlen_q, seqlen_k, 4, 2, headdim, torch.bfloat16, headdim_v=headdim_v)
+    check_against_reference(*inputs, causal, deterministic)
 
 
 @pytest.mark.parametrize("headdim, headdim_v", VALUE_HEAD_DIMS, ids=[f"{d}v{dv}" for d, dv in VALUE_HEAD_DIMS])
 def test_value_head_dim_backward_is_bitwise_reproducible(headdim, headdim_v):
-    q, k, v, dout = make_inputs_v(2, 1023, 1023, 8, 2, headdim, headdim_v, torch.bfloat16)
-    _, _, first = run(q, k, v, dout, True, True)
-    for _ in range(20):
-        _, _, again = run(q, k, v, dout, True, True)
-        for name, a, b in zip(("dq", "dk", "dv"), first, again):
-            assert torch.equal(a, b), f"{name} differs between deterministic calls"
+    check_reproducible(*make_inputs(2, 1023, 1023, 8, 2, headdim, torch.bfloat16, headdim_v=headdim_v), True)
 
 
 @pytest.mark.parametrize("headdim, headdim_v", VALUE_HEAD_DIMS[:2], ids=[f"{d}v{dv}" for d, dv in VALUE_HEAD_DIMS[:2]])

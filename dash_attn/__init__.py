@@ -4,9 +4,9 @@ CPU tensors run a pure-PyTorch reference with the same semantics; CUDA tensors n
 extension dash_attn._C.
 """
 from .interface import (SCHEDULES, flash_attn_func, flash_attn_kvpacked_func, flash_attn_qkvpacked_func,
-                        flash_attn_varlen_func)
+                        flash_attn_varlen_func, flash_attn_varlen_kvpacked_func, flash_attn_varlen_qkvpacked_func)
 
 __version__ = "0.1.0"
 
 __all__ = ["flash_attn_func", "flash_attn_qkvpacked_func", "flash_attn_kvpacked_func", "flash_attn_varlen_func",
-           "SCHEDULES", "__version__"]
+           "flash_attn_varlen_qkvpacked_func", "flash_attn_varlen_kvpacked_func", "SCHEDULES", "__version__"]

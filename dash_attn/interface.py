@@ -21,7 +21,7 @@ from .reference import attention_bwd_ref, attention_bwd_ref_varlen, attention_re
 from .validation import SCHEDULES
 
 __all__ = ["flash_attn_func", "flash_attn_qkvpacked_func", "flash_attn_kvpacked_func", "flash_attn_varlen_func",
-           "SCHEDULES"]
+           "flash_attn_varlen_qkvpacked_func", "flash_attn_varlen_kvpacked_func", "SCHEDULES"]
 
 
 class MaskKind(enum.IntEnum):
@@ -525,3 +525,33 @@ def flash_attn_kvpacked_func(q, kv, softmax_scale=None, causal=False, window_siz
     return flash_attn_func(q, k, v, softmax_scale=softmax_scale, causal=causal, window_size=window_size,
                            softcap=softcap, deterministic=deterministic, schedule=schedule, sm_margin=sm_margin,
                            return_attn_probs=return_attn_probs, **fa3_options)
+
+
+def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, softmax_scale=None, causal=False,
+                                     window_size=(-1, -1), softcap=0.0, deterministic=None, num_heads_q=None,
+                                     schedule="auto", sm_margin=0, return_attn_probs=False, **fa3_options):
+    """flash_attn_varlen_func on packed sequences whose q, k, v share one tensor (FlashAttention-2's interface).
+
+    qkv: (total, 3, nheads, headdim), or with num_heads_q (total, num_heads_q + 2 * nheads_k, headdim); cu_seqlens and
+    max_seqlen serve both queries and keys. Other arguments and the result as in flash_attn_varlen_func.
+    """
+    q, k, v = validation.unpack_qkv(qkv, num_heads_q, varlen=True)
+    return flash_attn_varlen_func(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, softmax_scale=softmax_scale,
+                                  causal=causal, window_size=window_size, softcap=softcap,
+                                  deterministic=deterministic, schedule=schedule, sm_margin=sm_margin,
+                                  return_attn_probs=return_attn_probs, **fa3_options)
+
+
+def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale=None,
+                                    causal=False, window_size=(-1, -1), softcap=0.0, deterministic=None,
+                                    schedule="auto", sm_margin=0, return_attn_probs=False, **fa3_options):
+    """flash_attn_varlen_func with k and v packed in one tensor (FlashAttention-2's interface).
+
+    q: (total_q, nheads, headdim); kv: (total_k, 2, nheads_k, headdim). Other arguments and the result as in
+    flash_attn_varlen_func.
+    """
+    k, v = validation.unpack_kv(kv, varlen=True)
+    return flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                  softmax_scale=softmax_scale, causal=causal, window_size=window_size,
+                                  softcap=softcap, deterministic=deterministic, schedule=schedule,
+                                  sm_margin=sm_margin, return_attn_probs=return_attn_probs, **fa3_options)

@@ -71,33 +71,37 @@ def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, varlen: bool) -
                              f"{tuple(t.stride())}: pass {name}.contiguous()")
 
 
-def unpack_qkv(qkv: torch.Tensor, num_heads_q) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def unpack_qkv(qkv: torch.Tensor, num_heads_q, varlen: bool = False) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """q, k, v as views of a packed qkv: (batch, seqlen, 3, nheads, d), or (batch, seqlen, num_heads_q + 2 * nheads_k,
-    d) with num_heads_q."""
+    d) with num_heads_q; varlen: (total, ...) instead of (batch, seqlen, ...)."""
     _check_tensor("qkv", qkv)
+    rows = "total" if varlen else "batch, seqlen"
+    dim = 1 if varlen else 2  # the packing dim
     if num_heads_q is None:
-        if qkv.dim() != 5 or qkv.shape[2] != 3:
-            raise ValueError(f"qkv must be (batch, seqlen, 3, nheads, headdim), got shape {tuple(qkv.shape)}; for "
-                             "(batch, seqlen, nheads_q + 2 * nheads_k, headdim) pass num_heads_q")
-        return qkv.unbind(2)
+        if qkv.dim() != dim + 3 or qkv.shape[dim] != 3:
+            raise ValueError(f"qkv must be ({rows}, 3, nheads, headdim), got shape {tuple(qkv.shape)}; for "
+                             f"({rows}, nheads_q + 2 * nheads_k, headdim) pass num_heads_q")
+        return qkv.unbind(dim)
     if isinstance(num_heads_q, bool) or not isinstance(num_heads_q, int):
         raise ValueError(f"num_heads_q must be an int or None, got {num_heads_q!r}")
-    if qkv.dim() != 4:
-        raise ValueError(f"qkv with num_heads_q must be (batch, seqlen, nheads_q + 2 * nheads_k, headdim), got shape "
+    if qkv.dim() != dim + 2:
+        raise ValueError(f"qkv with num_heads_q must be ({rows}, nheads_q + 2 * nheads_k, headdim), got shape "
                          f"{tuple(qkv.shape)}")
-    kv_heads = qkv.shape[2] - num_heads_q
+    kv_heads = qkv.shape[dim] - num_heads_q
     if num_heads_q <= 0 or kv_heads <= 0 or kv_heads % 2 != 0:
-        raise ValueError(f"num_heads_q={num_heads_q} does not split qkv's {qkv.shape[2]} heads into num_heads_q query "
-                         "heads and two equal groups of key and value heads")
-    return qkv.split([num_heads_q, kv_heads // 2, kv_heads // 2], dim=2)
+        raise ValueError(f"num_heads_q={num_heads_q} does not split qkv's {qkv.shape[dim]} heads into num_heads_q "
+                         "query heads and two equal groups of key and value heads")
+    return qkv.split([num_heads_q, kv_heads // 2, kv_heads // 2], dim=dim)
 
 
-def unpack_kv(kv: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-    """k, v as views of a packed kv: (batch, seqlen_k, 2, nheads_k, d)."""
+def unpack_kv(kv: torch.Tensor, varlen: bool = False) -> Tuple[torch.Tensor, torch.Tensor]:
+    """k, v as views of a packed kv: (batch, seqlen_k, 2, nheads_k, d); varlen: (total_k, 2, nheads_k, d)."""
     _check_tensor("kv", kv)
-    if kv.dim() != 5 or kv.shape[2] != 2:
-        raise ValueError(f"kv must be (batch, seqlen_k, 2, nheads_k, headdim), got shape {tuple(kv.shape)}")
-    return kv.unbind(2)
+    rows = "total_k" if varlen else "batch, seqlen_k"
+    dim = 1 if varlen else 2
+    if kv.dim() != dim + 3 or kv.shape[dim] != 2:
+        raise ValueError(f"kv must be ({rows}, 2, nheads_k, headdim), got shape {tuple(kv.shape)}")
+    return kv.unbind(dim)
 
 
 def check_window(causal: bool, window_size: Sequence[int]) -> Tuple[int, int]:

@@ -723,3 +723,35 @@ def test_launch_value_head_dim_below_the_kernel_goes_through_full_rows(fake_cuda
     interface._launch_bwd(out, q, k, v, out, lse, dq, dk, dv, 0.125, 0, -1, -1, 0.0, True, "shift", 0)
     args = fake_cuda.calls[-1][1]
     assert args[6] is dq and args[7] is dk and args[8].stride(-2) == 128
+
+
+def test_varlen_packed_layouts_match_separate_tensors():
+    q, k, v, cu, _, max_len, _ = _varlen_inputs(lens_q=(3, 0, 6), lens_k=(3, 0, 6), nheads=4, nheads_k=4,
+                                                requires_grad=False)
+    qkv = torch.stack([q, k, v], 1).requires_grad_()
+    out = dash_attn.flash_attn_varlen_qkvpacked_func(qkv, cu, max_len, causal=True)
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    ref = dash_attn.flash_attn_varlen_func(*leaves, cu, cu, max_len, max_len, causal=True)
+    assert torch.equal(out, ref)
+    dout = torch.randn(out.shape, dtype=out.dtype)
+    out.backward(dout)
+    ref.backward(dout)
+    assert torch.equal(qkv.grad, torch.stack([t.grad for t in leaves], 1))
+    kv = torch.stack([k, v], 1)
+    assert torch.equal(dash_attn.flash_attn_varlen_kvpacked_func(q, kv, cu, cu, max_len, max_len, causal=True),
+                       ref.detach())
+    gqa = torch.cat([q, k[:, :2], v[:, :2]], 1)
+    assert torch.equal(dash_attn.flash_attn_varlen_qkvpacked_func(gqa, cu, max_len, num_heads_q=4),
+                       dash_attn.flash_attn_varlen_func(q, k[:, :2], v[:, :2], cu, cu, max_len, max_len))
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: dash_attn.flash_attn_varlen_qkvpacked_func(torch.zeros(9, 4, 16), _cu((9,)), 9), "pass num_heads_q"),
+    (lambda: dash_attn.flash_attn_varlen_qkvpacked_func(torch.zeros(9, 3, 4, 16), _cu((9,)), 9, num_heads_q=2),
+     "num_heads_q must"),
+    (lambda: dash_attn.flash_attn_varlen_kvpacked_func(torch.zeros(9, 4, 16), torch.zeros(9, 2, 2, 2, 16),
+                                                       _cu((9,)), _cu((9,)), 9, 9), "kv must be \\(total_k"),
+])
+def test_varlen_packed_layouts_are_checked(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()

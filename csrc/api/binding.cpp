@@ -66,8 +66,7 @@ void check_lse(const at::Tensor& lse) {
 }
 
 dash::AttnShape make_shape(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double softmax_scale,
-                           int64_t mask,
-                           int64_t window_left, int64_t window_right, double softcap) {
+                           int64_t mask, int64_t window_left, int64_t window_right, double softcap) {
   TORCH_CHECK_VALUE(mask >= 0 && mask <= 2, "dash_attn: unknown mask id ", mask);
   dash::AttnShape s;
   s.batch = static_cast<int32_t>(q.size(0));

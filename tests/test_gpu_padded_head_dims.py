@@ -2,9 +2,9 @@
 loads fill the missing columns with zeros (csrc/common/head_dims.h); its outputs go through rows of its width.
 
 Forward O/LSE and backward dQ/dK/dV against the float32 reference at the caller's head dim (tolerance scheme of
-test_gpu_forward.py) with outputs from a NaN-poisoned allocator, inputs whose rows continue in memory past the head
-dim with NaN (nothing past it may be read), bitwise-identical repeated deterministic backward calls, the varlen path,
-and torch.compile(fullgraph=True).
+test_gpu_forward.py; full, causal, windows and soft-capping) with outputs from a NaN-poisoned allocator, inputs whose
+rows continue in memory past the head dim with NaN (nothing past it may be read), bitwise-identical repeated
+deterministic backward calls, the varlen path, torch.compile(fullgraph=True), and v with a head dim of its own.
 """
 import os
 
@@ -13,7 +13,8 @@ import torch
 
 import dash_attn
 from gpu_common import (exact_float32_matmul, supported_head_dims, assert_out_lse_within,  # noqa: F401 (fixture)
-                        assert_compiled_step_matches_eager, assert_grads_within, poison_allocator)
+                        assert_compiled_step_matches_eager, assert_grads_within, poison_allocator,
+                        softcap_built, SOFTCAP_SCORE_BOOST)
 from dash_attn.reference import attention_bwd_ref, attention_bwd_ref_varlen, attention_ref, attention_ref_varlen
 from test_gpu_varlen import check_varlen
 
@@ -34,28 +35,31 @@ def make_inputs(batch, seqlen_q, seqlen_k, nheads, nheads_k, headdim, dtype, see
     return tuple(torch.randn(s, generator=gen, device="cuda", dtype=dtype) for s in shapes)
 
 
-def run(q, k, v, dout, causal, deterministic, poison=False):
+def run(q, k, v, dout, causal, deterministic, poison=False, **options):
+    """options: window_size, softcap."""
     leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
     if poison:
         poison_allocator()
-    out, lse = dash_attn.flash_attn_func(*leaves, causal=causal, deterministic=deterministic, return_attn_probs=True)
+    out, lse = dash_attn.flash_attn_func(*leaves, causal=causal, deterministic=deterministic, return_attn_probs=True,
+                                         **options)
     out.backward(dout)
     torch.cuda.synchronize()
     return out, lse, tuple(t.grad for t in leaves)
 
 
-def check_against_reference(q, k, v, dout, causal, deterministic):
-    """Outputs from a NaN-poisoned allocator, shapes (out takes v's head dim) and values against the reference."""
+def check_against_reference(q, k, v, dout, causal, deterministic, **options):
+    """Outputs from a NaN-poisoned allocator, shapes (out takes v's head dim) and values against the reference.
+    options: window_size, softcap, for the kernel and the reference alike."""
     dtype = q.dtype
-    out, lse, grads = run(q, k, v, dout, causal, deterministic, poison=True)
+    out, lse, grads = run(q, k, v, dout, causal, deterministic, poison=True, **options)
     assert out.shape == (*q.shape[:-1], v.shape[-1]) and out.is_contiguous() and out.dtype == dtype
     for g, x in zip(grads, (q, k, v)):
         assert g.shape == x.shape and g.dtype == dtype
     qf, kf, vf = q.float(), k.float(), v.float()
-    ref_out, ref_lse = attention_ref(qf, kf, vf, causal=causal, return_lse=True)
-    ref_grads = attention_bwd_ref(dout.float(), qf, kf, vf, ref_out, ref_lse, causal=causal)
+    ref_out, ref_lse = attention_ref(qf, kf, vf, causal=causal, return_lse=True, **options)
+    ref_grads = attention_bwd_ref(dout.float(), qf, kf, vf, ref_out, ref_lse, causal=causal, **options)
     base_leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
-    base_out, base_lse = attention_ref(*base_leaves, causal=causal, upcast=False, return_lse=True)
+    base_out, base_lse = attention_ref(*base_leaves, causal=causal, upcast=False, return_lse=True, **options)
     base_grads = torch.autograd.grad(base_out, base_leaves, dout)
     assert_out_lse_within(out, lse, ref_out, ref_lse, base_out, dtype, base_lse=base_lse)
     assert_grads_within(grads, ref_grads, base_grads, dtype)
@@ -76,6 +80,19 @@ def check_reproducible(q, k, v, dout, causal, calls=20):
 @pytest.mark.parametrize("headdim", PADDED)
 def test_padded_head_dim_matches_reference(seqlen_q, seqlen_k, deterministic, causal, dtype, headdim):
     check_against_reference(*make_inputs(2, seqlen_q, seqlen_k, 4, 2, headdim, dtype), causal, deterministic)
+
+
+@pytest.mark.parametrize("deterministic", [True, False], ids=["det", "nondet"])
+@pytest.mark.parametrize("options", [dict(window_size=(100, 20)), dict(softcap=5.0),
+                                     dict(window_size=(64, 0), softcap=2.0)], ids=["window", "softcap", "both"])
+@pytest.mark.parametrize("headdim", PADDED)
+def test_padded_head_dim_windows_and_softcap(deterministic, options, headdim):
+    if options.get("softcap") and not softcap_built():
+        pytest.skip("extension built with DASH_ATTN_SOFTCAP=0")
+    q, k, v, dout = make_inputs(2, 513, 513, 4, 2, headdim, torch.bfloat16)
+    if options.get("softcap"):
+        q, k = (t.float().mul(SOFTCAP_SCORE_BOOST).to(t.dtype) for t in (q, k))
+    check_against_reference(q, k, v, dout, False, deterministic, **options)
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
@@ -159,3 +176,12 @@ def test_value_head_dim_varlen(headdim, headdim_v):
     base_grads = torch.autograd.grad(base_out, base_leaves, dout)
     assert_out_lse_within(out, lse, ref_out, ref_lse, base_out, torch.bfloat16)
     assert_grads_within([t.grad for t in leaves], ref_grads, base_grads, torch.bfloat16)
+
+
+@pytest.mark.parametrize("headdim, headdim_v", VALUE_HEAD_DIMS[:2], ids=[f"{d}v{dv}" for d, dv in VALUE_HEAD_DIMS[:2]])
+def test_value_head_dim_window_and_softcap(headdim, headdim_v):
+    if not softcap_built():
+        pytest.skip("extension built with DASH_ATTN_SOFTCAP=0")
+    q, k, v, dout = make_inputs(2, 513, 513, 4, 2, headdim, torch.bfloat16, headdim_v=headdim_v)
+    q, k = (t.float().mul(SOFTCAP_SCORE_BOOST).to(t.dtype) for t in (q, k))
+    check_against_reference(q, k, v, dout, False, True, window_size=(64, 0), softcap=2.0)

@@ -127,10 +127,15 @@ def _choose_schedule(mask: int, seqlen_q: int, seqlen_k: int, block_m: int, bloc
                   l2=l2_model(l2_bytes, block_m, block_n, headdim))
 
 
+def _held_head_dim(q: torch.Tensor, v: torch.Tensor) -> int:
+    """The head dim a kernel must hold: q's and k's, or v's where larger."""
+    return max(q.shape[-1], v.shape[-1])
+
+
 def _check_cuda(q: torch.Tensor, v: torch.Tensor, softcap: float):
     validation.check_cuda_device(q.device)
     ext = _extension()
-    validation.check_cuda_features(max(q.shape[-1], v.shape[-1]), _supported_head_dims(), softcap, _softcap_built())
+    validation.check_cuda_features(_held_head_dim(q, v), _supported_head_dims(), softcap, _softcap_built())
     return ext
 
 
@@ -138,7 +143,7 @@ def _resolve_schedule(schedule: str, q: torch.Tensor, k: torch.Tensor, v: torch.
                       window_right: int, deterministic: bool, sm_margin: int) -> int:
     if schedule == "auto":
         batch, seqlen_q, nheads, _ = q.shape
-        headdim = max(q.shape[-1], v.shape[-1])  # the kernel's tiles are those of the head dim that holds both
+        headdim = _held_head_dim(q, v)  # the kernel's tiles are those of the head dim that holds both
         block_m, block_n = _bwd_tile_shape(headdim, mask)
         ctas = max(1, _num_sms(q.device.index) - sm_margin)
         window = (window_left, window_right) if mask == MaskKind.WINDOW else None
@@ -151,14 +156,17 @@ def _device_guard(device: torch.device):
     return torch.cuda.device(device)
 
 
+def _kernel_head_dim(q: torch.Tensor, v: torch.Tensor) -> int:
+    return validation.kernel_head_dim(_held_head_dim(q, v), _supported_head_dims())
+
+
 @contextlib.contextmanager
-def _full_width(q: torch.Tensor, v: torch.Tensor, result: torch.Tensor):
-    """Where `result` goes for a kernel launch: itself, or, at a head dim below the kernel's (csrc/common/head_dims.h),
-    the first columns of rows as wide as the kernel's, copied into `result` afterwards. The kernels read and write
-    nothing past the call's head dims through TMA, but some of their stores write whole rows of the kernel's width (O
-    and dK/dV at head dim 256, the zeros of KV tiles no query sees): in a buffer of that width they land in its
-    spare columns instead of the next row."""
-    kernel_dim = validation.kernel_head_dim(max(q.shape[-1], v.shape[-1]), _supported_head_dims())
+def _full_width(result: torch.Tensor, kernel_dim: int):
+    """Where `result` goes for a launch of the kernel of head dim `kernel_dim`: itself, or, where its head dim is below
+    the kernel's (csrc/common/head_dims.h), the first columns of rows as wide as the kernel's, copied into `result`
+    afterwards. The kernels read and write nothing past the call's head dims through TMA, but some of their stores
+    write whole rows of the kernel's width (O and dK/dV at head dim 256, the zeros of KV tiles no query sees): in a
+    buffer of that width they land in its spare columns instead of the next row."""
     if kernel_dim == result.shape[-1]:
         yield result
         return
@@ -180,7 +188,7 @@ def _run_fwd(ext, q, k, v, out, lse, softmax_scale, mask, window_left, window_ri
         out.zero_()
         lse.fill_(float("-inf"))
         return
-    with _device_guard(q.device), _full_width(q, v, out) as out_rows:
+    with _device_guard(q.device), _full_width(out, _kernel_head_dim(q, v)) as out_rows:
         ext.fwd(q, k, v, out_rows, lse, softmax_scale, mask, window_left, window_right, softcap)
 
 
@@ -200,7 +208,8 @@ def _run_bwd(ext, dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, mask, wind
         dv.zero_()
         return
     schedule_id = _resolve_schedule(schedule, q, k, v, mask, window_left, window_right, deterministic, sm_margin)
-    with _device_guard(q.device), _full_width(q, v, dk) as dk_rows, _full_width(q, v, dv) as dv_rows:
+    kernel_dim = _kernel_head_dim(q, v)
+    with _device_guard(q.device), _full_width(dk, kernel_dim) as dk_rows, _full_width(dv, kernel_dim) as dv_rows:
         ext.bwd(dout, q, k, v, out, lse, dq, dk_rows, dv_rows, softmax_scale, mask, window_left, window_right,
                 softcap, deterministic, schedule_id, sm_margin)
 

@@ -52,18 +52,23 @@ check-kernels:
 	    | $(PYTHON) csrc/tools/check_spills.py || exit 1; done
 
 # Kernel objects (torch-free) for DASH_ATTN_PREBUILT_DIR=build/prebuilt: compile on a CPU machine, link on the GPU node.
-# PREBUILD_SOFTCAP=0 leaves out the soft-capped kernels (as DASH_ATTN_SOFTCAP=0 does for setup.py);
+# PREBUILD_SOFTCAP=0 leaves out the soft-capped kernels (as DASH_ATTN_SOFTCAP=0 does for setup.py), PREBUILD_PACKED=0
+# the packed-sequence ones (as DASH_ATTN_PACKED=0);
 # PREBUILD_EXTRA adds nvcc flags (e.g. "-Xptxas -v" for the resource reports).
 PREBUILD_HDIMS ?= 64 128
 PREBUILD_DTYPES ?= bf16 fp16
 PREBUILD_SOFTCAP ?= 1
+PREBUILD_PACKED ?= 1
 PREBUILD_MODS = $(if $(filter 0,$(PREBUILD_SOFTCAP)),_none,_none _softcap)
 PREBUILD_DEFS = $(foreach h,$(PREBUILD_HDIMS),-DDASH_ENABLE_HDIM_$(h)) \
 	$(foreach d,$(PREBUILD_DTYPES),-DDASH_ENABLE_$(shell echo $(d) | tr a-z A-Z)) \
-	$(if $(filter 0,$(PREBUILD_SOFTCAP)),,-DDASH_ENABLE_SOFTCAP)
+	$(if $(filter 0,$(PREBUILD_SOFTCAP)),,-DDASH_ENABLE_SOFTCAP) \
+	$(if $(filter 0,$(PREBUILD_PACKED)),,-DDASH_ENABLE_PACKED)
 PREBUILD_SRCS = csrc/fwd/fwd_dispatch.cu csrc/bwd/bwd_dispatch.cu \
 	$(foreach h,$(PREBUILD_HDIMS),$(foreach d,$(PREBUILD_DTYPES),$(foreach m,full causal window,$(foreach dir,fwd bwd,\
-	$(foreach s,$(PREBUILD_MODS),csrc/instantiations/$(dir)_hdim$(h)_$(d)_$(m)$(s:_none=).cu)))))
+	$(foreach s,$(PREBUILD_MODS),csrc/instantiations/$(dir)_hdim$(h)_$(d)_$(m)$(s:_none=).cu))))) \
+	$(if $(filter 0,$(PREBUILD_PACKED)),,$(foreach h,$(PREBUILD_HDIMS),$(foreach d,$(PREBUILD_DTYPES),\
+	$(foreach m,full causal,$(foreach dir,fwd bwd,csrc/instantiations/$(dir)_hdim$(h)_$(d)_$(m)_packed.cu)))))
 PREBUILD_OBJS = $(patsubst %.cu,build/prebuilt/%.o,$(notdir $(PREBUILD_SRCS)))
 vpath %.cu csrc/fwd csrc/bwd csrc/instantiations
 

@@ -10,6 +10,8 @@ Environment knobs:
   DASH_ATTN_HDIMS            head dims to compile, e.g. "64,128" (default 64,128,256)
   DASH_ATTN_DTYPES           "fp16,bf16" (default both)
   DASH_ATTN_SOFTCAP          "0" skips the soft-capped kernels (softcap > 0), half the kernel objects (default "1")
+  DASH_ATTN_PACKED           "0" skips the packed-sequence (varlen) kernels; varlen calls then run the batched
+                             kernels once per run of equal lengths (default "1")
   DASH_ATTN_SKIP_CUDA_BUILD  "1" skips dash_attn._C even where it could be built
   DASH_ATTN_DEBUG_SPIN       "1" turns an over-long semaphore spin into a trap that prints the tile coordinates
   DASH_ATTN_LINEINFO         "1" adds -lineinfo (sanitizer/profiler source lines)
@@ -30,6 +32,7 @@ CSRC = ROOT / "csrc"
 ALL_HDIMS = (64, 128, 256)
 ALL_DTYPES = ("fp16", "bf16")
 MASKS = ("full", "causal", "window")
+PACKED_MASKS = ("full", "causal")
 
 
 def _env_list(name, allowed, cast=str):
@@ -116,10 +119,15 @@ def cuda_extension():
     dtypes = _env_list("DASH_ATTN_DTYPES", ALL_DTYPES)
     softcap = os.environ.get("DASH_ATTN_SOFTCAP", "1") != "0"
     defines = [f"-DDASH_ENABLE_HDIM_{h}" for h in hdims] + [f"-DDASH_ENABLE_{d.upper()}" for d in dtypes]
+    packed = os.environ.get("DASH_ATTN_PACKED", "1") != "0"
     defines += ["-DDASH_ENABLE_SOFTCAP"] if softcap else []
+    defines += ["-DDASH_ENABLE_PACKED"] if packed else []
     score_mods = ("", "_softcap") if softcap else ("",)
     inst = [f"csrc/instantiations/{direction}_hdim{h}_{d}_{m}{mod}.cu"
             for direction in ("fwd", "bwd") for h in hdims for d in dtypes for m in MASKS for mod in score_mods]
+    if packed:
+        inst += [f"csrc/instantiations/{direction}_hdim{h}_{d}_{m}_packed.cu"
+                 for direction in ("fwd", "bwd") for h in hdims for d in dtypes for m in PACKED_MASKS]
     sources = ["csrc/api/binding.cpp", "csrc/fwd/fwd_dispatch.cu", "csrc/bwd/bwd_dispatch.cu"] + inst
     nvcc_flags = [
         "-O3", "-std=c++17", "--use_fast_math",

@@ -141,14 +141,21 @@ def _check_cuda(q: torch.Tensor, v: torch.Tensor, softcap: float):
 
 def _resolve_schedule(schedule: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: int, window_left: int,
                       window_right: int, deterministic: bool, sm_margin: int) -> int:
+    batch, seqlen_q, nheads, _ = q.shape
+    return _resolve_schedule_for(schedule, q.device, batch, seqlen_q, k.shape[1], nheads, k.shape[2],
+                                 _held_head_dim(q, v), mask, window_left, window_right, deterministic, sm_margin)
+
+
+def _resolve_schedule_for(schedule: str, device: torch.device, batch: int, seqlen_q: int, seqlen_k: int, nheads: int,
+                          nheads_k: int, headdim: int, mask: int, window_left: int, window_right: int,
+                          deterministic: bool, sm_margin: int) -> int:
+    """The schedule id of a launch of that (batch, seqlen) problem; headdim: the head dim whose kernel runs."""
     if schedule == "auto":
-        batch, seqlen_q, nheads, _ = q.shape
-        headdim = _held_head_dim(q, v)  # the kernel's tiles are those of the head dim that holds both
         block_m, block_n = _bwd_tile_shape(headdim, mask)
-        ctas = max(1, _num_sms(q.device.index) - sm_margin)
+        ctas = max(1, _num_sms(device.index) - sm_margin)
         window = (window_left, window_right) if mask == MaskKind.WINDOW else None
-        schedule = _choose_schedule(mask, seqlen_q, k.shape[1], block_m, block_n, nheads, batch, ctas, window,
-                                    k.shape[2], deterministic, headdim, _l2_bytes(q.device.index))
+        schedule = _choose_schedule(mask, seqlen_q, seqlen_k, block_m, block_n, nheads, batch, ctas, window,
+                                    nheads_k, deterministic, headdim, _l2_bytes(device.index))
     return SCHEDULE_IDS[schedule]
 
 
@@ -339,14 +346,64 @@ def _batched(x: torch.Tensor, rows: slice, count: int, seqlen: int) -> torch.Ten
     return x[rows].unflatten(0, (count, seqlen))
 
 
-# The CUDA varlen path runs the dense kernels once per run of consecutive sequences with equal lengths, as a batch of
-# (sequences, seqlen, heads, d) views of the packed tensors (splitting the packed dim never copies); runs write
-# disjoint rows, so the deterministic mode stays bitwise reproducible. The window is re-normalised per run, so short
-# sequences reach the full/causal kernels. `ext` is the extension _check_varlen checked once for every launch.
+# The CUDA varlen path runs the packed-sequence kernels (one launch for all sequences, csrc/common/params.h:
+# PackedSeqs) where they apply: full and causal masks (causal: no sequence's diagonal right of the longest ones'), no
+# softcap, q's head dim a built kernel's own and v's the same. They tile and schedule the call as a batch of the
+# longest sequence and skip what lies past each sequence's end, so the deterministic schedules and their proofs are
+# those of that batch. Elsewhere the dense kernels run once per run of consecutive sequences with equal lengths, as
+# a batch of (sequences, seqlen, heads, d) views of the packed tensors (splitting the packed dim never copies); runs
+# write disjoint rows, so the deterministic mode stays bitwise reproducible. The window is re-normalised per run, so
+# short sequences reach the full/causal kernels. `ext` is the extension _check_varlen checked once for every launch.
 
-def _varlen_fwd_cuda(ext, q, k, v, cq, ck, softmax_scale, mask, window_left, window_right, softcap):
+# The per-run path wins where a few runs each fill the GPU (H200, hdim 128, fwd+bwd kernel time: 8 x 2k and 32 x 512
+# 0.86-0.91x the packed kernels', 2 sequences of 10.9k + 5.5k 0.78-0.92x): the batched kernels keep their TMA
+# epilogues and balanced schedules there. Many short or varied sequences go to the packed kernels (19 sequences of
+# 0.2-1.5k tokens: the per-run path took 1.4-1.6x their kernel time and 4-5 ms of host time a step).
+_MAX_RUNS_PER_CALL = 8
+
+
+def _runs_fill_the_gpu(q, k, v, cq, ck, mask):
+    runs = [r for r in _runs(cq, ck) if r[3] > 0]
+    if len(runs) > _MAX_RUNS_PER_CALL:
+        return False
+    block_n = _bwd_tile_shape(q.shape[-1], mask)[1]
+    sms = _num_sms(q.device.index)
+    return all(count * k.shape[1] * -(-seqlen_k // block_n) >= sms for _, _, count, _, seqlen_k in runs)
+
+
+def _packed_launch(ext, q, k, v, cq, ck, mask, softcap):
+    """(longest q sequence, longest k sequence) when the packed-sequence kernels run this call, else None."""
+    if softcap != 0.0 or mask not in (MaskKind.FULL, MaskKind.CAUSAL) or not ext.packed_built():
+        return None
+    if q.shape[-1] != v.shape[-1] or q.shape[-1] not in _supported_head_dims():
+        return None
+    if _runs_fill_the_gpu(q, k, v, cq, ck, mask):
+        return None
+    lens_q = [b - a for a, b in zip(cq, cq[1:])]
+    lens_k = [b - a for a, b in zip(ck, ck[1:])]
+    max_q, max_k = max(lens_q), max(lens_k)
+    if max_q == 0 or max_k == 0:
+        return None
+    # The causal schedule is the batch's, whose diagonal is the longest sequences' (max_k - max_q): a sequence whose
+    # diagonal lies right of it would need KV tiles that schedule never visits.
+    if mask == MaskKind.CAUSAL and any(lk - lq > max_k - max_q for lq, lk in zip(lens_q, lens_k)):
+        return None
+    return max_q, max_k
+
+
+def _device_int32(x: torch.Tensor, device: torch.device) -> torch.Tensor:
+    return x.to(device=device, dtype=torch.int32, non_blocking=True).contiguous()
+
+def _varlen_fwd_cuda(ext, q, k, v, cu_seqlens_q, cu_seqlens_k, cq, ck, softmax_scale, mask, window_left,
+                     window_right, softcap):
     out = _out_like(q, v)
     lse = torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device)
+    packed = _packed_launch(ext, q, k, v, cq, ck, mask, softcap)
+    if packed is not None:
+        with _device_guard(q.device):
+            ext.varlen_fwd(q, k, v, out, lse, _device_int32(cu_seqlens_q, q.device),
+                           _device_int32(cu_seqlens_k, q.device), packed[0], packed[1], softmax_scale, mask)
+        return out, lse
     for sq, sk, count, seqlen_q, seqlen_k in _runs(cq, ck):
         q_b = _batched(q, sq, count, seqlen_q)
         k_b, v_b = _batched(k, sk, count, seqlen_k), _batched(v, sk, count, seqlen_k)
@@ -358,9 +415,19 @@ def _varlen_fwd_cuda(ext, q, k, v, cq, ck, softmax_scale, mask, window_left, win
     return out, lse
 
 
-def _varlen_bwd_cuda(ext, dout, q, k, v, out, lse, cq, ck, softmax_scale, mask, window_left, window_right, softcap,
-                     deterministic, schedule, sm_margin):
+def _varlen_bwd_cuda(ext, dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, cq, ck, softmax_scale, mask,
+                     window_left, window_right, softcap, deterministic, schedule, sm_margin):
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    packed = _packed_launch(ext, q, k, v, cq, ck, mask, softcap)
+    if packed is not None:
+        max_q, max_k = packed
+        schedule_id = _resolve_schedule_for(schedule, q.device, len(cq) - 1, max_q, max_k, q.shape[1], k.shape[1],
+                                            q.shape[-1], mask, window_left, window_right, deterministic, sm_margin)
+        with _device_guard(q.device):
+            ext.varlen_bwd(dout, q, k, v, out, lse, dq, dk, dv, _device_int32(cu_seqlens_q, q.device),
+                           _device_int32(cu_seqlens_k, q.device), max_q, max_k, softmax_scale, mask, deterministic,
+                           schedule_id, sm_margin)
+        return dq, dk, dv
     for sq, sk, count, seqlen_q, seqlen_k in _runs(cq, ck):
         q_b = _batched(q, sq, count, seqlen_q)
         k_b, v_b = _batched(k, sk, count, seqlen_k), _batched(v, sk, count, seqlen_k)
@@ -381,7 +448,8 @@ def _varlen_fwd(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q:
     mask, window_left, window_right = _effective_mask(mask, window_left, window_right, max_seqlen_q, max_seqlen_k)
     ext, cq, ck = _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softcap)
     if ext is not None:
-        return _varlen_fwd_cuda(ext, q, k, v, cq, ck, softmax_scale, mask, window_left, window_right, softcap)
+        return _varlen_fwd_cuda(ext, q, k, v, cu_seqlens_q, cu_seqlens_k, cq, ck, softmax_scale, mask, window_left,
+                                window_right, softcap)
     out = _out_like(q, v)
     lse = torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device)
     ref_out, ref_lse = attention_ref_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, False,
@@ -407,8 +475,8 @@ def _varlen_bwd(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.T
     mask, window_left, window_right = _effective_mask(mask, window_left, window_right, max_seqlen_q, max_seqlen_k)
     ext, cq, ck = _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softcap)
     if ext is not None:
-        return _varlen_bwd_cuda(ext, dout, q, k, v, out, lse, cq, ck, softmax_scale, mask, window_left, window_right,
-                                softcap, deterministic, schedule, sm_margin)
+        return _varlen_bwd_cuda(ext, dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, cq, ck, softmax_scale, mask,
+                                window_left, window_right, softcap, deterministic, schedule, sm_margin)
     window = (window_left, window_right)
     compute_dtype = _reference_dtype(q.dtype)
     ref_out, ref_lse = attention_ref_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, False, window,

@@ -419,8 +419,17 @@ def test_cuda_dtypes_exclude_full_precision():
 
 
 class _FakeExtension(types.SimpleNamespace):
-    def __init__(self, softcap=True):
-        super().__init__(calls=[], softcap=softcap)
+    def __init__(self, softcap=True, packed=True):
+        super().__init__(calls=[], softcap=softcap, packed=packed)
+
+    def packed_built(self):
+        return self.packed
+
+    def varlen_fwd(self, *args):
+        self.calls.append(("varlen_fwd", args))
+
+    def varlen_bwd(self, *args):
+        self.calls.append(("varlen_bwd", args))
 
     def supported_head_dims(self):
         return [64, 128]
@@ -524,20 +533,65 @@ def test_varlen_cuda_path_launches_per_run_and_assembles_rows(fake_cuda, monkeyp
     monkeypatch.setattr(fake_cuda, "bwd", bwd)
     q, k, v, cu_q, cu_k, _, _ = _varlen_inputs((3, 3, 0, 0, 5), (2, 2, 4, 4, 6), dtype=torch.float32)
     cq, ck = cu_q.tolist(), cu_k.tolist()
-    out, lse = interface._varlen_fwd_cuda(fake_cuda, q, k, v, cq, ck, 0.125, 2, 4, 0, 0.0)
+    out, lse = interface._varlen_fwd_cuda(fake_cuda, q, k, v, cu_q, cu_k, cq, ck, 0.125, 2, 4, 0, 0.0)
     assert fake_cuda.calls == [("fwd", ((2, 3, 4, 8), (2, 2, 2, 8), 0.125, 1, -1, 0, 0.0)),
                                ("fwd", ((1, 5, 4, 8), (1, 6, 2, 8), 0.125, 2, 4, 0, 0.0))]
     assert torch.equal(out, q) and torch.equal(lse, q[..., 0].t())
     fake_cuda.calls.clear()
     dout = torch.randn_like(q)
-    dq, dk, dv = interface._varlen_bwd_cuda(fake_cuda, dout, q, k, v, out, lse, cq, ck, 0.125, 2, 4, 0, 0.0, True,
-                                            "shift", 0)
+    dq, dk, dv = interface._varlen_bwd_cuda(fake_cuda, dout, q, k, v, out, lse, cu_q, cu_k, cq, ck, 0.125, 2, 4, 0,
+                                            0.0, True, "shift", 0)
     assert [c[1][:4] for c in fake_cuda.calls] == [((2, 3, 4, 8), (2, 2, 2, 8), 0.125, 1),
                                                    ((1, 5, 4, 8), (1, 6, 2, 8), 0.125, 2)]
     keys_without_queries = slice(4, 12)
     assert torch.equal(dq, dout)
     assert not dk[keys_without_queries].any() and not dv[keys_without_queries].any()
     assert torch.equal(dk[:4], k[:4]) and torch.equal(dv[12:], v[12:])
+
+
+@pytest.mark.parametrize("mask", [0, 1], ids=["full", "causal"])
+def test_varlen_cuda_path_runs_the_packed_kernels_once(fake_cuda, mask):
+    # Full and causal calls at a kernel's own head dim go to the packed-sequence kernels in one launch per direction,
+    # with the longest sequences' lengths (not the caller's max_seqlen bounds) and int32 cu_seqlens.
+    q, k, v, cu_q, cu_k, _, _ = _varlen_inputs((3, 0, 6), (5, 2, 8), headdim=64, dtype=torch.bfloat16)
+    cq, ck = cu_q.tolist(), cu_k.tolist()
+    out, lse = interface._varlen_fwd_cuda(fake_cuda, q, k, v, cu_q.long(), cu_k, cq, ck, 0.125, mask, -1, -1, 0.0)
+    assert out.shape == q.shape and lse.shape == (4, 9)
+    ((name, args),) = fake_cuda.calls
+    assert name == "varlen_fwd" and args[:5] == (q, k, v, out, lse)
+    assert args[5].dtype == torch.int32 and torch.equal(args[5], cu_q) and torch.equal(args[6], cu_k)
+    assert args[7:] == (6, 8, 0.125, mask)
+    fake_cuda.calls.clear()
+    dout = torch.randn_like(q)
+    dq, dk, dv = interface._varlen_bwd_cuda(fake_cuda, dout, q, k, v, out, lse, cu_q, cu_k, cq, ck, 0.125, mask, -1,
+                                            -1, 0.0, True, "shift", 3)
+    ((name, args),) = fake_cuda.calls
+    assert name == "varlen_bwd" and args[:9] == (dout, q, k, v, out, lse, dq, dk, dv)
+    assert args[11:] == (6, 8, 0.125, mask, True, interface.SCHEDULE_IDS["shift"], 3)
+
+
+# (lens_q, lens_k, q/k head dim, v head dim, mask, softcap, extension has the packed kernels)
+_NOT_PACKED = {
+    "softcap": ((3, 6), (4, 6), 64, 64, 0, 5.0, True),
+    "window": ((3, 6), (4, 6), 64, 64, 2, 0.0, True),
+    "head_dim_between_kernels": ((3, 6), (4, 6), 32, 32, 0, 0.0, True),
+    "v_head_dim_of_its_own": ((3, 6), (4, 6), 64, 128, 0, 0.0, True),
+    # the first sequence's causal diagonal (4 - 3) lies right of the longest ones' (6 - 6)
+    "diagonal": ((3, 6), (4, 6), 64, 64, 1, 0.0, True),
+    "no_keys": ((3, 6), (0, 0), 64, 64, 0, 0.0, True),
+    "not_built": ((3, 6), (4, 6), 64, 64, 0, 0.0, False),
+    # one run of 33 sequences x 2 heads x 4 KV tiles of 128: 264 tiles, two per SM of the fake 132
+    "runs_fill_the_gpu": ((512,) * 33, (512,) * 33, 64, 64, 1, 0.0, True),
+}
+
+
+@pytest.mark.parametrize("case", list(_NOT_PACKED))
+def test_varlen_cuda_path_keeps_the_batched_kernels_where_packed_ones_do_not_apply(fake_cuda, case):
+    lens_q, lens_k, headdim, headdim_v, mask, softcap, built = _NOT_PACKED[case]
+    fake_cuda.packed = built
+    q, k, _, cu_q, cu_k, _, _ = _varlen_inputs(lens_q, lens_k, headdim=headdim, dtype=torch.bfloat16)
+    v = torch.randn(k.shape[0], k.shape[1], headdim_v, dtype=torch.bfloat16)
+    assert interface._packed_launch(fake_cuda, q, k, v, cu_q.tolist(), cu_k.tolist(), mask, softcap) is None
 
 
 def test_auto_schedule_uses_the_cost_model(fake_cuda, monkeypatch):

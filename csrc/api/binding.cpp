@@ -22,6 +22,14 @@ bool softcap_built() {
 #endif
 }
 
+bool packed_built() {
+#ifdef DASH_ENABLE_PACKED
+  return true;
+#else
+  return false;
+#endif
+}
+
 dash::DType dtype_of(const at::Tensor& t) {
   if (t.scalar_type() == at::kHalf) {
 #ifdef DASH_ENABLE_FP16
@@ -37,9 +45,12 @@ dash::DType dtype_of(const at::Tensor& t) {
 
 dash::TensorStrides strides_of(const at::Tensor& t) { return {t.stride(0), t.stride(1), t.stride(2)}; }
 
-void check_4d(const at::Tensor& t, const char* name, const at::Tensor& like) {
+// Packed sequences (total, heads, headdim): the row and head strides; the batch stride is unused.
+dash::TensorStrides packed_strides_of(const at::Tensor& t) { return {0, t.stride(0), t.stride(1)}; }
+
+void check_tensor(const at::Tensor& t, const char* name, const at::Tensor& like, int64_t dims, const char* layout) {
   TORCH_CHECK_VALUE(t.is_cuda(), "dash_attn: ", name, " must be a CUDA tensor");
-  TORCH_CHECK_VALUE(t.dim() == 4, "dash_attn: ", name, " must have 4 dims (batch, seqlen, heads, headdim)");
+  TORCH_CHECK_VALUE(t.dim() == dims, "dash_attn: ", name, " must have ", dims, " dims ", layout);
   TORCH_CHECK_VALUE(t.stride(-1) == 1, "dash_attn: ", name, " must have a contiguous last dimension");
   TORCH_CHECK_VALUE(t.scalar_type() == like.scalar_type(), "dash_attn: ", name, " must have dtype ",
                     like.scalar_type());
@@ -47,10 +58,18 @@ void check_4d(const at::Tensor& t, const char* name, const at::Tensor& like) {
   // TMA descriptors need 16-byte aligned base addresses and strides.
   TORCH_CHECK_VALUE(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0, "dash_attn: ", name,
                     " must be 16-byte aligned");
-  for (int i = 0; i < 3; ++i) {
+  for (int i = 0; i < dims - 1; ++i) {
     TORCH_CHECK_VALUE(t.stride(i) * t.element_size() % 16 == 0, "dash_attn: stride ", i, " of ", name,
                       " must be a multiple of 16 bytes");
   }
+}
+
+void check_4d(const at::Tensor& t, const char* name, const at::Tensor& like) {
+  check_tensor(t, name, like, 4, "(batch, seqlen, heads, headdim)");
+}
+
+void check_3d(const at::Tensor& t, const char* name, const at::Tensor& like) {
+  check_tensor(t, name, like, 3, "(total_tokens, heads, headdim)");
 }
 
 void check_qkvo(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out) {
@@ -60,22 +79,42 @@ void check_qkvo(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, c
   check_4d(out, "out", q);
 }
 
+void check_packed_qkvo(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out) {
+  check_3d(q, "q", q);
+  check_3d(k, "k", q);
+  check_3d(v, "v", q);
+  check_3d(out, "out", q);
+}
+
+// cu_seqlens_q/k: int32 prefix sums on q's device, batch + 1 entries each. Their values are the caller's to check
+// (dash_attn/validation.py does, on a host copy).
+dash::PackedSeqs packed_seqs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cu_q, const at::Tensor& cu_k) {
+  TORCH_CHECK(packed_built(), "dash_attn: this extension was built without the packed-sequence kernels");
+  for (const at::Tensor* t : {&cu_q, &cu_k}) {
+    const char* name = t == &cu_q ? "cu_seqlens_q" : "cu_seqlens_k";
+    TORCH_CHECK_VALUE(t->is_cuda() && t->get_device() == q.get_device(), "dash_attn: ", name,
+                      " must be on q's device");
+    TORCH_CHECK_VALUE(t->scalar_type() == at::kInt && t->dim() == 1 && t->is_contiguous() && t->size(0) >= 2,
+                      "dash_attn: ", name, " must be a contiguous int32 (batch + 1,) tensor");
+  }
+  TORCH_CHECK_VALUE(cu_q.size(0) == cu_k.size(0), "dash_attn: cu_seqlens_q and cu_seqlens_k differ in length");
+  dash::PackedSeqs packed;
+  packed.cu_seqlens_q = cu_q.data_ptr<int32_t>();
+  packed.cu_seqlens_k = cu_k.data_ptr<int32_t>();
+  packed.total_q = static_cast<int32_t>(q.size(0));
+  packed.total_k = static_cast<int32_t>(k.size(0));
+  return packed;
+}
+
 void check_lse(const at::Tensor& lse) {
   TORCH_CHECK_VALUE(lse.scalar_type() == at::kFloat && lse.is_contiguous() && lse.dim() == 3,
                     "dash_attn: lse must be a contiguous float32 (batch, nheads, seqlen_q) tensor");
 }
 
-dash::AttnShape make_shape(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double softmax_scale,
-                           int64_t mask, int64_t window_left, int64_t window_right, double softcap) {
+// The shape's sizes come from the caller (batched or packed tensors); the rest, and its checks, from here.
+dash::AttnShape finish_shape(dash::AttnShape s, const at::Tensor& q, double softmax_scale, int64_t mask,
+                             int64_t window_left, int64_t window_right, double softcap) {
   TORCH_CHECK_VALUE(mask >= 0 && mask <= 2, "dash_attn: unknown mask id ", mask);
-  dash::AttnShape s;
-  s.batch = static_cast<int32_t>(q.size(0));
-  s.seqlen_q = static_cast<int32_t>(q.size(1));
-  s.nheads = static_cast<int32_t>(q.size(2));
-  s.headdim = static_cast<int32_t>(q.size(3));
-  s.headdim_v = static_cast<int32_t>(v.size(3));
-  s.seqlen_k = static_cast<int32_t>(k.size(1));
-  s.nheads_k = static_cast<int32_t>(k.size(2));
   s.dtype = dtype_of(q);
   s.mask = static_cast<dash::MaskKind>(mask);
   s.window_left = static_cast<int32_t>(window_left);
@@ -94,6 +133,42 @@ dash::AttnShape make_shape(const at::Tensor& q, const at::Tensor& k, const at::T
   TORCH_CHECK_VALUE(window_left >= -1 && window_left < (int64_t{1} << 30) && window_right >= -1 &&
                         window_right < (int64_t{1} << 30),
                     "dash_attn: window bounds must lie in [-1, 2^30), got (", window_left, ", ", window_right, ")");
+  return s;
+}
+
+dash::AttnShape make_shape(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double softmax_scale,
+                           int64_t mask, int64_t window_left, int64_t window_right, double softcap) {
+  dash::AttnShape s;
+  s.batch = static_cast<int32_t>(q.size(0));
+  s.seqlen_q = static_cast<int32_t>(q.size(1));
+  s.nheads = static_cast<int32_t>(q.size(2));
+  s.headdim = static_cast<int32_t>(q.size(3));
+  s.headdim_v = static_cast<int32_t>(v.size(3));
+  s.seqlen_k = static_cast<int32_t>(k.size(1));
+  s.nheads_k = static_cast<int32_t>(k.size(2));
+  return finish_shape(s, q, softmax_scale, mask, window_left, window_right, softcap);
+}
+
+// Packed sequences: batch sequences of at most max_seqlen_q / max_seqlen_k rows; full or causal mask, no softcap,
+// q's head dim a built kernel's own and v's the same (the packed kernels' range, dash_attn/interface.py).
+dash::AttnShape make_packed_shape(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                  const at::Tensor& cu_q, int64_t max_seqlen_q, int64_t max_seqlen_k,
+                                  double softmax_scale, int64_t mask) {
+  TORCH_CHECK_VALUE(mask == 0 || mask == 1, "dash_attn: packed sequences take the full or causal mask");
+  TORCH_CHECK_VALUE(max_seqlen_q > 0 && max_seqlen_k > 0 && max_seqlen_q < (int64_t{1} << 30) &&
+                        max_seqlen_k < (int64_t{1} << 30),
+                    "dash_attn: max_seqlen_q and max_seqlen_k must lie in [1, 2^30)");
+  dash::AttnShape s;
+  s.batch = static_cast<int32_t>(cu_q.size(0) - 1);
+  s.seqlen_q = static_cast<int32_t>(max_seqlen_q);
+  s.seqlen_k = static_cast<int32_t>(max_seqlen_k);
+  s.nheads = static_cast<int32_t>(q.size(1));
+  s.headdim = static_cast<int32_t>(q.size(2));
+  s.headdim_v = static_cast<int32_t>(v.size(2));
+  s.nheads_k = static_cast<int32_t>(k.size(1));
+  s = finish_shape(s, q, softmax_scale, mask, -1, -1, 0.0);
+  TORCH_CHECK_VALUE(dash::kernel_head_dim(s) == s.headdim && s.headdim_v == s.headdim,
+                    "dash_attn: packed sequences need equal q and v head dims that are a built kernel's own");
   return s;
 }
 
@@ -184,6 +259,82 @@ void bwd(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const
   TORCH_CHECK(rc == 0, "dash_attn backward kernel failed (code ", rc, ")");
 }
 
+void varlen_fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& out, at::Tensor& lse,
+                const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k, int64_t max_seqlen_q,
+                int64_t max_seqlen_k, double softmax_scale, int64_t mask) {
+  check_packed_qkvo(q, k, v, out);
+  check_device(q);
+  TORCH_CHECK_VALUE(lse.scalar_type() == at::kFloat && lse.is_contiguous() && lse.dim() == 2 &&
+                        lse.size(0) == q.size(1) && lse.size(1) == q.size(0) && lse.is_cuda(),
+                    "dash_attn: lse must be a contiguous float32 CUDA (nheads, total_q) tensor");
+  c10::cuda::CUDAGuard guard(q.device());
+  dash::FwdParams p;
+  p.shape = make_packed_shape(q, k, v, cu_seqlens_q, max_seqlen_q, max_seqlen_k, softmax_scale, mask);
+  p.packed = packed_seqs(q, k, cu_seqlens_q, cu_seqlens_k);
+  p.q = q.data_ptr();
+  p.k = k.data_ptr();
+  p.v = v.data_ptr();
+  p.o = out.data_ptr();
+  p.lse = lse.data_ptr<float>();
+  p.q_stride = packed_strides_of(q);
+  p.k_stride = packed_strides_of(k);
+  p.v_stride = packed_strides_of(v);
+  p.o_stride = packed_strides_of(out);
+  p.num_sms = num_sms(q.get_device());
+  int rc = dash_fwd(&p, c10::cuda::getCurrentCUDAStream().stream());
+  TORCH_CHECK(rc == 0, "dash_attn packed forward kernel failed (code ", rc, ")");
+}
+
+void varlen_bwd(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                const at::Tensor& out, const at::Tensor& lse, at::Tensor& dq, at::Tensor& dk, at::Tensor& dv,
+                const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k, int64_t max_seqlen_q,
+                int64_t max_seqlen_k, double softmax_scale, int64_t mask, bool deterministic, int64_t schedule,
+                int64_t sm_margin) {
+  check_packed_qkvo(q, k, v, out);
+  check_3d(dout, "dout", q);
+  check_3d(dq, "dq", q);
+  check_3d(dk, "dk", q);
+  check_3d(dv, "dv", q);
+  check_device(q);
+  TORCH_CHECK_VALUE(lse.scalar_type() == at::kFloat && lse.is_contiguous() && lse.dim() == 2 &&
+                        lse.size(0) == q.size(1) && lse.size(1) == q.size(0) && lse.is_cuda(),
+                    "dash_attn: lse must be a contiguous float32 CUDA (nheads, total_q) tensor");
+  TORCH_CHECK_VALUE(schedule >= 0 && schedule <= 4, "dash_attn: schedule id ", schedule,
+                    " is not a concrete schedule (auto is resolved in Python)");
+  TORCH_CHECK_VALUE(sm_margin >= 0, "dash_attn: sm_margin must be >= 0");
+  c10::cuda::CUDAGuard guard(q.device());
+  dash::BwdParams p;
+  p.shape = make_packed_shape(q, k, v, cu_seqlens_q, max_seqlen_q, max_seqlen_k, softmax_scale, mask);
+  p.packed = packed_seqs(q, k, cu_seqlens_q, cu_seqlens_k);
+  p.q = q.data_ptr();
+  p.k = k.data_ptr();
+  p.v = v.data_ptr();
+  p.o = out.data_ptr();
+  p.dout = dout.data_ptr();
+  p.lse = lse.data_ptr<float>();
+  p.dq = dq.data_ptr();
+  p.dk = dk.data_ptr();
+  p.dv = dv.data_ptr();
+  p.q_stride = packed_strides_of(q);
+  p.k_stride = packed_strides_of(k);
+  p.v_stride = packed_strides_of(v);
+  p.o_stride = packed_strides_of(out);
+  p.do_stride = packed_strides_of(dout);
+  p.dq_stride = packed_strides_of(dq);
+  p.dk_stride = packed_strides_of(dk);
+  p.dv_stride = packed_strides_of(dv);
+  p.deterministic = deterministic;
+  p.schedule = static_cast<dash::ScheduleKind>(schedule);
+  p.num_sms = num_sms(q.get_device());
+  p.sm_margin = static_cast<int32_t>(sm_margin);
+  size_t bytes = dash_bwd_workspace_bytes(&p);
+  at::Tensor workspace = at::empty({static_cast<int64_t>(bytes)}, q.options().dtype(at::kByte));
+  p.workspace = workspace.data_ptr();
+  p.workspace_bytes = bytes;
+  int rc = dash_bwd(&p, c10::cuda::getCurrentCUDAStream().stream());
+  TORCH_CHECK(rc == 0, "dash_attn packed backward kernel failed (code ", rc, ")");
+}
+
 std::vector<int64_t> supported_head_dims() {
   std::vector<int64_t> dims;
   for (int32_t h : dash::kBuiltHeadDims) {
@@ -206,6 +357,9 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("bwd", &bwd, "backward: writes dq, dk, dv in place");
   m.def("supported_head_dims", &supported_head_dims);
   m.def("softcap_built", &softcap_built);
+  m.def("packed_built", &packed_built);
+  m.def("varlen_fwd", &varlen_fwd, "packed-sequence forward: writes out and lse (nheads, total_q) in place");
+  m.def("varlen_bwd", &varlen_bwd, "packed-sequence backward: writes dq, dk, dv in place");
   m.def("bwd_tile_shape", &bwd_tile_shape);
   m.def("num_sms", &num_sms);
 }

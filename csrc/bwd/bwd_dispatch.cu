@@ -1,8 +1,8 @@
 // C ABI of the backward (common/params.h): picks the (hdim, dtype, mask, score transform) instantiation. The kernels
 // themselves live in csrc/instantiations/bwd_*.cu; this TU only declares the launch template, so it compiles in
 // seconds.
-// Build-time subsets: DASH_ENABLE_HDIM_{64,128,256}, DASH_ENABLE_{FP16,BF16} and DASH_ENABLE_SOFTCAP (the
-// soft-capped kernels); anything not built returns -1.
+// Build-time subsets: DASH_ENABLE_HDIM_{64,128,256}, DASH_ENABLE_{FP16,BF16}, DASH_ENABLE_SOFTCAP (the
+// soft-capped kernels) and DASH_ENABLE_PACKED (packed sequences); anything not built returns -1.
 #include <cuda_runtime.h>
 
 #include <cutlass/numeric_types.h>
@@ -14,6 +14,8 @@
 namespace dash::bwd {
 template <int kHeadDim, class Element, dash::MaskKind kMask, dash::ScoreMod kScoreMod>
 void run_bwd_(const dash::BwdParams&, cudaStream_t, int32_t stages);
+template <int kHeadDim, class Element, dash::MaskKind kMask>
+void run_bwd_packed_(const dash::BwdParams&, cudaStream_t, int32_t stages);
 }  // namespace dash::bwd
 
 namespace {
@@ -32,8 +34,32 @@ int run_score_mod(const dash::BwdParams& p, cudaStream_t stream, int32_t stages)
 #endif
 }
 
+// Packed sequences: full and causal masks, no score transform, q's head dim a kernel's own and v's the same.
+template <int kHeadDim, class Element>
+int run_packed(const dash::BwdParams& p, cudaStream_t stream, int32_t stages) {
+#ifdef DASH_ENABLE_PACKED
+  const dash::AttnShape& s = p.shape;
+  if (s.softcap != 0.f || s.headdim != kHeadDim || dash::value_head_dim(s) != kHeadDim) return -1;
+  if (p.packed.cu_seqlens_k == nullptr || p.packed.total_q < 0 || p.packed.total_k < 0) return -1;
+  switch (s.mask) {
+    case dash::MaskKind::kFull:
+      dash::bwd::run_bwd_packed_<kHeadDim, Element, dash::MaskKind::kFull>(p, stream, stages);
+      return static_cast<int>(cudaGetLastError());
+    case dash::MaskKind::kCausal:
+      dash::bwd::run_bwd_packed_<kHeadDim, Element, dash::MaskKind::kCausal>(p, stream, stages);
+      return static_cast<int>(cudaGetLastError());
+    default:
+      return -1;
+  }
+#else
+  (void)p, (void)stream, (void)stages;
+  return -1;
+#endif
+}
+
 template <int kHeadDim, class Element>
 int run_masked(const dash::BwdParams& p, cudaStream_t stream, int32_t stages) {
+  if (p.packed.cu_seqlens_q != nullptr) return run_packed<kHeadDim, Element>(p, stream, stages);
   switch (p.shape.mask) {
     case dash::MaskKind::kFull:
       return run_score_mod<kHeadDim, Element, dash::MaskKind::kFull>(p, stream, stages);

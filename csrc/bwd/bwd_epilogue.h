@@ -66,8 +66,11 @@ struct DkDvStore {
   template <bool kZeros, class Frag, class ThrMma>
   CUTLASS_DEVICE void store_one(Frag const& acc, ThrMma const& thr, void* base, int64_t row_stride,
                                 int64_t head_stride, int64_t batch_stride, const KvTileRef& tile, float scale) const {
-    const int seqlen_k = get<0>(p.shape_k);
-    Element* ptr = static_cast<Element*>(base) + tile.batch * batch_stride + tile.head_k * head_stride +
+    // The tile's sequence: the batch entry, or the packed rows of sequence tile.batch.
+    const SeqRows rows = seq_rows<T::kLayout>(p.packed, tile.batch, 0, get<0>(p.shape_k));
+    const int64_t first = T::kPacked ? int64_t(rows.first_k) * row_stride : tile.batch * batch_stride;
+    const int seqlen_k = rows.len_k;
+    Element* ptr = static_cast<Element*>(base) + first + tile.head_k * head_stride +
                    int64_t(tile.n_block) * T::kBlockN * row_stride;
     Tensor g = make_tensor(make_gmem_ptr(ptr), make_shape(typename T::BN{}, typename T::HD{}),
                            make_stride(row_stride, _1{}));

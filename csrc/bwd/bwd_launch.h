@@ -44,26 +44,31 @@ sched::Problem bwd_problem(const BwdParams& params) {
 }
 
 // The persistent main kernel alone: it needs this call's preprocess to have run on the same workspace first.
-template <int kHeadDim, class Element, MaskKind kMask, ScoreMod kScoreMod>
+template <int kHeadDim, class Element, MaskKind kMask, ScoreMod kScoreMod, SeqLayout kLayout>
 void launch_bwd_main(const BwdParams& params, const BwdWorkspaceLayout& ws, const BwdWorkspaceViews& views,
                      cudaStream_t stream) {
-  using T = BwdTraits<kHeadDim, Element, kMask, kScoreMod>;
+  using T = BwdTraits<kHeadDim, Element, kMask, kScoreMod, kLayout>;
   const AttnShape& s = params.shape;
   const sched::Problem prob = bwd_problem<T>(params);
 
   // A (batch, seqlen, heads, d) tensor as TMA sees it: (seqlen, d, head, batch); const for the loaded inputs. d is
   // the call's head dim (q, k, dq, dk: headdim; v, dout, dv: value_head_dim), which may be below kHeadDim
   // (common/head_dims.h): TMA zero-fills and clips the rest. The kernel addresses them through tile coordinates only.
+  // Packed sequences are one batch entry of all rows (any stride TMA accepts will do for that mode); the producer
+  // offsets each tile by its sequence's first row.
   auto make_qkv = [](auto* ptr, int32_t seqlen, int32_t d, int32_t heads, int32_t batch, const TensorStrides& st) {
     using E = std::conditional_t<std::is_const_v<std::remove_pointer_t<decltype(ptr)>>, Element const, Element>;
     return make_tensor(make_gmem_ptr(static_cast<E*>(ptr)), make_shape(seqlen, d, heads, batch),
-                       make_stride(st.row, _1{}, st.head, st.batch));
+                       make_stride(st.row, _1{}, st.head, T::kPacked ? st.row : st.batch));
   };
   const int32_t dv = value_head_dim(s);
-  auto mQ = make_qkv(params.q, s.seqlen_q, s.headdim, s.nheads, s.batch, params.q_stride);
-  auto mdO = make_qkv(params.dout, s.seqlen_q, dv, s.nheads, s.batch, params.do_stride);
-  auto mK = make_qkv(params.k, s.seqlen_k, s.headdim, s.nheads_k, s.batch, params.k_stride);
-  auto mV = make_qkv(params.v, s.seqlen_k, dv, s.nheads_k, s.batch, params.v_stride);
+  const int32_t rows_q = std::max(T::kPacked ? params.packed.total_q : s.seqlen_q, 1);
+  const int32_t rows_k = std::max(T::kPacked ? params.packed.total_k : s.seqlen_k, 1);
+  const int32_t batch = T::kPacked ? 1 : s.batch;
+  auto mQ = make_qkv(params.q, T::kPacked ? rows_q : s.seqlen_q, s.headdim, s.nheads, batch, params.q_stride);
+  auto mdO = make_qkv(params.dout, T::kPacked ? rows_q : s.seqlen_q, dv, s.nheads, batch, params.do_stride);
+  auto mK = make_qkv(params.k, T::kPacked ? rows_k : s.seqlen_k, s.headdim, s.nheads_k, batch, params.k_stride);
+  auto mV = make_qkv(params.v, T::kPacked ? rows_k : s.seqlen_k, dv, s.nheads_k, batch, params.v_stride);
   using BM = typename T::BM;
   using BN = typename T::BN;
   using HD = typename T::HD;
@@ -93,7 +98,8 @@ void launch_bwd_main(const BwdParams& params, const BwdWorkspaceLayout& ws, cons
       s.window_right,
       {},
       {},
-      score_scales(s).pre_tanh};
+      score_scales(s).pre_tanh,
+      params.packed};
   if constexpr (T::kStagedEpilogue) {
     // dash_bwd_stages has checked that dk and dv are 16-byte aligned (base and strides), as TMA needs.
     auto mdK = make_qkv(params.dk, s.seqlen_k, s.headdim, s.nheads_k, s.batch, params.dk_stride);
@@ -109,9 +115,9 @@ void launch_bwd_main(const BwdParams& params, const BwdWorkspaceLayout& ws, cons
   kernel<<<prob.num_ctas, BwdThreads::kNumThreads, smem, stream>>>(p);
 }
 
-template <int kHeadDim, class Element, MaskKind kMask, ScoreMod kScoreMod>
-void run_bwd_(const BwdParams& params, cudaStream_t stream, int32_t stages) {
-  using T = BwdTraits<kHeadDim, Element, kMask, kScoreMod>;
+template <int kHeadDim, class Element, MaskKind kMask, ScoreMod kScoreMod, SeqLayout kLayout>
+void launch_bwd(const BwdParams& params, cudaStream_t stream, int32_t stages) {
+  using T = BwdTraits<kHeadDim, Element, kMask, kScoreMod, kLayout>;
   const AttnShape& s = params.shape;
   const BwdWorkspaceLayout ws = bwd_workspace_layout(s, kHeadDim);
   char* base = static_cast<char*>(params.workspace);
@@ -124,16 +130,19 @@ void run_bwd_(const BwdParams& params, cudaStream_t stream, int32_t stages) {
                        params.o_stride.row, params.o_stride.head, params.o_stride.batch,
                        params.do_stride.row, params.do_stride.head, params.do_stride.batch,
                        views.lse_log2, views.dsum, views.semaphores,
-                       s.seqlen_q, ws.seqlen_q_rounded, s.nheads, ws.num_m_blocks, value_head_dim(s)};
+                       s.seqlen_q, ws.seqlen_q_rounded, s.nheads, ws.num_m_blocks, value_head_dim(s),
+                       params.packed};
   if ((stages & BwdStage::kPreprocess) && ws.num_m_blocks > 0) {
-    bwd_preprocess_kernel<kHeadDim, T::kBlockM, Element><<<tile_grid, kPreprocessThreads, 0, stream>>>(pre);
+    bwd_preprocess_kernel<kHeadDim, T::kBlockM, Element, kLayout><<<tile_grid, kPreprocessThreads, 0, stream>>>(pre);
   }
 
-  if (stages & BwdStage::kMain) launch_bwd_main<kHeadDim, Element, kMask, kScoreMod>(params, ws, views, stream);
+  if (stages & BwdStage::kMain) {
+    launch_bwd_main<kHeadDim, Element, kMask, kScoreMod, kLayout>(params, ws, views, stream);
+  }
 
   PostprocessParams post{views.dq_accum, params.dq, params.dq_stride.row, params.dq_stride.head, params.dq_stride.batch,
                          s.seqlen_q, s.nheads, ws.num_m_blocks, s.softmax_scale, aligned16(params.dq, params.dq_stride),
-                         views.semaphores, bwd_problem<T>(params), s.headdim};
+                         views.semaphores, bwd_problem<T>(params), s.headdim, params.packed};
   if ((stages & BwdStage::kPostprocess) && ws.num_m_blocks > 0) {
     cudaLaunchAttribute overlap{};
     overlap.id = cudaLaunchAttributeProgrammaticStreamSerialization;
@@ -147,6 +156,17 @@ void run_bwd_(const BwdParams& params, cudaStream_t stream, int32_t stages) {
     cfg.numAttrs = (stages & BwdStage::kMain) && params.sm_margin == 0 ? 1 : 0;
     cudaLaunchKernelEx(&cfg, bwd_postprocess_kernel<T>, post);
   }
+}
+
+template <int kHeadDim, class Element, MaskKind kMask, ScoreMod kScoreMod>
+void run_bwd_(const BwdParams& params, cudaStream_t stream, int32_t stages) {
+  launch_bwd<kHeadDim, Element, kMask, kScoreMod, SeqLayout::kBatched>(params, stream, stages);
+}
+
+// Packed sequences (params.packed set; shape.batch sequences of at most shape.seqlen_q / seqlen_k rows).
+template <int kHeadDim, class Element, MaskKind kMask>
+void run_bwd_packed_(const BwdParams& params, cudaStream_t stream, int32_t stages) {
+  launch_bwd<kHeadDim, Element, kMask, ScoreMod::kNone, SeqLayout::kPacked>(params, stream, stages);
 }
 
 }  // namespace dash::bwd

@@ -155,7 +155,12 @@ CUTLASS_DEVICE void consumer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<
     // shared-memory load of the tile indices sat behind the LSE loads and stalled every step.
     auto tile_limits = [&] {
       const int n0 = srec.n_block * T::kBlockN;
-      return cute::make_tuple(seqlen_k - n0, srec.m_block * T::kBlockM + causal_offset - n0);
+      if constexpr (T::kPacked) {  // the visit's own sequence (bwd_producer.h: packed sequences)
+        const SeqRows rows = seq_rows<SeqLayout::kPacked>(p.packed, srec.batch, 0, 0);
+        return cute::make_tuple(rows.len_k - n0, srec.m_block * T::kBlockM + rows.len_k - rows.len_q - n0);
+      } else {
+        return cute::make_tuple(seqlen_k - n0, srec.m_block * T::kBlockM + causal_offset - n0);
+      }
     };
     const auto [kv_rows, diagonal] = tile_limits();
     // n - m spans [-(kBlockM - 1), kBlockN - 1] in a tile.

@@ -23,6 +23,7 @@ struct PostprocessParams {
   const int32_t* semaphores;  // counts of completed adds per tile part (both modes)
   sched::Problem problem;  // the main kernel's tiling and mask: a tile's number of contributing KV tiles
   int32_t headdim;  // of dq; may be below T::kHeadDim (common/head_dims.h): the columns past it are not stored
+  PackedSeqs packed;  // T::kPacked: dq rows of sequence `batch` from its first row
 };
 
 // Returns once all adds into the tile have completed (its semaphore equals the number of
@@ -56,10 +57,14 @@ __global__ void __launch_bounds__(T::kNumMmaThreads) bwd_postprocess_kernel(cons
   const int tid = threadIdx.x;
   const int64_t tile_index = q_tile_index(batch, head, p.nheads, p.num_m_blocks, m_block);
   const float4* acc = reinterpret_cast<const float4*>(p.dq_accum + tile_index * T::kDqElems);
+  const SeqRows seq = seq_rows<T::kLayout>(p.packed, batch, p.seqlen_q, 0);
+  const int rows = min(T::kBlockM, seq.len_q - m_block * T::kBlockM);
   // A tile without contributing KV tiles was never written (nothing zeroes the accumulator): its dQ is 0.
   const int32_t contributors = sched::n_block_range(p.problem, m_block).size();
   const bool never_added = contributors == 0;
-  if (threadIdx.x == 0) {
+  // Packed sequences: a tile past its sequence's end had no visits (bwd_producer.h) and has no rows to write.
+  const bool past_end = T::kPacked && rows <= 0;
+  if (threadIdx.x == 0 && !past_end) {
     for (int part = 0; part < T::kDqParts; ++part) {
       wait_tile_complete(tile_semaphores<T::kHeadDim>(p.semaphores, tile_index) + part, contributors);
     }
@@ -88,9 +93,8 @@ __global__ void __launch_bounds__(T::kNumMmaThreads) bwd_postprocess_kernel(cons
   }
   __syncthreads();
 
-  Element* out = static_cast<Element*>(p.dq) + batch * p.dq_batch + head * p.dq_head +
-                 int64_t(m_block) * T::kBlockM * p.dq_row;
-  const int rows = min(T::kBlockM, p.seqlen_q - m_block * T::kBlockM);
+  const int64_t first = T::kPacked ? int64_t(seq.first_q) * p.dq_row : batch * p.dq_batch;
+  Element* out = static_cast<Element*>(p.dq) + first + head * p.dq_head + int64_t(m_block) * T::kBlockM * p.dq_row;
   for (int i = tid; i < rows * Tile::kChunksPerRow; i += T::kNumMmaThreads) {
     const int row = i / Tile::kChunksPerRow;
     const int col = (i % Tile::kChunksPerRow) * Tile::kChunkElems;

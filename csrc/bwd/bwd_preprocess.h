@@ -14,6 +14,7 @@
 #include <cutlass/numeric_conversion.h>
 
 #include "bwd/bwd_config.h"
+#include "common/packed_seqs.h"
 
 namespace dash::bwd {
 
@@ -28,26 +29,35 @@ struct PreprocessParams {
   int32_t* semaphores;
   int32_t seqlen_q, seqlen_q_rounded, nheads, num_m_blocks;
   int32_t headdim;  // of o and dout (value_head_dim); may be below kHeadDim (common/head_dims.h)
+  // SeqLayout::kPacked: o and dout rows of sequence `batch` from its first row, lse (nheads, total_q).
+  PackedSeqs packed;
 };
 
 constexpr int kPreprocessThreads = 256;
 
-template <int kHeadDim, int kBlockM, class Element>
+template <int kHeadDim, int kBlockM, class Element, SeqLayout kLayout = SeqLayout::kBatched>
 __global__ void __launch_bounds__(kPreprocessThreads) bwd_preprocess_kernel(const PreprocessParams p) {
+  constexpr bool kPacked = kLayout == SeqLayout::kPacked;
   constexpr int kVec = 16 / sizeof(Element);                 // elements per 16-byte load
   constexpr int kThreadsPerRow = kHeadDim / kVec;
   constexpr int kRowsPerPass = kPreprocessThreads / kThreadsPerRow;
   static_assert(kThreadsPerRow <= 32 && kPreprocessThreads % kThreadsPerRow == 0, "row must fit in one warp");
   const int m_block = blockIdx.x, head = blockIdx.y, batch = blockIdx.z;
   const int64_t bh = int64_t(batch) * p.nheads + head;
+  const SeqRows rows = seq_rows<kLayout>(p.packed, batch, p.seqlen_q, 0);
+  const int seqlen_q = rows.len_q;
+  // Row 0 of this head's sequence in o and dout, and its LSE row.
+  const int64_t o_first = kPacked ? int64_t(rows.first_q) * p.o_row : batch * p.o_batch;
+  const int64_t do_first = kPacked ? int64_t(rows.first_q) * p.do_row : batch * p.do_batch;
+  const float* lse_row = kPacked ? p.lse + int64_t(head) * p.packed.total_q + rows.first_q : p.lse + bh * p.seqlen_q;
 
   const int sub = threadIdx.x % kThreadsPerRow;
   for (int r = threadIdx.x / kThreadsPerRow; r < kBlockM; r += kRowsPerPass) {
     const int row = m_block * kBlockM + r;
     float dot = 0.f;
-    if (row < p.seqlen_q && sub * kVec < p.headdim) {
-      const Element* o = static_cast<const Element*>(p.o) + batch * p.o_batch + head * p.o_head + row * p.o_row;
-      const Element* d = static_cast<const Element*>(p.dout) + batch * p.do_batch + head * p.do_head + row * p.do_row;
+    if (row < seqlen_q && sub * kVec < p.headdim) {
+      const Element* o = static_cast<const Element*>(p.o) + o_first + head * p.o_head + row * p.o_row;
+      const Element* d = static_cast<const Element*>(p.dout) + do_first + head * p.do_head + row * p.do_row;
       const uint4 ov = reinterpret_cast<const uint4*>(o)[sub];
       const uint4 dv = reinterpret_cast<const uint4*>(d)[sub];
       const Element* oe = reinterpret_cast<const Element*>(&ov);
@@ -60,12 +70,12 @@ __global__ void __launch_bounds__(kPreprocessThreads) bwd_preprocess_kernel(cons
     if (sub == 0) {
       const int64_t idx = bh * p.seqlen_q_rounded + row;
       float lse2 = INFINITY;
-      if (row < p.seqlen_q) {
-        const float lse = p.lse[bh * p.seqlen_q + row];
+      if (row < seqlen_q) {
+        const float lse = lse_row[row];
         if (lse != -INFINITY) lse2 = lse * float(M_LOG2E);
       }
       p.lse_log2[idx] = lse2;
-      p.dsum[idx] = row < p.seqlen_q ? dot : 0.f;
+      p.dsum[idx] = row < seqlen_q ? dot : 0.f;
     }
   }
 

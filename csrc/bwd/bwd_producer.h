@@ -41,7 +41,10 @@ CUTLASS_DEVICE void producer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<
   // of the KV tiles loaded so far, the bits above the count of Q stages claimed (wrapping at 2^31, a multiple of
   // 2 * kStages, so stage and phase stay continuous). All words start at 0.
   static_assert(T::kStages == 1 || T::kStages == 2, "the packed stage count needs 2 * kStages to divide 2^31");
-  enum Word : int { kPipe = 0, kItemLo, kItemHi, kNumVisits, kBatch, kHeadK, kNBlock };
+  // Packed sequences (SeqLayout::kPacked) add the sequence's first rows, its number of Q tiles and the steps of the
+  // current tile's first and last visit that have rows (the tile's kFirst and kLast).
+  enum Word : int { kPipe = 0, kItemLo, kItemHi, kNumVisits, kBatch, kHeadK, kNBlock, kRowQ, kRowK, kLiveM, kFirstLive,
+                    kLastLive };
   uint32_t state = 0;
   auto word = [&](int w) { return __shfl_sync(0xffffffffu, state, w); };  // the whole warp, converged
   auto set_word = [&](int w, uint32_t v) {  // v: the same on every lane
@@ -64,25 +67,63 @@ CUTLASS_DEVICE void producer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<
     return stage;
   };
 
+  // One head of one sequence as (rows, d): packed sequences start at their first row of the one batch entry.
+  auto sequence = [&](auto const& m, int head, int batch, int32_t first_row) {
+    if constexpr (T::kPacked) {
+      return domain_offset(make_coord(first_row, _0{}), m(_, _, head, 0));
+    } else {
+      return m(_, _, head, batch);
+    }
+  };
+
   for (;;) {
     {
       const int64_t it = item_index();
       if (it >= p.sched.template num_items<T>(cta_index())) break;
       const KvTileRef tile = p.sched.template item<T>(cta_index(), it);
-      const int32_t nv = p.sched.template num_visits<T>(tile);
+      int32_t nv = p.sched.template num_visits<T>(tile);
+      // Packed sequences are scheduled as a batch of the longest one. A visit to a Q tile past the sequence's end
+      // is skipped; all visits to such a tile are, so the dQ chains of the other tiles keep their turns. Visits of
+      // a KV tile past the end to a Q tile inside still run (all keys masked, dQ += 0): they hold turns in those
+      // chains. A KV tile with no visit left is a tile without visits inside the sequence and skipped past it.
+      bool skip_tile = false;
+      if constexpr (T::kPacked) {
+        const SeqRows rows = seq_rows<SeqLayout::kPacked>(p.packed, tile.batch, 0, 0);
+        const int32_t live_m = (rows.len_q + T::kBlockM - 1) / T::kBlockM;
+        int32_t first_live = -1, last_live = -1;
+        for (int32_t t0 = 0; t0 < nv; t0 += 32) {
+          const int32_t step = t0 + lane_id();
+          const bool live = step < nv && p.sched.template visit<T>(cta_index(), it, tile, step).m_block < live_m;
+          const uint32_t mask = __ballot_sync(0xffffffffu, live);
+          if (mask != 0) {
+            if (first_live < 0) first_live = t0 + __ffs(mask) - 1;
+            last_live = t0 + 31 - __clz(mask);
+          }
+        }
+        set_word(kRowQ, rows.first_q);
+        set_word(kRowK, rows.first_k);
+        set_word(kLiveM, live_m);
+        set_word(kFirstLive, first_live);
+        set_word(kLastLive, last_live);
+        if (last_live < 0) {
+          skip_tile = tile.n_block * T::kBlockN >= rows.len_k;
+          nv = 0;
+        }
+      }
       set_word(kNumVisits, nv);
       set_word(kBatch, tile.batch);
       set_word(kHeadK, tile.head_k);
       set_word(kNBlock, tile.n_block);
-      if (lane_id() == 0) {
+      const int32_t row_k = T::kPacked ? static_cast<int32_t>(word(kRowK)) : 0;
+      if (lane_id() == 0 && !skip_tile) {
         if (nv == 0) {
           next_stage(VisitRecord{tile.batch, tile.head_k, tile.n_block, 0, 0, 0, VisitRecord::kEmptyTile}, 0);
         } else {
           wait_barrier(ss.kv_empty, (state & 1) ^ 1, WaitSite::kKvEmpty);
           reinterpret_cast<TxBarrier&>(ss.kv_full).arrive_and_expect_tx(2 * T::kKBytes);
-          Tensor gK = local_tile(mK(_, _, tile.head_k, tile.batch), Shape<typename T::BN, typename T::HD>{},
+          Tensor gK = local_tile(sequence(mK, tile.head_k, tile.batch, row_k), Shape<typename T::BN, typename T::HD>{},
                                  make_coord(tile.n_block, _0{}));
-          Tensor gV = local_tile(mV(_, _, tile.head_k, tile.batch), Shape<typename T::BN, typename T::HD>{},
+          Tensor gV = local_tile(sequence(mV, tile.head_k, tile.batch, row_k), Shape<typename T::BN, typename T::HD>{},
                                  make_coord(tile.n_block, _0{}));
           auto [tKgK, tKsK] =
               tma_partition(p.tma_k, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
@@ -114,15 +155,20 @@ CUTLASS_DEVICE void producer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<
         const int32_t m_block = __shfl_sync(0xffffffffu, mine.m_block, j);
         const int32_t wait_target = __shfl_sync(0xffffffffu, mine.wait_target, j);
         const KvTileRef tile = current_tile();
-        if (lane_id() != 0) continue;
         const int32_t t = t0 + j;
-        const int32_t flags = (t == 0 ? VisitRecord::kFirst : 0) | (t == nv - 1 ? VisitRecord::kLast : 0);
+        // Packed sequences: the tile's first and last visits with rows carry kFirst and kLast.
+        const int32_t first_t = T::kPacked ? static_cast<int32_t>(word(kFirstLive)) : 0;
+        const int32_t last_t = T::kPacked ? static_cast<int32_t>(word(kLastLive)) : nv - 1;
+        const bool skip = T::kPacked && m_block >= static_cast<int32_t>(word(kLiveM));
+        const int32_t row_q = T::kPacked ? static_cast<int32_t>(word(kRowQ)) : 0;
+        if (lane_id() != 0 || skip) continue;
+        const int32_t flags = (t == first_t ? VisitRecord::kFirst : 0) | (t == last_t ? VisitRecord::kLast : 0);
         const int stage = next_stage(
             VisitRecord{tile.batch, tile.head_k, tile.n_block, head, m_block, wait_target, flags},
             2 * T::kQBytes + 2 * T::kRowStatBytes);
-        Tensor gQ = local_tile(mQ(_, _, head, tile.batch), Shape<typename T::BM, typename T::HD>{},
+        Tensor gQ = local_tile(sequence(mQ, head, tile.batch, row_q), Shape<typename T::BM, typename T::HD>{},
                                make_coord(m_block, _0{}));
-        Tensor gdO = local_tile(mdO(_, _, head, tile.batch), Shape<typename T::BM, typename T::HD>{},
+        Tensor gdO = local_tile(sequence(mdO, head, tile.batch, row_q), Shape<typename T::BM, typename T::HD>{},
                                 make_coord(m_block, _0{}));
         Tensor sQs = sQ(_, _, stage);
         Tensor sdOs = sdO(_, _, stage);

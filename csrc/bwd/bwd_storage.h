@@ -5,6 +5,7 @@
 
 #include "bwd/bwd_traits.h"
 #include "bwd/bwd_tile_scheduler.h"
+#include "common/packed_seqs.h"
 
 namespace dash::bwd {
 
@@ -83,6 +84,7 @@ struct BwdKernelParams {
   typename T::TmaStoreKV tma_dk;
   typename T::TmaStoreKV tma_dv;
   float softcap_pre_tanh;  // ScoreMod::kSoftcap only: softmax_scale / softcap
+  PackedSeqs packed;       // SeqLayout::kPacked only
 };
 
 using Barrier = cutlass::arch::ClusterBarrier;

@@ -16,7 +16,8 @@ namespace dash::bwd {
 
 using namespace cute;
 
-template <int kHeadDim_, class Element_, MaskKind kMask_, ScoreMod kScoreMod_ = ScoreMod::kNone>
+template <int kHeadDim_, class Element_, MaskKind kMask_, ScoreMod kScoreMod_ = ScoreMod::kNone,
+          SeqLayout kLayout_ = SeqLayout::kBatched>
 struct BwdTraits {
   using Element = Element_;
   using Cfg = BwdConfig<kHeadDim_>;
@@ -27,6 +28,8 @@ struct BwdTraits {
   static constexpr MaskKind kMask = kMask_;
   static constexpr ScoreMod kScoreMod = kScoreMod_;
   static constexpr bool kSoftcap = kScoreMod_ == ScoreMod::kSoftcap;
+  static constexpr SeqLayout kLayout = kLayout_;
+  static constexpr bool kPacked = kLayout_ == SeqLayout::kPacked;
   static constexpr int kNumMmaThreads = BwdThreads::kNumMmaThreads;
   using BM = Int<kBlockM>;
   using BN = Int<kBlockN>;
@@ -103,7 +106,9 @@ struct BwdTraits {
 
   // dK/dV staging at the end of a KV tile (DkDvEpilogue::kTmaStaged*, bwd_epilogue.h): each warpgroup's rows as one
   // 128-byte-swizzled (rows, d) tile, the two side by side in the dS^T buffers, each stored by one TMA.
-  static constexpr DkDvEpilogue kDkDvEpilogue = Cfg::dkdv_epilogue(kMask);
+  // Packed sequences store from registers: a TMA box of a sequence's last KV rows would also write the first rows of
+  // the next sequence, which another CTA owns.
+  static constexpr DkDvEpilogue kDkDvEpilogue = kPacked ? DkDvEpilogue::kRegisterStores : Cfg::dkdv_epilogue(kMask);
   static constexpr bool kStagedEpilogue = kDkDvEpilogue != DkDvEpilogue::kRegisterStores;
   static constexpr int kStageRows = kBlockN / Cfg::dKVSplit::kAlongM;
   using StageRows = Int<kStageRows>;

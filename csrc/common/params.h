@@ -68,6 +68,22 @@ struct AttnShape {
 // The head dim of v, o, dout and dv.
 inline int32_t value_head_dim(const AttnShape& s) { return s.headdim_v > 0 ? s.headdim_v : s.headdim; }
 
+// Packed sequences (FlashAttention's varlen layout). When cu_seqlens_q is set, q, o, dq and dout are
+// (total_q, nheads, d) and k, v, dk and dv (total_k, nheads_k, d): sequence b owns rows [cu_seqlens[b],
+// cu_seqlens[b + 1]) of each, AttnShape::batch counts the sequences, AttnShape::seqlen_q/k are the longest ones (the
+// kernels tile and schedule as for a batch of that size and skip the tiles past each sequence's end), the batch
+// strides are unused and lse is (nheads, total_q). cu_seqlens_* are device int32 arrays of batch + 1 prefix sums.
+struct PackedSeqs {
+  const int32_t* cu_seqlens_q = nullptr;
+  const int32_t* cu_seqlens_k = nullptr;
+  int32_t total_q = 0;
+  int32_t total_k = 0;
+};
+
+// How a call's sequences are laid out, a compile-time variant of every kernel: kBatched (batch, seqlen, heads, d)
+// tensors of equal lengths, kPacked the PackedSeqs layout.
+enum class SeqLayout : int32_t { kBatched = 0, kPacked = 1 };
+
 struct FwdParams {
   AttnShape shape;
   const void* q = nullptr;
@@ -77,6 +93,7 @@ struct FwdParams {
   float* lse = nullptr;  // (batch, nheads, seqlen_q), natural log
   TensorStrides q_stride, k_stride, v_stride, o_stride;
   int32_t num_sms = 0;  // read from the device at run time by the caller
+  PackedSeqs packed;    // last, so that the fields above keep their offsets
 };
 
 struct BwdParams {
@@ -99,6 +116,7 @@ struct BwdParams {
   int32_t sm_margin = 0;  // SMs left free; the persistent grid uses num_sms - sm_margin CTAs (at least 1)
   void* workspace = nullptr;       // dash_bwd_workspace_bytes(params) bytes, any content (kernels zero what they need)
   size_t workspace_bytes = 0;
+  PackedSeqs packed;  // last, so that the fields above keep their offsets
 };
 
 }  // namespace dash

@@ -68,12 +68,15 @@ struct FwdTileConfig<256> {
   static constexpr OStorePath kOStore = OStorePath::kRegisters;
 };
 
-template <int kHeadDim_, class Element_, MaskKind kMask_, ScoreMod kScoreMod_ = ScoreMod::kNone>
+template <int kHeadDim_, class Element_, MaskKind kMask_, ScoreMod kScoreMod_ = ScoreMod::kNone,
+          SeqLayout kLayout_ = SeqLayout::kBatched>
 struct FwdKernelTraits {
   using Element = Element_;
   using Tile = FwdTileConfig<kHeadDim_>;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr MaskKind kMask = kMask_;
+  static constexpr SeqLayout kLayout = kLayout_;
+  static constexpr bool kPacked = kLayout_ == SeqLayout::kPacked;
   static constexpr bool kSoftcap = kScoreMod_ == ScoreMod::kSoftcap;
   static constexpr bool kCausal = kMask_ == MaskKind::kCausal;
   static constexpr int kBlockM = Tile::kBlockM;
@@ -121,7 +124,9 @@ struct FwdKernelTraits {
   // O staging buffer: one (64 rows, headdim) block per consumer warpgroup, each a TMA store box of its own, stacked
   // along the rows so that the (kBlockM, headdim) view matches the PV accumulator's partitioning. Blocks are 16 KB
   // or more, a whole number of swizzle periods, so both views swizzle the same bytes alike.
-  static constexpr OStorePath kOStore = Tile::kOStore;
+  // Packed sequences store O from registers: a TMA box of a sequence's last rows would also write the first rows of
+  // the next sequence, which another CTA owns.
+  static constexpr OStorePath kOStore = kPacked ? OStorePath::kRegisters : Tile::kOStore;
   using SmemLayoutOWarpGroup = decltype(cute::tile_to_shape(
       SmemAtomQ{}, cute::make_shape(cute::Int<kRowsPerWarpGroup>{}, cute::Int<kHeadDim>{})));
   using SmemLayoutO = decltype(cute::tile_to_shape(SmemLayoutOWarpGroup{},

@@ -1,7 +1,7 @@
 // C ABI entry of the forward: picks the instantiation for (head dim, dtype, mask, score transform). Only the
 // instantiations enabled at build time (DASH_ENABLE_HDIM_*, DASH_ENABLE_FP16/BF16, set from DASH_ATTN_HDIMS/DTYPES;
-// the soft-capped kernels with DASH_ENABLE_SOFTCAP, from DASH_ATTN_SOFTCAP) are referenced, so a restricted build
-// links; anything else returns -1.
+// the soft-capped kernels with DASH_ENABLE_SOFTCAP, from DASH_ATTN_SOFTCAP; packed sequences with DASH_ENABLE_PACKED,
+// from DASH_ATTN_PACKED) are referenced, so a restricted build links; anything else returns -1.
 #include <cuda_runtime.h>
 #include <cutlass/numeric_types.h>
 
@@ -13,6 +13,8 @@ namespace dash::fwd {
 // this TU does not compile any kernel.
 template <int kHeadDim, class Element, dash::MaskKind kMask, dash::ScoreMod kScoreMod>
 void run_fwd_(const dash::FwdParams&, cudaStream_t);
+template <int kHeadDim, class Element, dash::MaskKind kMask>
+void run_fwd_packed_(const dash::FwdParams&, cudaStream_t);
 }  // namespace dash::fwd
 
 namespace {
@@ -31,8 +33,32 @@ int dispatch_score_mod(const dash::FwdParams& p, cudaStream_t stream) {
 #endif
 }
 
+// Packed sequences: full and causal masks, no score transform, q's head dim a kernel's own and v's the same.
+template <int kHeadDim, class Element>
+int dispatch_packed(const dash::FwdParams& p, cudaStream_t stream) {
+#ifdef DASH_ENABLE_PACKED
+  dash::AttnShape const& s = p.shape;
+  if (s.softcap != 0.f || s.headdim != kHeadDim || dash::value_head_dim(s) != kHeadDim) { return -1; }
+  if (p.packed.cu_seqlens_k == nullptr || p.packed.total_q < 0 || p.packed.total_k < 0) { return -1; }
+  switch (s.mask) {
+    case dash::MaskKind::kFull:
+      dash::fwd::run_fwd_packed_<kHeadDim, Element, dash::MaskKind::kFull>(p, stream);
+      return 0;
+    case dash::MaskKind::kCausal:
+      dash::fwd::run_fwd_packed_<kHeadDim, Element, dash::MaskKind::kCausal>(p, stream);
+      return 0;
+    default:
+      return -1;
+  }
+#else
+  (void)p, (void)stream;
+  return -1;
+#endif
+}
+
 template <int kHeadDim, class Element>
 int dispatch_mask(const dash::FwdParams& p, cudaStream_t stream) {
+  if (p.packed.cu_seqlens_q != nullptr) { return dispatch_packed<kHeadDim, Element>(p, stream); }
   switch (p.shape.mask) {
     case dash::MaskKind::kFull:
       return dispatch_score_mod<kHeadDim, Element, dash::MaskKind::kFull>(p, stream);

@@ -4,7 +4,7 @@
 //     stmatrix and one of its threads issues a TMA store. The warpgroup does not wait for the store; it waits only
 //     before it next overwrites the block, a whole mainloop later. Rows past seqlen_q are clipped by the TMA unit.
 //   kRegisters: 4-byte global stores straight from the accumulator (a quad of threads covers 16 contiguous bytes of a
-//     row); rows past seqlen_q are skipped.
+//     row); rows past seqlen_q are skipped. Packed sequences (store_packed) always take this path.
 // LSE always goes out from registers (one float per row).
 #pragma once
 
@@ -15,6 +15,7 @@
 #include <cutlass/numeric_conversion.h>
 
 #include "fwd/fwd_config.h"
+#include "common/packed_seqs.h"
 #include "fwd/fwd_mainloop.h"
 
 namespace dash::fwd {
@@ -56,8 +57,9 @@ struct FwdEpilogue {
     // As for Q: an empty sequence writes nothing, but the tensor map needs a non-empty extent.
     ShapeO shape_o{std::max(s.seqlen_q, 1), value_head_dim(s), s.nheads, s.batch};
     StrideO stride_o{p.o_stride.row, cute::_1{}, p.o_stride.head, p.o_stride.batch};
+    // Register stores need no tensor map (packed sequences' O, whose shape_o would not describe the tensor).
     return {o, p.o_stride, p.lse, s.seqlen_q, s.nheads, score_scales(s).softmax,
-            make_tma_o(o, shape_o, stride_o), shape_o};
+            kTma ? make_tma_o(o, shape_o, stride_o) : TmaO{}, shape_o};
   }
 
   CUTLASS_DEVICE static void prefetch_descriptors(Params const& p) {
@@ -84,7 +86,8 @@ struct FwdEpilogue {
     if constexpr (kTma) {
       store_o_tma(p, smem, tOrO, thread_idx, m_block, head, batch);
     } else {
-      store_o_registers(p, o_rc, coord_rc, m_block, head, batch);
+      Element* o_head = p.o + int64_t(batch) * p.o_stride.batch + int64_t(head) * p.o_stride.head;
+      store_o_registers(p, o_head, p.seqlen_q, o_rc, coord_rc, m_block);
     }
 
     float* lse_head = p.lse + (int64_t(batch) * p.nheads + head) * p.seqlen_q;
@@ -93,6 +96,31 @@ struct FwdEpilogue {
       for (int r = 0; r < size<0>(o_rc); ++r) {
         int const row = m_block * kBlockM + get<0>(coord_rc(r, 0));
         if (row < p.seqlen_q) { lse_head[row] = lse[r]; }
+      }
+    }
+  }
+
+  // Packed sequences (SeqLayout::kPacked): O of sequence `rows` from registers, LSE into the (nheads, total_q) rows.
+  template <class FragO, class Softmax>
+  CUTLASS_DEVICE static void store_packed(Params const& p, FragO& tOrO, Softmax& softmax, int thread_idx,
+                                          int m_block, int head, SeqRows const& rows, int32_t total_q) {
+    using namespace cute;
+    static_assert(!kTma, "packed sequences store O from registers");
+    typename Traits::TiledMmaPV mma_pv;
+    auto thr_pv = mma_pv.get_thread_slice(thread_idx);
+    Tensor o_rc = make_tensor(tOrO.data(), acc_to_rowcol(tOrO.layout()));
+    Tensor tOcO = thr_pv.partition_C(make_identity_tensor(select<0, 1>(typename Traits::TileShapePV{})));
+    Tensor coord_rc = make_tensor(tOcO.data(), acc_to_rowcol(tOcO.layout()));
+
+    auto const lse = softmax.finalize(o_rc, p.softmax_scale);
+    Element* o_seq = p.o + int64_t(head) * p.o_stride.head + int64_t(rows.first_q) * p.o_stride.row;
+    store_o_registers(p, o_seq, rows.len_q, o_rc, coord_rc, m_block);
+    float* lse_seq = p.lse + int64_t(head) * total_q + rows.first_q;
+    if (thread_idx % 4 == 0) {
+      CUTLASS_PRAGMA_UNROLL
+      for (int r = 0; r < size<0>(o_rc); ++r) {
+        int const row = m_block * kBlockM + get<0>(coord_rc(r, 0));
+        if (row < rows.len_q) { lse_seq[row] = lse[r]; }
       }
     }
   }
@@ -144,18 +172,17 @@ struct FwdEpilogue {
     }
   }
 
+  // o_head: row 0 of the head's sequence; rows from seqlen_q on are not stored.
   template <class TensorO, class TensorC>
-  CUTLASS_DEVICE static void store_o_registers(Params const& p, TensorO const& o_rc, TensorC const& coord_rc,
-                                               int m_block, int head, int batch) {
+  CUTLASS_DEVICE static void store_o_registers(Params const& p, Element* o_head, int seqlen_q, TensorO const& o_rc,
+                                               TensorC const& coord_rc, int m_block) {
     using namespace cute;
     static_assert(decltype(size<1>(o_rc))::value % 2 == 0);
-    int64_t const head_offset = int64_t(batch) * p.o_stride.batch + int64_t(head) * p.o_stride.head;
-    Element* o_head = p.o + head_offset;
     cutlass::NumericArrayConverter<Element, float, 2> convert;
     CUTLASS_PRAGMA_UNROLL
     for (int r = 0; r < size<0>(o_rc); ++r) {
       int const row = m_block * kBlockM + get<0>(coord_rc(r, 0));
-      if (row >= p.seqlen_q) { continue; }
+      if (row >= seqlen_q) { continue; }
       Element* o_row = o_head + int64_t(row) * p.o_stride.row;
       // The innermost accumulator mode is two adjacent columns: pair (c, c + 1) is one aligned 4-byte store.
       CUTLASS_PRAGMA_UNROLL

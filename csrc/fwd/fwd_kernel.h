@@ -30,7 +30,22 @@ struct FwdKernel {
     typename Mainloop::Params mainloop;
     typename Epilogue::Params epilogue;
     typename Scheduler::Params scheduler;
+    PackedSeqs packed;  // SeqLayout::kPacked only; last, so that the batched kernels' fields keep their offsets
   };
+
+  // The sequence of a work tile, and whether the tile has rows in it. Packed sequences are tiled as a batch of the
+  // longest one, so the tiles past a shorter sequence's end are skipped (by producer and consumers alike).
+  CUTLASS_DEVICE static SeqRows tile_rows(Params const& params, int batch) {
+    return seq_rows<Traits::kLayout>(params.packed, batch, params.mainloop.seqlen_q, params.mainloop.seqlen_k);
+  }
+  // The lengths the mask arithmetic takes: the parameters themselves for batched sequences (their code unchanged).
+  CUTLASS_DEVICE static decltype(auto) lens_of(Params const& params, SeqRows const& rows) {
+    if constexpr (Traits::kPacked) {
+      return SeqLens{rows.len_q, rows.len_k};
+    } else {
+      return (params.mainloop);
+    }
+  }
 
   // Rows per consumer thread in the accumulator (two per 64-row warpgroup tile).
   static constexpr int kRowsPerThread = 2;
@@ -66,10 +81,12 @@ struct FwdKernel {
       auto const& sched = params.scheduler;
       for (auto cur = Scheduler::first(); Scheduler::valid(sched, cur); cur = Scheduler::next(sched, cur)) {
         auto const tile = Scheduler::decode(sched, cur);
-        auto const keys = Mainloop::key_tiles(params.mainloop, tile.m_block);
+        SeqRows const rows = tile_rows(params, tile.batch);
+        if (Traits::kPacked && tile.m_block * Traits::kBlockM >= rows.len_q) { continue; }
+        auto const keys = Mainloop::key_tiles(params.mainloop, lens_of(params, rows), tile.m_block);
         if (keys.lo >= keys.hi) { continue; }
         Mainloop::load(params.mainloop, smem, pipeline_k, pipeline_v, write_k, write_v, tile.m_block, tile.head,
-                       tile.batch, keys, first_tile);
+                       tile.batch, keys, first_tile, rows);
         first_tile = false;
       }
       if (!first_tile) { Mainloop::load_tail(); }
@@ -87,9 +104,12 @@ struct FwdKernel {
       auto const& sched = params.scheduler;
       for (auto cur = Scheduler::first(); Scheduler::valid(sched, cur); cur = Scheduler::next(sched, cur)) {
         auto const tile = Scheduler::decode(sched, cur);
-        auto const keys = Mainloop::key_tiles(params.mainloop, tile.m_block);
+        SeqRows const rows = tile_rows(params, tile.batch);
+        if (Traits::kPacked && tile.m_block * Traits::kBlockM >= rows.len_q) { continue; }
+        auto&& lens = lens_of(params, rows);
+        auto const keys = Mainloop::key_tiles(params.mainloop, lens, tile.m_block);
         if (keys.lo < keys.hi) {
-          Mainloop::mma(params.mainloop, smem, pipeline_k, pipeline_v, read_k, read_v, q_phase, thread_idx,
+          Mainloop::mma(params.mainloop, lens, smem, pipeline_k, pipeline_v, read_k, read_v, q_phase, thread_idx,
                         tile.m_block, keys, tOrO, softmax);
           q_phase ^= 1;
         } else {
@@ -97,7 +117,12 @@ struct FwdKernel {
           clear(tOrO);
           softmax.reset();
         }
-        Epilogue::store(params.epilogue, smem, tOrO, softmax, thread_idx, tile.m_block, tile.head, tile.batch);
+        if constexpr (Traits::kPacked) {
+          Epilogue::store_packed(params.epilogue, tOrO, softmax, thread_idx, tile.m_block, tile.head, rows,
+                                 params.packed.total_q);
+        } else {
+          Epilogue::store(params.epilogue, smem, tOrO, softmax, thread_idx, tile.m_block, tile.head, tile.batch);
+        }
       }
       WarpGroupTurns<Traits>::finish(consumer_wg);
       Epilogue::store_tail(thread_idx);

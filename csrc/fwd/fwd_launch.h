@@ -19,9 +19,9 @@ inline int device_sm_count() {
 }
 
 // Errors are reported through the CUDA error state (the caller reads cudaGetLastError()).
-template <int kHeadDim, class Element, dash::MaskKind kMask, dash::ScoreMod kScoreMod>
-void run_fwd_(const dash::FwdParams& params, cudaStream_t stream) {
-  using Traits = FwdKernelTraits<kHeadDim, Element, kMask, kScoreMod>;
+template <int kHeadDim, class Element, dash::MaskKind kMask, dash::ScoreMod kScoreMod, dash::SeqLayout kLayout>
+void launch_fwd(const dash::FwdParams& params, cudaStream_t stream) {
+  using Traits = FwdKernelTraits<kHeadDim, Element, kMask, kScoreMod, kLayout>;
   using Kernel = FwdKernel<Traits>;
   AttnShape const& s = params.shape;
   if (s.batch <= 0 || s.seqlen_q <= 0 || s.nheads <= 0) { return; }
@@ -31,6 +31,7 @@ void run_fwd_(const dash::FwdParams& params, cudaStream_t stream) {
       Kernel::Mainloop::make_params(params),
       Kernel::Epilogue::make_params(params),
       Kernel::Scheduler::make_params(s.seqlen_q, Traits::kBlockM, s.nheads, s.batch, num_sms),
+      params.packed,
   };
   int const grid = Kernel::Scheduler::grid_size(kernel_params.scheduler, num_sms);
 
@@ -40,6 +41,17 @@ void run_fwd_(const dash::FwdParams& params, cudaStream_t stream) {
     return;
   }
   kernel<<<grid, Traits::kNumThreads, kSmemBytes, stream>>>(kernel_params);
+}
+
+template <int kHeadDim, class Element, dash::MaskKind kMask, dash::ScoreMod kScoreMod>
+void run_fwd_(const dash::FwdParams& params, cudaStream_t stream) {
+  launch_fwd<kHeadDim, Element, kMask, kScoreMod, SeqLayout::kBatched>(params, stream);
+}
+
+// Packed sequences (params.packed set; shape.batch sequences of at most shape.seqlen_q / seqlen_k rows).
+template <int kHeadDim, class Element, dash::MaskKind kMask>
+void run_fwd_packed_(const dash::FwdParams& params, cudaStream_t stream) {
+  launch_fwd<kHeadDim, Element, kMask, ScoreMod::kNone, SeqLayout::kPacked>(params, stream);
 }
 
 }  // namespace dash::fwd

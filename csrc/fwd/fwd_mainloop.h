@@ -12,6 +12,7 @@
 #include <cutlass/arch/barrier.h>
 #include <cutlass/numeric_conversion.h>
 
+#include "common/packed_seqs.h"
 #include "fwd/fwd_config.h"
 
 namespace dash::fwd {
@@ -267,12 +268,19 @@ struct FwdMainloop {
 
   static Params make_params(FwdParams const& p) {
     AttnShape const& s = p.shape;
-    // A zero-length sequence has no tiles to load, but the tensor map still needs a non-empty extent.
-    ShapeQKV shape_q{std::max(s.seqlen_q, 1), s.headdim, s.nheads, s.batch};
-    ShapeQKV shape_k{std::max(s.seqlen_k, 1), s.headdim, s.nheads_k, s.batch};
+    // A zero-length sequence has no tiles to load, but the tensor map still needs a non-empty extent. Packed
+    // sequences are one batch of all rows; a tile starts at its sequence's first row (load's first_q/first_k).
+    int32_t const rows_q = Traits::kPacked ? p.packed.total_q : s.seqlen_q;
+    int32_t const rows_k = Traits::kPacked ? p.packed.total_k : s.seqlen_k;
+    int32_t const batch = Traits::kPacked ? 1 : s.batch;
+    ShapeQKV shape_q{std::max(rows_q, 1), s.headdim, s.nheads, batch};
+    ShapeQKV shape_k{std::max(rows_k, 1), s.headdim, s.nheads_k, batch};
     // V's own head dim (it may differ from K's); the kernel addresses both through shape_k's tile coordinates.
-    ShapeQKV shape_v{std::max(s.seqlen_k, 1), value_head_dim(s), s.nheads_k, s.batch};
-    auto stride = [](TensorStrides const& t) { return StrideQKV{t.row, cute::_1{}, t.head, t.batch}; };
+    ShapeQKV shape_v{std::max(rows_k, 1), value_head_dim(s), s.nheads_k, batch};
+    // The packed layout's batch mode has one entry; any stride TMA accepts will do for it.
+    auto stride = [](TensorStrides const& t) {
+      return StrideQKV{t.row, cute::_1{}, t.head, Traits::kPacked ? t.row : t.batch};
+    };
     auto const* q = static_cast<Element const*>(p.q);
     auto const* k = static_cast<Element const*>(p.k);
     auto const* v = static_cast<Element const*>(p.v);
@@ -306,13 +314,16 @@ struct FwdMainloop {
   struct KeyTiles {
     int lo, hi;
   };
-  CUTLASS_DEVICE static KeyTiles key_tiles(Params const& p, int m_block) {
-    int last_col = p.seqlen_k;  // exclusive
+  // `lens` has the sequence's seqlen_q and seqlen_k: the parameters themselves for batched sequences, a SeqLens
+  // for packed ones.
+  template <class Lens>
+  CUTLASS_DEVICE static KeyTiles key_tiles(Params const& p, Lens const& lens, int m_block) {
+    int last_col = lens.seqlen_k;  // exclusive
     if (band_right(p) >= 0) {
-      last_col = min(last_col, (m_block + 1) * kBlockM + p.seqlen_k - p.seqlen_q + band_right(p));
+      last_col = min(last_col, (m_block + 1) * kBlockM + lens.seqlen_k - lens.seqlen_q + band_right(p));
     }
     int first_col = 0;
-    if (band_left(p) >= 0) first_col = max(0, m_block * kBlockM + p.seqlen_k - p.seqlen_q - band_left(p));
+    if (band_left(p) >= 0) first_col = max(0, m_block * kBlockM + lens.seqlen_k - lens.seqlen_q - band_left(p));
     int const hi = last_col <= 0 ? 0 : (last_col + kBlockN - 1) / kBlockN;
     // Without a left bound lo is the constant 0: full and causal then compile to the code they had before windows
     // (nvdisasm: byte-identical), which is what their measurements are of.
@@ -322,18 +333,28 @@ struct FwdMainloop {
   // Producer: one warp; lane 0 issues every TMA and carries the expect-tx arrivals (it is the pipelines' leader).
   // Load order per tile: K[last], Q, then (K[n], V[n+1]) pairs walking down, then V[0]; the consumer uses them in
   // the same order. Q is rewritten only after the consumers signal that the previous tile's QK^T GEMMs are done.
+  // `rows`: the sequence's first rows in the packed tensors (unused for batched sequences).
   CUTLASS_DEVICE static void load(Params const& p, SharedStorage& smem, PipelineKV& pipeline_k,
                                   PipelineKV& pipeline_v, PipelineState& write_k, PipelineState& write_v,
-                                  int m_block, int head, int batch, KeyTiles tiles, bool first_tile) {
+                                  int m_block, int head, int batch, KeyTiles tiles, bool first_tile,
+                                  SeqRows const& rows) {
     using namespace cute;
     bool const issuer = cutlass::canonical_lane_idx() == 0;
     int const head_k = head / p.head_ratio;
     Tensor mQ = p.tma_q.get_tma_tensor(p.shape_q);
     Tensor mK = p.tma_k.get_tma_tensor(p.shape_k);
     Tensor mV = p.tma_v.get_tma_tensor(p.shape_k);
-    Tensor gQ = local_tile(mQ(_, _, head, batch), TileQ{}, make_coord(m_block, _0{}));  // (M, D)
-    Tensor gK = local_tile(mK(_, _, head_k, batch), TileKV{}, make_coord(_, _0{}));     // (N, D, n)
-    Tensor gV = local_tile(mV(_, _, head_k, batch), TileKV{}, make_coord(_, _0{}));     // (N, D, n)
+    // One head of one sequence as (rows, d).
+    auto sequence = [&](auto const& m, int h, int32_t first_row) {
+      if constexpr (Traits::kPacked) {
+        return domain_offset(make_coord(first_row, _0{}), m(_, _, h, 0));
+      } else {
+        return m(_, _, h, batch);
+      }
+    };
+    Tensor gQ = local_tile(sequence(mQ, head, rows.first_q), TileQ{}, make_coord(m_block, _0{}));  // (M, D)
+    Tensor gK = local_tile(sequence(mK, head_k, rows.first_k), TileKV{}, make_coord(_, _0{}));     // (N, D, n)
+    Tensor gV = local_tile(sequence(mV, head_k, rows.first_k), TileKV{}, make_coord(_, _0{}));     // (N, D, n)
     Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), typename Traits::SmemLayoutQ{});
     Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), typename Traits::SmemLayoutKV{});
     Tensor sV = make_tensor(make_smem_ptr(smem.v.data()), typename Traits::SmemLayoutKV{});
@@ -388,20 +409,20 @@ struct FwdMainloop {
 
   // Scores of key tile n_block that are outside the mask become -inf. Only the last key tile can be ragged; the
   // band limits move with the row.
-  template <class TensorS, class TensorC>
-  CUTLASS_DEVICE static void apply_mask(Params const& p, TensorS& s, TensorC const& coord, int m_block,
-                                        int n_block) {
+  template <class Lens, class TensorS, class TensorC>
+  CUTLASS_DEVICE static void apply_mask(Params const& p, Lens const& lens, TensorS& s, TensorC const& coord,
+                                        int m_block, int n_block) {
     using namespace cute;
-    int const col_limit_k = p.seqlen_k - n_block * kBlockN;
+    int const col_limit_k = lens.seqlen_k - n_block * kBlockN;
     CUTLASS_PRAGMA_UNROLL
     for (int r = 0; r < size<0>(s); ++r) {
       int col_limit = col_limit_k;  // exclusive
       int col_start = 0;
       int const row = m_block * kBlockM + get<0>(coord(r, 0));
       if (band_right(p) >= 0) {
-        col_limit = min(col_limit, row + 1 + p.seqlen_k - p.seqlen_q - n_block * kBlockN + band_right(p));
+        col_limit = min(col_limit, row + 1 + lens.seqlen_k - lens.seqlen_q - n_block * kBlockN + band_right(p));
       }
-      if (band_left(p) >= 0) col_start = row + p.seqlen_k - p.seqlen_q - n_block * kBlockN - band_left(p);
+      if (band_left(p) >= 0) col_start = row + lens.seqlen_k - lens.seqlen_q - n_block * kBlockN - band_left(p);
       CUTLASS_PRAGMA_UNROLL
       for (int c = 0; c < size<1>(s); ++c) {
         int const col = get<1>(coord(r, c));
@@ -410,9 +431,10 @@ struct FwdMainloop {
     }
   }
 
-  CUTLASS_DEVICE static bool needs_mask(Params const& p, int m_block, int n_block) {
-    int const diag = p.seqlen_k - p.seqlen_q;
-    bool const ragged = (n_block + 1) * kBlockN > p.seqlen_k;
+  template <class Lens>
+  CUTLASS_DEVICE static bool needs_mask(Params const& p, Lens const& lens, int m_block, int n_block) {
+    int const diag = lens.seqlen_k - lens.seqlen_q;
+    bool const ragged = (n_block + 1) * kBlockN > lens.seqlen_k;
     // Some key right of the first row's band, or left of the last row's band.
     bool const right = band_right(p) >= 0 && (n_block + 1) * kBlockN - 1 > m_block * kBlockM + diag + band_right(p);
     bool const left = band_left(p) >= 0 && n_block * kBlockN < (m_block + 1) * kBlockM - 1 + diag - band_left(p);
@@ -432,8 +454,8 @@ struct FwdMainloop {
   // Consumer: computes the unnormalised O tile (accumulator tOrO, cleared here) and the softmax statistics for one
   // query tile with a non-empty range of key tiles. Overlap inside each warpgroup: the QK^T GEMM of tile n and the PV
   // GEMM of tile n+1 are in flight together while the previous softmax result is converted.
-  template <class FragO, class Softmax>
-  CUTLASS_DEVICE static void mma(Params const& p, SharedStorage& smem, PipelineKV& pipeline_k,
+  template <class Lens, class FragO, class Softmax>
+  CUTLASS_DEVICE static void mma(Params const& p, Lens const& lens, SharedStorage& smem, PipelineKV& pipeline_k,
                                  PipelineKV& pipeline_v, PipelineState& read_k, PipelineState& read_v,
                                  uint32_t q_phase, int thread_idx, int m_block, KeyTiles tiles, FragO& tOrO,
                                  Softmax& softmax) {
@@ -480,7 +502,7 @@ struct FwdMainloop {
     pipeline_k.consumer_release(read_k);
     ++read_k;
     apply_score_mod(p, tSrS);
-    if (needs_mask(p, m_block, n_block)) { apply_mask(p, s_rc, coord_rc, m_block, n_block); }
+    if (needs_mask(p, lens, m_block, n_block)) { apply_mask(p, lens, s_rc, coord_rc, m_block, n_block); }
     softmax.step(s_rc, p.scale_log2);
     convert_p();
 
@@ -503,7 +525,7 @@ struct FwdMainloop {
       pipeline_k.consumer_release(read_k);
       ++read_k;
       apply_score_mod(p, tSrS);
-      if (needs_mask(p, m_block, n_block)) { apply_mask(p, s_rc, coord_rc, m_block, n_block); }
+      if (needs_mask(p, lens, m_block, n_block)) { apply_mask(p, lens, s_rc, coord_rc, m_block, n_block); }
       correction = softmax.step(s_rc, p.scale_log2);
       warpgroup_wait<0>();
       warpgroup_fence_operand(tOrO);

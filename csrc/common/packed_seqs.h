@@ -1,0 +1,39 @@
+// The rows of one sequence of a call in either sequence layout (common/params.h: PackedSeqs, SeqLayout), as the
+// kernels of both directions see them.
+#pragma once
+#include <cstdint>
+
+#include <cutlass/cutlass.h>
+
+#include "common/params.h"
+
+namespace dash {
+
+// Sequence `batch`: its first row in the packed q-side and k-side tensors (0 in the batched layout, where the batch
+// index addresses it) and its lengths.
+struct SeqRows {
+  int32_t first_q, len_q;
+  int32_t first_k, len_k;
+};
+
+// The lengths of one sequence, named as the kernels' parameter structs name the batched call's lengths, so that the
+// mask arithmetic takes either (the batched kernels pass their parameters themselves and keep their code).
+struct SeqLens {
+  int32_t seqlen_q;
+  int32_t seqlen_k;
+};
+
+template <SeqLayout kLayout>
+CUTLASS_DEVICE SeqRows seq_rows(PackedSeqs const& packed, int batch, int seqlen_q, int seqlen_k) {
+  if constexpr (kLayout == SeqLayout::kPacked) {
+    const int32_t q0 = __ldg(packed.cu_seqlens_q + batch);
+    const int32_t q1 = __ldg(packed.cu_seqlens_q + batch + 1);
+    const int32_t k0 = __ldg(packed.cu_seqlens_k + batch);
+    const int32_t k1 = __ldg(packed.cu_seqlens_k + batch + 1);
+    return {q0, q1 - q0, k0, k1 - k0};
+  } else {
+    return {0, seqlen_q, 0, seqlen_k};
+  }
+}
+
+}  // namespace dash

@@ -355,20 +355,29 @@ def _batched(x: torch.Tensor, rows: slice, count: int, seqlen: int) -> torch.Ten
 # write disjoint rows, so the deterministic mode stays bitwise reproducible. The window is re-normalised per run, so
 # short sequences reach the full/causal kernels. `ext` is the extension _check_varlen checked once for every launch.
 
-# The per-run path wins where a few runs each fill the GPU (H200, hdim 128, fwd+bwd kernel time: 8 x 2k and 32 x 512
-# 0.86-0.91x the packed kernels', 2 sequences of 10.9k + 5.5k 0.78-0.92x): the batched kernels keep their TMA
-# epilogues and balanced schedules there. Many short or varied sequences go to the packed kernels (19 sequences of
-# 0.2-1.5k tokens: the per-run path took 1.4-1.6x their kernel time and 4-5 ms of host time a step).
-_MAX_RUNS_PER_CALL = 8
+# Which varlen path runs a call the packed kernels could take. The per-run path keeps the batched kernels' TMA
+# epilogues and balanced schedules, but each run costs host time (H200, fwd+bwd step, hdim 128, 16 heads: ~1.1-1.4 ms
+# of Python and launches for one run, ~0.25 ms more per further run; the packed path ~1.0-1.3 ms in all). So it runs
+# only a few runs that each fill the GPU and whose kernels outlast that host time: 2 sequences of 10.9k + 5.5k tokens
+# took 0.78-0.92x the packed kernels' time, 8 x 2k full 0.93x; 32 x 512 (host-bound) 1.2-1.5x, 19 sequences of
+# 0.2-1.5k tokens 3-4x.
+_MAX_RUNS_PER_CALL = 4
+_RUNS_HOST_SECONDS = (0.9e-3, 0.25e-3)  # per call, per run
+_KERNEL_FLOPS_PER_SECOND = 450e12  # fwd+bwd, hdim 128 at 2k-16k
 
 
-def _runs_fill_the_gpu(q, k, v, cq, ck, mask):
+def _runs_beat_packed(q, k, cq, ck, mask):
     runs = [r for r in _runs(cq, ck) if r[3] > 0]
     if len(runs) > _MAX_RUNS_PER_CALL:
         return False
     block_n = _bwd_tile_shape(q.shape[-1], mask)[1]
     sms = _num_sms(q.device.index)
-    return all(count * k.shape[1] * -(-seqlen_k // block_n) >= sms for _, _, count, _, seqlen_k in runs)
+    if any(count * k.shape[1] * -(-seqlen_k // block_n) < sms for _, _, count, _, seqlen_k in runs):
+        return False
+    area = sum(count * seqlen_q * seqlen_k / (2 if mask == MaskKind.CAUSAL else 1)
+               for _, _, count, seqlen_q, seqlen_k in runs)
+    kernel_seconds = 4 * q.shape[1] * area * q.shape[-1] * 3.5 / _KERNEL_FLOPS_PER_SECOND
+    return kernel_seconds >= _RUNS_HOST_SECONDS[0] + _RUNS_HOST_SECONDS[1] * len(runs)
 
 
 def _packed_launch(ext, q, k, v, cq, ck, mask, softcap):
@@ -377,7 +386,7 @@ def _packed_launch(ext, q, k, v, cq, ck, mask, softcap):
         return None
     if q.shape[-1] != v.shape[-1] or q.shape[-1] not in _supported_head_dims():
         return None
-    if _runs_fill_the_gpu(q, k, v, cq, ck, mask):
+    if _runs_beat_packed(q, k, cq, ck, mask):
         return None
     lens_q = [b - a for a, b in zip(cq, cq[1:])]
     lens_k = [b - a for a, b in zip(ck, ck[1:])]

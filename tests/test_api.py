@@ -549,6 +549,13 @@ def test_varlen_cuda_path_launches_per_run_and_assembles_rows(fake_cuda, monkeyp
     assert torch.equal(dk[:4], k[:4]) and torch.equal(dv[12:], v[12:])
 
 
+@pytest.mark.parametrize("lens", [(512,) * 32, (1000, 3000, 200)], ids=["one_short_run", "varied"])
+def test_varlen_packed_kernels_take_host_bound_and_varied_calls(fake_cuda, lens):
+    q, k, v, _, _, _, _ = _varlen_inputs(lens, lens, headdim=64, dtype=torch.bfloat16)
+    cu = [0] + torch.tensor(lens).cumsum(0).tolist()
+    assert interface._packed_launch(fake_cuda, q, k, v, cu, cu, 1, 0.0) == (max(lens), max(lens))
+
+
 @pytest.mark.parametrize("mask", [0, 1], ids=["full", "causal"])
 def test_varlen_cuda_path_runs_the_packed_kernels_once(fake_cuda, mask):
     # Full and causal calls at a kernel's own head dim go to the packed-sequence kernels in one launch per direction,
@@ -580,8 +587,8 @@ _NOT_PACKED = {
     "diagonal": ((3, 6), (4, 6), 64, 64, 1, 0.0, True),
     "no_keys": ((3, 6), (0, 0), 64, 64, 0, 0.0, True),
     "not_built": ((3, 6), (4, 6), 64, 64, 0, 0.0, False),
-    # one run of 33 sequences x 2 heads x 4 KV tiles of 128: 264 tiles, two per SM of the fake 132
-    "runs_fill_the_gpu": ((512,) * 33, (512,) * 33, 64, 64, 1, 0.0, True),
+    # one run of 16 sequences x 2 KV heads x 32 KV tiles of 128 (four waves on the fake 132 SMs), ~2 ms of kernels
+    "few_long_runs": ((4096,) * 16, (4096,) * 16, 64, 64, 0, 0.0, True),
 }
 
 

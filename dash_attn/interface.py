@@ -391,13 +391,12 @@ def _batched(x: torch.Tensor, rows: slice, count: int, seqlen: int) -> torch.Ten
 # short sequences reach the full/causal kernels. `ext` is the extension _check_varlen checked once for every launch.
 
 # Which varlen path runs a call the packed kernels could take. The per-run path keeps the batched kernels' TMA
-# epilogues and balanced schedules, but each run costs host time (H200, fwd+bwd step, hdim 128, 16 heads: ~1.1-1.4 ms
-# of Python and launches for one run, ~0.25 ms more per further run; the packed path ~1.0-1.3 ms in all). So it runs
-# only a few runs that each fill the GPU and whose kernels outlast that host time: 2 sequences of 10.9k + 5.5k tokens
-# took 0.78-0.92x the packed kernels' time, 8 x 2k full 0.93x; 32 x 512 (host-bound) 1.2-1.5x, 19 sequences of
-# 0.2-1.5k tokens 3-4x.
+# epilogues and balanced schedules, but each run costs host time, so it takes only a few runs that each fill the GPU
+# and whose kernels outlast that host time. H200, fwd+bwd, hdim 128, 16 heads, against the packed kernels: 2
+# sequences of 10.9k + 5.5k tokens 0.84-0.86x the time per run, 8 x 2k 0.92-0.94x; 32 x 512 (about 0.3-0.5 ms of
+# kernels, host-bound) 1.1-1.25x, 19 sequences of 0.2-1.5k tokens 2.6-4.6x.
 _MAX_RUNS_PER_CALL = 4
-_RUNS_HOST_SECONDS = (0.9e-3, 0.25e-3)  # per call, per run
+_RUNS_HOST_SECONDS = (0.6e-3, 0.25e-3)  # per call, per run
 _KERNEL_FLOPS_PER_SECOND = 450e12  # fwd+bwd, hdim 128 at 2k-16k
 
 

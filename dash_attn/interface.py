@@ -236,8 +236,8 @@ def _lse_shape(q: torch.Tensor) -> Tuple[int, int, int]:
 
 
 def _fwd_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float, mask: int, window_left: int,
-         window_right: int, softcap: float, deterministic: bool, schedule: str,
-         sm_margin: int) -> Tuple[torch.Tensor, torch.Tensor]:
+              window_right: int, softcap: float, deterministic: bool, schedule: str,
+              sm_margin: int) -> Tuple[torch.Tensor, torch.Tensor]:
     mask, window_left, window_right = _effective_mask(mask, window_left, window_right, q.shape[1], k.shape[1])
     out = _out_like(q, v)
     lse = torch.empty(_lse_shape(q), dtype=torch.float32, device=q.device)
@@ -259,9 +259,10 @@ def _fwd_fake(q, k, v, softmax_scale, mask, window_left, window_right, softcap, 
     return _out_like(q, v), q.new_empty(_lse_shape(q), dtype=torch.float32)
 
 
-def _bwd_impl(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor, lse: torch.Tensor,
-         softmax_scale: float, mask: int, window_left: int, window_right: int, softcap: float, deterministic: bool,
-         schedule: str, sm_margin: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _bwd_impl(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
+              lse: torch.Tensor, softmax_scale: float, mask: int, window_left: int, window_right: int, softcap: float,
+              deterministic: bool, schedule: str,
+              sm_margin: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     mask, window_left, window_right = _effective_mask(mask, window_left, window_right, q.shape[1], k.shape[1])
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     if q.device.type == "cpu":
@@ -484,9 +485,9 @@ def _varlen_bwd_cuda(ext, dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, c
 
 
 def _varlen_fwd_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
-                cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float, mask: int,
-                window_left: int, window_right: int, softcap: float, deterministic: bool, schedule: str,
-                sm_margin: int) -> Tuple[torch.Tensor, torch.Tensor]:
+                     cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float, mask: int,
+                     window_left: int, window_right: int, softcap: float, deterministic: bool, schedule: str,
+                     sm_margin: int) -> Tuple[torch.Tensor, torch.Tensor]:
     mask, window_left, window_right = _effective_mask(mask, window_left, window_right, max_seqlen_q, max_seqlen_k)
     ext, cq, ck = _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softcap)
     if ext is not None:
@@ -512,10 +513,10 @@ def _varlen_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seql
 
 
 def _varlen_bwd_impl(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
-                lse: torch.Tensor, cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, max_seqlen_q: int,
-                max_seqlen_k: int, softmax_scale: float, mask: int, window_left: int, window_right: int,
-                softcap: float, deterministic: bool, schedule: str,
-                sm_margin: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                     lse: torch.Tensor, cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, max_seqlen_q: int,
+                     max_seqlen_k: int, softmax_scale: float, mask: int, window_left: int, window_right: int,
+                     softcap: float, deterministic: bool, schedule: str,
+                     sm_margin: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     mask, window_left, window_right = _effective_mask(mask, window_left, window_right, max_seqlen_q, max_seqlen_k)
     ext, cq, ck = _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softcap)
     if ext is not None:

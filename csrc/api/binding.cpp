@@ -190,6 +190,71 @@ void check_device(const at::Tensor& q) {
   TORCH_CHECK(major == 9 && minor == 0, "dash_attn kernels need an sm90 (Hopper) GPU, found sm", major, minor);
 }
 
+using StridesOf = dash::TensorStrides (*)(const at::Tensor&);
+
+void set_fwd_tensors(dash::FwdParams& p, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                     at::Tensor& out, at::Tensor& lse, StridesOf strides) {
+  p.q = q.data_ptr();
+  p.k = k.data_ptr();
+  p.v = v.data_ptr();
+  p.o = out.data_ptr();
+  p.lse = lse.data_ptr<float>();
+  p.q_stride = strides(q);
+  p.k_stride = strides(k);
+  p.v_stride = strides(v);
+  p.o_stride = strides(out);
+  p.num_sms = num_sms(q.get_device());
+}
+
+void run_fwd(dash::FwdParams& p, const char* what) {
+  int rc = dash_fwd(&p, c10::cuda::getCurrentCUDAStream().stream());
+  TORCH_CHECK(rc == 0, "dash_attn ", what, " kernel failed (code ", rc, ")");
+}
+
+void check_schedule_args(int64_t schedule, int64_t sm_margin) {
+  TORCH_CHECK_VALUE(schedule >= 0 && schedule <= 4, "dash_attn: schedule id ", schedule,
+                    " is not a concrete schedule (auto is resolved in Python)");
+  TORCH_CHECK_VALUE(sm_margin >= 0, "dash_attn: sm_margin must be >= 0");
+}
+
+void set_bwd_tensors(dash::BwdParams& p, const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k,
+                     const at::Tensor& v, const at::Tensor& out, const at::Tensor& lse, at::Tensor& dq,
+                     at::Tensor& dk, at::Tensor& dv, StridesOf strides) {
+  p.q = q.data_ptr();
+  p.k = k.data_ptr();
+  p.v = v.data_ptr();
+  p.o = out.data_ptr();
+  p.dout = dout.data_ptr();
+  p.lse = lse.data_ptr<float>();
+  p.dq = dq.data_ptr();
+  p.dk = dk.data_ptr();
+  p.dv = dv.data_ptr();
+  p.q_stride = strides(q);
+  p.k_stride = strides(k);
+  p.v_stride = strides(v);
+  p.o_stride = strides(out);
+  p.do_stride = strides(dout);
+  p.dq_stride = strides(dq);
+  p.dk_stride = strides(dk);
+  p.dv_stride = strides(dv);
+}
+
+// The schedule arguments, the workspace and the launch of a backward whose shape and tensors are set.
+void run_bwd(dash::BwdParams& p, const at::Tensor& q, bool deterministic, int64_t schedule, int64_t sm_margin,
+             const char* what) {
+  p.deterministic = deterministic;
+  p.schedule = static_cast<dash::ScheduleKind>(schedule);
+  p.num_sms = num_sms(q.get_device());
+  p.sm_margin = static_cast<int32_t>(sm_margin);
+  // The workspace comes from torch's caching allocator so that CUDA-graph capture and stream semantics hold.
+  size_t bytes = dash_bwd_workspace_bytes(&p);
+  at::Tensor workspace = at::empty({static_cast<int64_t>(bytes)}, q.options().dtype(at::kByte));
+  p.workspace = workspace.data_ptr();
+  p.workspace_bytes = bytes;
+  int rc = dash_bwd(&p, c10::cuda::getCurrentCUDAStream().stream());
+  TORCH_CHECK(rc == 0, "dash_attn ", what, " kernel failed (code ", rc, ")");
+}
+
 void fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& out, at::Tensor& lse,
          double softmax_scale, int64_t mask, int64_t window_left, int64_t window_right, double softcap) {
   check_qkvo(q, k, v, out);
@@ -198,18 +263,8 @@ void fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tens
   c10::cuda::CUDAGuard guard(q.device());
   dash::FwdParams p;
   p.shape = make_shape(q, k, v, softmax_scale, mask, window_left, window_right, softcap);
-  p.q = q.data_ptr();
-  p.k = k.data_ptr();
-  p.v = v.data_ptr();
-  p.o = out.data_ptr();
-  p.lse = lse.data_ptr<float>();
-  p.q_stride = strides_of(q);
-  p.k_stride = strides_of(k);
-  p.v_stride = strides_of(v);
-  p.o_stride = strides_of(out);
-  p.num_sms = num_sms(q.get_device());
-  int rc = dash_fwd(&p, c10::cuda::getCurrentCUDAStream().stream());
-  TORCH_CHECK(rc == 0, "dash_attn forward kernel failed (code ", rc, ")");
+  set_fwd_tensors(p, q, k, v, out, lse, strides_of);
+  run_fwd(p, "forward");
 }
 
 void bwd(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -223,40 +278,18 @@ void bwd(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const
   check_4d(dv, "dv", q);
   check_device(q);
   check_lse(lse);
-  TORCH_CHECK_VALUE(schedule >= 0 && schedule <= 4, "dash_attn: schedule id ", schedule,
-                    " is not a concrete schedule (auto is resolved in Python)");
-  TORCH_CHECK_VALUE(sm_margin >= 0, "dash_attn: sm_margin must be >= 0");
+  check_schedule_args(schedule, sm_margin);
   c10::cuda::CUDAGuard guard(q.device());
   dash::BwdParams p;
   p.shape = make_shape(q, k, v, softmax_scale, mask, window_left, window_right, softcap);
-  p.q = q.data_ptr();
-  p.k = k.data_ptr();
-  p.v = v.data_ptr();
-  p.o = out.data_ptr();
-  p.dout = dout.data_ptr();
-  p.lse = lse.data_ptr<float>();
-  p.dq = dq.data_ptr();
-  p.dk = dk.data_ptr();
-  p.dv = dv.data_ptr();
-  p.q_stride = strides_of(q);
-  p.k_stride = strides_of(k);
-  p.v_stride = strides_of(v);
-  p.o_stride = strides_of(out);
-  p.do_stride = strides_of(dout);
-  p.dq_stride = strides_of(dq);
-  p.dk_stride = strides_of(dk);
-  p.dv_stride = strides_of(dv);
-  p.deterministic = deterministic;
-  p.schedule = static_cast<dash::ScheduleKind>(schedule);
-  p.num_sms = num_sms(q.get_device());
-  p.sm_margin = static_cast<int32_t>(sm_margin);
-  // The workspace comes from torch's caching allocator so that CUDA-graph capture and stream semantics hold.
-  size_t bytes = dash_bwd_workspace_bytes(&p);
-  at::Tensor workspace = at::empty({static_cast<int64_t>(bytes)}, q.options().dtype(at::kByte));
-  p.workspace = workspace.data_ptr();
-  p.workspace_bytes = bytes;
-  int rc = dash_bwd(&p, c10::cuda::getCurrentCUDAStream().stream());
-  TORCH_CHECK(rc == 0, "dash_attn backward kernel failed (code ", rc, ")");
+  set_bwd_tensors(p, dout, q, k, v, out, lse, dq, dk, dv, strides_of);
+  run_bwd(p, q, deterministic, schedule, sm_margin, "backward");
+}
+
+void check_packed_lse(const at::Tensor& lse, const at::Tensor& q) {
+  TORCH_CHECK_VALUE(lse.scalar_type() == at::kFloat && lse.is_contiguous() && lse.dim() == 2 &&
+                        lse.size(0) == q.size(1) && lse.size(1) == q.size(0) && lse.is_cuda(),
+                    "dash_attn: lse must be a contiguous float32 CUDA (nheads, total_q) tensor");
 }
 
 void varlen_fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& out, at::Tensor& lse,
@@ -264,25 +297,13 @@ void varlen_fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, a
                 int64_t max_seqlen_k, double softmax_scale, int64_t mask) {
   check_packed_qkvo(q, k, v, out);
   check_device(q);
-  TORCH_CHECK_VALUE(lse.scalar_type() == at::kFloat && lse.is_contiguous() && lse.dim() == 2 &&
-                        lse.size(0) == q.size(1) && lse.size(1) == q.size(0) && lse.is_cuda(),
-                    "dash_attn: lse must be a contiguous float32 CUDA (nheads, total_q) tensor");
+  check_packed_lse(lse, q);
   c10::cuda::CUDAGuard guard(q.device());
   dash::FwdParams p;
   p.shape = make_packed_shape(q, k, v, cu_seqlens_q, max_seqlen_q, max_seqlen_k, softmax_scale, mask);
   p.packed = packed_seqs(q, k, cu_seqlens_q, cu_seqlens_k);
-  p.q = q.data_ptr();
-  p.k = k.data_ptr();
-  p.v = v.data_ptr();
-  p.o = out.data_ptr();
-  p.lse = lse.data_ptr<float>();
-  p.q_stride = packed_strides_of(q);
-  p.k_stride = packed_strides_of(k);
-  p.v_stride = packed_strides_of(v);
-  p.o_stride = packed_strides_of(out);
-  p.num_sms = num_sms(q.get_device());
-  int rc = dash_fwd(&p, c10::cuda::getCurrentCUDAStream().stream());
-  TORCH_CHECK(rc == 0, "dash_attn packed forward kernel failed (code ", rc, ")");
+  set_fwd_tensors(p, q, k, v, out, lse, packed_strides_of);
+  run_fwd(p, "packed forward");
 }
 
 void varlen_bwd(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
@@ -296,43 +317,14 @@ void varlen_bwd(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k
   check_3d(dk, "dk", q);
   check_3d(dv, "dv", q);
   check_device(q);
-  TORCH_CHECK_VALUE(lse.scalar_type() == at::kFloat && lse.is_contiguous() && lse.dim() == 2 &&
-                        lse.size(0) == q.size(1) && lse.size(1) == q.size(0) && lse.is_cuda(),
-                    "dash_attn: lse must be a contiguous float32 CUDA (nheads, total_q) tensor");
-  TORCH_CHECK_VALUE(schedule >= 0 && schedule <= 4, "dash_attn: schedule id ", schedule,
-                    " is not a concrete schedule (auto is resolved in Python)");
-  TORCH_CHECK_VALUE(sm_margin >= 0, "dash_attn: sm_margin must be >= 0");
+  check_packed_lse(lse, q);
+  check_schedule_args(schedule, sm_margin);
   c10::cuda::CUDAGuard guard(q.device());
   dash::BwdParams p;
   p.shape = make_packed_shape(q, k, v, cu_seqlens_q, max_seqlen_q, max_seqlen_k, softmax_scale, mask);
   p.packed = packed_seqs(q, k, cu_seqlens_q, cu_seqlens_k);
-  p.q = q.data_ptr();
-  p.k = k.data_ptr();
-  p.v = v.data_ptr();
-  p.o = out.data_ptr();
-  p.dout = dout.data_ptr();
-  p.lse = lse.data_ptr<float>();
-  p.dq = dq.data_ptr();
-  p.dk = dk.data_ptr();
-  p.dv = dv.data_ptr();
-  p.q_stride = packed_strides_of(q);
-  p.k_stride = packed_strides_of(k);
-  p.v_stride = packed_strides_of(v);
-  p.o_stride = packed_strides_of(out);
-  p.do_stride = packed_strides_of(dout);
-  p.dq_stride = packed_strides_of(dq);
-  p.dk_stride = packed_strides_of(dk);
-  p.dv_stride = packed_strides_of(dv);
-  p.deterministic = deterministic;
-  p.schedule = static_cast<dash::ScheduleKind>(schedule);
-  p.num_sms = num_sms(q.get_device());
-  p.sm_margin = static_cast<int32_t>(sm_margin);
-  size_t bytes = dash_bwd_workspace_bytes(&p);
-  at::Tensor workspace = at::empty({static_cast<int64_t>(bytes)}, q.options().dtype(at::kByte));
-  p.workspace = workspace.data_ptr();
-  p.workspace_bytes = bytes;
-  int rc = dash_bwd(&p, c10::cuda::getCurrentCUDAStream().stream());
-  TORCH_CHECK(rc == 0, "dash_attn packed backward kernel failed (code ", rc, ")");
+  set_bwd_tensors(p, dout, q, k, v, out, lse, dq, dk, dv, packed_strides_of);
+  run_bwd(p, q, deterministic, schedule, sm_margin, "packed backward");
 }
 
 std::vector<int64_t> supported_head_dims() {

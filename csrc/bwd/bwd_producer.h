@@ -85,7 +85,8 @@ CUTLASS_DEVICE void producer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<
       // Packed sequences are scheduled as a batch of the longest one. A visit to a Q tile past the sequence's end
       // is skipped; all visits to such a tile are, so the dQ chains of the other tiles keep their turns. Visits of
       // a KV tile past the end to a Q tile inside still run (all keys masked, dQ += 0): they hold turns in those
-      // chains. A KV tile with no visit left is a tile without visits inside the sequence and skipped past it.
+      // chains. A KV tile left without visits stores the zero dK/dV of a tile no query sees inside the sequence, and
+      // nothing past its end.
       bool skip_tile = false;
       if constexpr (T::kPacked) {
         const SeqRows rows = seq_rows<SeqLayout::kPacked>(p.packed, tile.batch, 0, 0);

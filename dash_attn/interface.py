@@ -391,11 +391,11 @@ def _batched(x: torch.Tensor, rows: slice, count: int, seqlen: int) -> torch.Ten
 # write disjoint rows, so the deterministic mode stays bitwise reproducible. The window is re-normalised per run, so
 # short sequences reach the full/causal kernels. `ext` is the extension _check_varlen checked once for every launch.
 
-# Which varlen path runs a call the packed kernels could take. The per-run path keeps the batched kernels' TMA
-# epilogues and balanced schedules, but each run costs host time, so it takes only a few runs that each fill the GPU
-# and whose kernels outlast that host time. H200, fwd+bwd, hdim 128, 16 heads, against the packed kernels: 2
-# sequences of 10.9k + 5.5k tokens 0.84-0.86x the time per run, 8 x 2k 0.92-0.94x; 32 x 512 (about 0.3-0.5 ms of
-# kernels, host-bound) 1.1-1.25x, 19 sequences of 0.2-1.5k tokens 2.6-4.6x.
+# Which varlen path runs a call the packed kernels could take. The per-run path keeps the batched kernels' schedules,
+# balanced for heads of equal length, but each run costs host time, so it takes only a few runs that each fill the GPU
+# and whose kernels outlast that host time. H200, fwd+bwd, hdim 128, 16 heads, per run against the packed kernels: 2
+# sequences of 10.9k + 5.5k tokens 0.88-0.89x the time, 8 x 2k 0.96-1.02x; 32 x 512 (about 0.3-0.5 ms of kernels,
+# host-bound) 1.17-1.47x, 19 sequences of 0.2-1.5k tokens 3.3-6.2x.
 _MAX_RUNS_PER_CALL = 4
 _RUNS_HOST_SECONDS = (0.6e-3, 0.25e-3)  # per call, per run
 _KERNEL_FLOPS_PER_SECOND = 450e12  # fwd+bwd, hdim 128 at 2k-16k

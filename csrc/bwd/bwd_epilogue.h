@@ -37,11 +37,20 @@ struct DkDvStore {
 
   // One thread of warpgroup `wg` stores its tile at `base` by TMA (rows past seqlen_k are clipped by TMA; the tensor
   // is 4-D, so no row of another head is touched).
-  CUTLASS_DEVICE void issue(typename T::TmaStoreKV const& tma, Element* base, const KvTileRef& tile, int wg) const {
+  // first_k: the sequence's first row (packed sequences; the tensor is then one batch entry of all rows).
+  CUTLASS_DEVICE void issue(typename T::TmaStoreKV const& tma, Element* base, const KvTileRef& tile, int wg,
+                            int32_t first_k) const {
     Tensor sWG = make_tensor(make_smem_ptr(base + wg * cute::cosize_v<typename T::SmemLayoutStageWG>),
                              typename T::SmemLayoutStageWG{});
     Tensor mOut = tma.get_tma_tensor(p.shape_k);
-    Tensor gOut = local_tile(mOut(_, _, tile.head_k, tile.batch), Shape<typename T::StageRows, typename T::HD>{},
+    auto sequence = [&] {
+      if constexpr (T::kPacked) {
+        return domain_offset(make_coord(first_k, _0{}), mOut(_, _, tile.head_k, 0));
+      } else {
+        return mOut(_, _, tile.head_k, tile.batch);
+      }
+    };
+    Tensor gOut = local_tile(sequence(), Shape<typename T::StageRows, typename T::HD>{},
                              make_coord(T::Cfg::dKVSplit::kAlongM * tile.n_block + wg, _0{}));
     auto [tSg, tSs] = tma_partition(tma, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sWG), group_modes<0, 2>(gOut));
     cute::copy(tma, tSs, tSg);
@@ -90,6 +99,17 @@ struct DkDvStore {
 
   template <class FragK, class FragV, class ThrMma>
   CUTLASS_DEVICE void operator()(const KvTileRef& tile, FragK const& dk, FragV const& dv, ThrMma const& thr) const {
+    // Packed sequences: the tile reaching past its sequence's end goes out from registers, bounded by the sequence.
+    [[maybe_unused]] int32_t first_k = 0;
+    if constexpr (T::kPacked) {
+      const SeqRows rows = seq_rows<SeqLayout::kPacked>(p.packed, tile.batch, 0, 0);
+      if ((tile.n_block + 1) * T::kBlockN > rows.len_k) {
+        store_one<false>(dk, thr, p.dk, p.dk_row, p.dk_head, p.dk_batch, tile, p.scale);
+        store_one<false>(dv, thr, p.dv, p.dv_row, p.dv_head, p.dv_batch, tile, 1.0f);
+        return;
+      }
+      first_k = rows.first_k;
+    }
     if constexpr (T::kStagedEpilogue) {
       // The staging addresses depend on the thread only, so the compiler would compute them once before the tile
       // loop and keep them live through it (ptxas then spilled inside the loop); an opaque copy of the thread index
@@ -105,14 +125,14 @@ struct DkDvStore {
         stage(dk, thr, base_k, p.scale, tid);
         stage(dv, thr, base_v, 1.0f, tid);
         hand_off(tid, wg_barrier, [&](int wg) {
-          issue(p.tma_dk, base_k, tile, wg);
-          issue(p.tma_dv, base_v, tile, wg);
+          issue(p.tma_dk, base_k, tile, wg, first_k);
+          issue(p.tma_dv, base_v, tile, wg, first_k);
         });
       } else {
         stage(dk, thr, base_k, p.scale, tid);
-        hand_off(tid, wg_barrier, [&](int wg) { issue(p.tma_dk, base_k, tile, wg); });
+        hand_off(tid, wg_barrier, [&](int wg) { issue(p.tma_dk, base_k, tile, wg, first_k); });
         stage(dv, thr, base_k, 1.0f, tid);
-        hand_off(tid, wg_barrier, [&](int wg) { issue(p.tma_dv, base_k, tile, wg); });
+        hand_off(tid, wg_barrier, [&](int wg) { issue(p.tma_dv, base_k, tile, wg, first_k); });
       }
       // The next tile's first dS^T store may write into the other warpgroup's staging tile.
       cutlass::arch::NamedBarrier::sync(T::kNumMmaThreads, uint32_t(ConsumerBarrier::kBoth));

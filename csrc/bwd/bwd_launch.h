@@ -102,8 +102,8 @@ void launch_bwd_main(const BwdParams& params, const BwdWorkspaceLayout& ws, cons
       params.packed};
   if constexpr (T::kStagedEpilogue) {
     // dash_bwd_stages has checked that dk and dv are 16-byte aligned (base and strides), as TMA needs.
-    auto mdK = make_qkv(params.dk, s.seqlen_k, s.headdim, s.nheads_k, s.batch, params.dk_stride);
-    auto mdV = make_qkv(params.dv, s.seqlen_k, dv, s.nheads_k, s.batch, params.dv_stride);
+    auto mdK = make_qkv(params.dk, T::kPacked ? rows_k : s.seqlen_k, s.headdim, s.nheads_k, batch, params.dk_stride);
+    auto mdV = make_qkv(params.dv, T::kPacked ? rows_k : s.seqlen_k, dv, s.nheads_k, batch, params.dv_stride);
     using Box = Shape<typename T::StageRows, HD>;
     p.tma_dk = make_tma_copy(SM90_TMA_STORE{}, mdK, typename T::SmemLayoutStageWG{}, Box{}, _1{});
     p.tma_dv = make_tma_copy(SM90_TMA_STORE{}, mdV, typename T::SmemLayoutStageWG{}, Box{}, _1{});

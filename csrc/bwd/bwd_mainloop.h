@@ -87,6 +87,8 @@ CUTLASS_DEVICE void consumer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<
   const int seqlen_q = get<0>(p.shape_q);
   const int seqlen_k = get<0>(p.shape_k);
   const int causal_offset = seqlen_k - seqlen_q;  // bottom-right aligned diagonal
+  // Packed sequences: the current KV tile's sequence (its length of keys and diagonal), read at the tile's first step.
+  [[maybe_unused]] int32_t seq_len_k = 0, seq_diagonal = 0;
 
   // Same accumulator layout for both (the dK and dV GEMMs differ at most in where A comes from).
   Tensor tdVrdV = partition_fragment_C(mma_dv, Shape<BN, HD>{});
@@ -149,15 +151,21 @@ CUTLASS_DEVICE void consumer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<
     }
     // The tile's first dK/dV GEMMs overwrite the accumulators (no clear(): see wgmma_gemm).
     const bool first = flags & VisitRecord::kFirst;
+    if constexpr (T::kPacked) {
+      if (first) {
+        const SeqRows rows = seq_rows<SeqLayout::kPacked>(p.packed, srec.batch, 0, 0);
+        seq_len_k = rows.len_k;
+        seq_diagonal = rows.len_k - rows.len_q;
+      }
+    }
     // Key row n of the tile is masked for query column m if n >= kv_rows (past seqlen_k) or n - m leaves the band
     // around the tile's diagonal (tile coordinates): causal, n - m > diagonal; a window, n - m > diagonal + right or
     // n - m < diagonal - left (a negative bound is absent). Read before the GEMMs: read after the S wait, the
     // shared-memory load of the tile indices sat behind the LSE loads and stalled every step.
     auto tile_limits = [&] {
       const int n0 = srec.n_block * T::kBlockN;
-      if constexpr (T::kPacked) {  // the visit's own sequence (bwd_producer.h: packed sequences)
-        const SeqRows rows = seq_rows<SeqLayout::kPacked>(p.packed, srec.batch, 0, 0);
-        return cute::make_tuple(rows.len_k - n0, srec.m_block * T::kBlockM + rows.len_k - rows.len_q - n0);
+      if constexpr (T::kPacked) {
+        return cute::make_tuple(seq_len_k - n0, srec.m_block * T::kBlockM + seq_diagonal - n0);
       } else {
         return cute::make_tuple(seqlen_k - n0, srec.m_block * T::kBlockM + causal_offset - n0);
       }

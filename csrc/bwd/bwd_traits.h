@@ -106,9 +106,9 @@ struct BwdTraits {
 
   // dK/dV staging at the end of a KV tile (DkDvEpilogue::kTmaStaged*, bwd_epilogue.h): each warpgroup's rows as one
   // 128-byte-swizzled (rows, d) tile, the two side by side in the dS^T buffers, each stored by one TMA.
-  // Packed sequences store from registers: a TMA box of a sequence's last KV rows would also write the first rows of
-  // the next sequence, which another CTA owns.
-  static constexpr DkDvEpilogue kDkDvEpilogue = kPacked ? DkDvEpilogue::kRegisterStores : Cfg::dkdv_epilogue(kMask);
+  // Packed sequences keep it for the KV tiles inside a sequence and store the tile that reaches past its end from
+  // registers (bwd_epilogue.h): a TMA box there would also write the next sequence's first rows, another CTA's.
+  static constexpr DkDvEpilogue kDkDvEpilogue = Cfg::dkdv_epilogue(kMask);
   static constexpr bool kStagedEpilogue = kDkDvEpilogue != DkDvEpilogue::kRegisterStores;
   static constexpr int kStageRows = kBlockN / Cfg::dKVSplit::kAlongM;
   using StageRows = Int<kStageRows>;

@@ -124,9 +124,9 @@ struct FwdKernelTraits {
   // O staging buffer: one (64 rows, headdim) block per consumer warpgroup, each a TMA store box of its own, stacked
   // along the rows so that the (kBlockM, headdim) view matches the PV accumulator's partitioning. Blocks are 16 KB
   // or more, a whole number of swizzle periods, so both views swizzle the same bytes alike.
-  // Packed sequences store O from registers: a TMA box of a sequence's last rows would also write the first rows of
-  // the next sequence, which another CTA owns.
-  static constexpr OStorePath kOStore = kPacked ? OStorePath::kRegisters : Tile::kOStore;
+  // Packed sequences take it for the query tiles inside a sequence and store the tile that reaches past its end from
+  // registers (fwd_epilogue.h): a TMA box there would also write the next sequence's first rows, another CTA's.
+  static constexpr OStorePath kOStore = Tile::kOStore;
   using SmemLayoutOWarpGroup = decltype(cute::tile_to_shape(
       SmemAtomQ{}, cute::make_shape(cute::Int<kRowsPerWarpGroup>{}, cute::Int<kHeadDim>{})));
   using SmemLayoutO = decltype(cute::tile_to_shape(SmemLayoutOWarpGroup{},

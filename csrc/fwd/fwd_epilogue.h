@@ -4,7 +4,8 @@
 //     stmatrix and one of its threads issues a TMA store. The warpgroup does not wait for the store; it waits only
 //     before it next overwrites the block, a whole mainloop later. Rows past seqlen_q are clipped by the TMA unit.
 //   kRegisters: 4-byte global stores straight from the accumulator (a quad of threads covers 16 contiguous bytes of a
-//     row); rows past seqlen_q are skipped. Packed sequences (store_packed) always take this path.
+//     row); rows past seqlen_q are skipped. Packed sequences (store_packed) take it for a tile that reaches past the
+//     end of its sequence.
 // LSE always goes out from registers (one float per row).
 #pragma once
 
@@ -54,10 +55,13 @@ struct FwdEpilogue {
   static Params make_params(FwdParams const& p) {
     AttnShape const& s = p.shape;
     auto* o = static_cast<Element*>(p.o);
-    // As for Q: an empty sequence writes nothing, but the tensor map needs a non-empty extent.
-    ShapeO shape_o{std::max(s.seqlen_q, 1), value_head_dim(s), s.nheads, s.batch};
-    StrideO stride_o{p.o_stride.row, cute::_1{}, p.o_stride.head, p.o_stride.batch};
-    // Register stores need no tensor map (packed sequences' O, whose shape_o would not describe the tensor).
+    // As for Q: an empty sequence writes nothing, but the tensor map needs a non-empty extent. Packed sequences are
+    // one batch entry of all rows (any stride TMA accepts will do for that mode).
+    int32_t const rows = Traits::kPacked ? p.packed.total_q : s.seqlen_q;
+    ShapeO shape_o{std::max(rows, 1), value_head_dim(s), s.nheads, Traits::kPacked ? 1 : s.batch};
+    StrideO stride_o{p.o_stride.row, cute::_1{}, p.o_stride.head,
+                     Traits::kPacked ? p.o_stride.row : p.o_stride.batch};
+    // Register stores need no tensor map.
     return {o, p.o_stride, p.lse, s.seqlen_q, s.nheads, score_scales(s).softmax,
             kTma ? make_tma_o(o, shape_o, stride_o) : TmaO{}, shape_o};
   }
@@ -84,7 +88,7 @@ struct FwdEpilogue {
 
     auto const lse = softmax.finalize(o_rc, p.softmax_scale);
     if constexpr (kTma) {
-      store_o_tma(p, smem, tOrO, thread_idx, m_block, head, batch);
+      store_o_tma(p, smem, tOrO, thread_idx, m_block, head, batch, 0);
     } else {
       Element* o_head = p.o + int64_t(batch) * p.o_stride.batch + int64_t(head) * p.o_stride.head;
       store_o_registers(p, o_head, p.seqlen_q, o_rc, coord_rc, m_block);
@@ -100,12 +104,13 @@ struct FwdEpilogue {
     }
   }
 
-  // Packed sequences (SeqLayout::kPacked): O of sequence `rows` from registers, LSE into the (nheads, total_q) rows.
+  // Packed sequences (SeqLayout::kPacked): O of sequence `rows` (by TMA for a tile inside it, where the path has
+  // it, else from registers), LSE into the (nheads, total_q) rows.
   template <class FragO, class Softmax>
-  CUTLASS_DEVICE static void store_packed(Params const& p, FragO& tOrO, Softmax& softmax, int thread_idx,
-                                          int m_block, int head, SeqRows const& rows, int32_t total_q) {
+  CUTLASS_DEVICE static void store_packed(Params const& p, SharedStorage& smem, FragO& tOrO, Softmax& softmax,
+                                          int thread_idx, int m_block, int head, SeqRows const& rows,
+                                          int32_t total_q) {
     using namespace cute;
-    static_assert(!kTma, "packed sequences store O from registers");
     typename Traits::TiledMmaPV mma_pv;
     auto thr_pv = mma_pv.get_thread_slice(thread_idx);
     Tensor o_rc = make_tensor(tOrO.data(), acc_to_rowcol(tOrO.layout()));
@@ -113,8 +118,19 @@ struct FwdEpilogue {
     Tensor coord_rc = make_tensor(tOcO.data(), acc_to_rowcol(tOcO.layout()));
 
     auto const lse = softmax.finalize(o_rc, p.softmax_scale);
-    Element* o_seq = p.o + int64_t(head) * p.o_stride.head + int64_t(rows.first_q) * p.o_stride.row;
-    store_o_registers(p, o_seq, rows.len_q, o_rc, coord_rc, m_block);
+    auto from_registers = [&] {
+      Element* o_seq = p.o + int64_t(head) * p.o_stride.head + int64_t(rows.first_q) * p.o_stride.row;
+      store_o_registers(p, o_seq, rows.len_q, o_rc, coord_rc, m_block);
+    };
+    if constexpr (kTma) {
+      if ((m_block + 1) * kBlockM <= rows.len_q) {
+        store_o_tma(p, smem, tOrO, thread_idx, m_block, head, 0, rows.first_q);
+      } else {
+        from_registers();
+      }
+    } else {
+      from_registers();
+    }
     float* lse_seq = p.lse + int64_t(head) * total_q + rows.first_q;
     if (thread_idx % 4 == 0) {
       CUTLASS_PRAGMA_UNROLL
@@ -134,9 +150,10 @@ struct FwdEpilogue {
   }
 
  private:
+  // first_q: the sequence's first row (packed sequences; the tensor is then one batch entry of all rows).
   template <class FragO>
   CUTLASS_DEVICE static void store_o_tma(Params const& p, SharedStorage& smem, FragO const& tOrO, int thread_idx,
-                                         int m_block, int head, int batch) {
+                                         int m_block, int head, int batch, int32_t first_q) {
     using namespace cute;
     int const wg = thread_idx / cutlass::NumThreadsPerWarpGroup;
     uint32_t const staging_barrier = static_cast<uint32_t>(FwdNamedBarrier::kOStagingFirst) + wg;
@@ -162,7 +179,14 @@ struct FwdEpilogue {
 
     if (is_store_issuer(thread_idx)) {
       Tensor mO = p.tma_o.get_tma_tensor(p.shape_o);
-      Tensor gO = local_tile(mO(_, _, head, batch), TileOWarpGroup{},
+      auto sequence = [&] {
+        if constexpr (Traits::kPacked) {
+          return domain_offset(make_coord(first_q, _0{}), mO(_, _, head, 0));
+        } else {
+          return mO(_, _, head, batch);
+        }
+      };
+      Tensor gO = local_tile(sequence(), TileOWarpGroup{},
                              make_coord(m_block * Traits::kNumConsumerWarpGroups + wg, _0{}));
       Tensor sOwg = make_tensor(make_smem_ptr(smem.o.data() + wg * kRowsPerWarpGroup * kHeadDim),
                                 typename Traits::SmemLayoutOWarpGroup{});

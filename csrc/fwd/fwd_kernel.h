@@ -118,7 +118,7 @@ struct FwdKernel {
           softmax.reset();
         }
         if constexpr (Traits::kPacked) {
-          Epilogue::store_packed(params.epilogue, tOrO, softmax, thread_idx, tile.m_block, tile.head, rows,
+          Epilogue::store_packed(params.epilogue, smem, tOrO, softmax, thread_idx, tile.m_block, tile.head, rows,
                                  params.packed.total_q);
         } else {
           Epilogue::store(params.epilogue, smem, tOrO, softmax, thread_idx, tile.m_block, tile.head, tile.batch);

@@ -32,7 +32,7 @@ CSRC = ROOT / "csrc"
 ALL_HDIMS = (64, 128, 256)
 ALL_DTYPES = ("fp16", "bf16")
 MASKS = ("full", "causal", "window")
-PACKED_MASKS = ("full", "causal")
+PACKED_MASKS = MASKS
 
 
 def _env_list(name, allowed, cast=str):

@@ -383,7 +383,7 @@ def _batched(x: torch.Tensor, rows: slice, count: int, seqlen: int) -> torch.Ten
 
 
 # The CUDA varlen path runs the packed-sequence kernels (one launch for all sequences, csrc/common/params.h:
-# PackedSeqs) where they apply: full and causal masks (causal: no sequence's diagonal right of the longest ones'), no
+# PackedSeqs) where they apply: every mask (causal and windows: each sequence's band inside the longest ones'), no
 # softcap, q's head dim a built kernel's own and v's the same. They tile and schedule the call as a batch of the
 # longest sequence and skip what lies past each sequence's end, so the deterministic schedules and their proofs are
 # those of that batch. Elsewhere the dense kernels run once per run of consecutive sequences with equal lengths, as
@@ -401,7 +401,7 @@ _RUNS_HOST_SECONDS = (0.6e-3, 0.25e-3)  # per call, per run
 _KERNEL_FLOPS_PER_SECOND = 450e12  # fwd+bwd, hdim 128 at 2k-16k
 
 
-def _runs_beat_packed(q, k, cq, ck, mask):
+def _runs_beat_packed(q, k, cq, ck, mask, window_left, window_right):
     runs = [r for r in _runs(cq, ck) if r[3] > 0]
     if len(runs) > _MAX_RUNS_PER_CALL:
         return False
@@ -409,29 +409,39 @@ def _runs_beat_packed(q, k, cq, ck, mask):
     sms = _num_sms(q.device.index)
     if any(count * k.shape[1] * -(-seqlen_k // block_n) < sms for _, _, count, _, seqlen_k in runs):
         return False
-    area = sum(count * seqlen_q * seqlen_k / (2 if mask == MaskKind.CAUSAL else 1)
-               for _, _, count, seqlen_q, seqlen_k in runs)
+    def keys_per_row(seqlen_k):
+        if mask == MaskKind.WINDOW:
+            return min(seqlen_k, (seqlen_k if window_left < 0 else window_left) +
+                       (seqlen_k if window_right < 0 else window_right) + 1)
+        return seqlen_k / 2 if mask == MaskKind.CAUSAL else seqlen_k
+
+    area = sum(count * seqlen_q * keys_per_row(seqlen_k) for _, _, count, seqlen_q, seqlen_k in runs)
     kernel_seconds = 4 * q.shape[1] * area * q.shape[-1] * 3.5 / _KERNEL_FLOPS_PER_SECOND
     return kernel_seconds >= _RUNS_HOST_SECONDS[0] + _RUNS_HOST_SECONDS[1] * len(runs)
 
 
-def _packed_launch(ext, q, k, v, cq, ck, mask, softcap):
+def _packed_launch(ext, q, k, v, cq, ck, mask, window_left, window_right, softcap):
     """(longest q sequence, longest k sequence) when the packed-sequence kernels run this call, else None."""
-    if softcap != 0.0 or mask not in (MaskKind.FULL, MaskKind.CAUSAL) or not ext.packed_built():
+    if softcap != 0.0 or not ext.packed_built():
         return None
     if q.shape[-1] != v.shape[-1] or q.shape[-1] not in _supported_head_dims():
         return None
-    if _runs_beat_packed(q, k, cq, ck, mask):
+    if _runs_beat_packed(q, k, cq, ck, mask, window_left, window_right):
         return None
     lens_q = [b - a for a, b in zip(cq, cq[1:])]
     lens_k = [b - a for a, b in zip(ck, ck[1:])]
     max_q, max_k = max(lens_q), max(lens_k)
     if max_q == 0 or max_k == 0:
         return None
-    # The causal schedule is the batch's, whose diagonal is the longest sequences' (max_k - max_q): a sequence whose
-    # diagonal lies right of it would need KV tiles that schedule never visits.
-    if mask == MaskKind.CAUSAL and any(lk - lq > max_k - max_q for lq, lk in zip(lens_q, lens_k)):
-        return None
+    # The schedule of a causal or window mask is the batch's, whose band lies around the longest sequences' diagonal
+    # (max_k - max_q): each sequence's band around its own diagonal must lie inside it, or it would need KV tiles that
+    # schedule never visits. A right bound needs no diagonal right of the batch's, a left bound none left of it.
+    if mask != MaskKind.FULL:
+        left, right = (-1, 0) if mask == MaskKind.CAUSAL else (window_left, window_right)
+        diagonal = max_k - max_q
+        for lq, lk in zip(lens_q, lens_k):
+            if (right >= 0 and lk - lq > diagonal) or (left >= 0 and lk - lq < diagonal):
+                return None
     return max_q, max_k
 
 
@@ -442,11 +452,12 @@ def _varlen_fwd_cuda(ext, q, k, v, cu_seqlens_q, cu_seqlens_k, cq, ck, softmax_s
                      window_right, softcap):
     out = _out_like(q, v)
     lse = torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device)
-    packed = _packed_launch(ext, q, k, v, cq, ck, mask, softcap)
+    packed = _packed_launch(ext, q, k, v, cq, ck, mask, window_left, window_right, softcap)
     if packed is not None:
         with _device_guard(q.device):
             ext.varlen_fwd(q, k, v, out, lse, _device_int32(cu_seqlens_q, q.device),
-                           _device_int32(cu_seqlens_k, q.device), packed[0], packed[1], softmax_scale, mask)
+                           _device_int32(cu_seqlens_k, q.device), packed[0], packed[1], softmax_scale, mask,
+                           window_left, window_right)
         return out, lse
     for sq, sk, count, seqlen_q, seqlen_k in _runs(cq, ck):
         q_b = _batched(q, sq, count, seqlen_q)
@@ -462,15 +473,15 @@ def _varlen_fwd_cuda(ext, q, k, v, cu_seqlens_q, cu_seqlens_k, cq, ck, softmax_s
 def _varlen_bwd_cuda(ext, dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, cq, ck, softmax_scale, mask,
                      window_left, window_right, softcap, deterministic, schedule, sm_margin):
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    packed = _packed_launch(ext, q, k, v, cq, ck, mask, softcap)
+    packed = _packed_launch(ext, q, k, v, cq, ck, mask, window_left, window_right, softcap)
     if packed is not None:
         max_q, max_k = packed
         schedule_id = _resolve_schedule_for(schedule, q.device, len(cq) - 1, max_q, max_k, q.shape[1], k.shape[1],
                                             q.shape[-1], mask, window_left, window_right, deterministic, sm_margin)
         with _device_guard(q.device):
             ext.varlen_bwd(dout, q, k, v, out, lse, dq, dk, dv, _device_int32(cu_seqlens_q, q.device),
-                           _device_int32(cu_seqlens_k, q.device), max_q, max_k, softmax_scale, mask, deterministic,
-                           schedule_id, sm_margin)
+                           _device_int32(cu_seqlens_k, q.device), max_q, max_k, softmax_scale, mask, window_left,
+                           window_right, deterministic, schedule_id, sm_margin)
         return dq, dk, dv
     for sq, sk, count, seqlen_q, seqlen_k in _runs(cq, ck):
         q_b = _batched(q, sq, count, seqlen_q)

@@ -1,13 +1,14 @@
 """GPU packed-sequence kernels: flash_attn_varlen_func calls that run in one launch per direction (marker `gpu`).
 
-dash_attn/interface.py sends full and causal varlen calls without softcap, at a built kernel's own head dim, to the
-packed-sequence kernels (csrc/common/params.h: PackedSeqs), which tile and schedule the call as a batch of the
-longest sequence and skip what lies past each sequence's end. These tests check that those calls take that path and
-what it must get right on its own: sequences far shorter than the longest (many skipped tiles, KV tiles past a
-sequence's end that still hold turns in dQ chains), empty sequences, lengths around the tiles, per-sequence causal
-diagonals left of the longest ones', GQA, fp16, every schedule with poisoned outputs, and bitwise-identical
-deterministic gradients. test_gpu_varlen.py covers the varlen API as a whole (its "unequal" and "empty" causal
-packings fall back to the batched kernels: a sequence's diagonal lies right of the longest ones').
+dash_attn/interface.py sends varlen calls without softcap, at a built kernel's own head dim, whose sequences' causal
+or window bands lie inside the longest sequences' band, to the packed-sequence kernels (csrc/common/params.h:
+PackedSeqs), which tile and schedule the call as a batch of the longest sequence and skip what lies past each
+sequence's end. These tests check that those calls take that path and what it must get right on its own: sequences
+far shorter than the longest (many skipped tiles, KV tiles past a sequence's end that still hold turns in dQ
+chains), empty sequences, lengths around the tiles, per-sequence causal diagonals left of the longest ones', sliding
+windows, GQA, fp16, every schedule with poisoned outputs, and bitwise-identical deterministic gradients.
+test_gpu_varlen.py covers the varlen API as a whole (its "unequal" and "empty" causal packings fall back to the
+batched kernels: a sequence's diagonal lies right of the longest ones').
 """
 import pytest
 import torch
@@ -70,6 +71,22 @@ def _check(packed_calls, packing, *args, **kwargs):
 def test_packed_matches_reference(packed_calls, packing, causal, deterministic, heads, headdim):
     _check(packed_calls, packing, heads[0], heads[1], headdim, torch.bfloat16, causal, deterministic=deterministic,
            poison=True)
+
+
+@pytest.mark.parametrize("window", [(64, 0), (100, 30), (300, 300), (-1, 50)], ids=["w64_0", "w100_30", "w300_300",
+                                                                              "wnone_50"])
+@pytest.mark.parametrize("deterministic", [True, False], ids=["det", "nondet"])
+@pytest.mark.parametrize("heads", [(4, 4), (8, 2)], ids=["mha", "gqa4"])
+@pytest.mark.parametrize("headdim", supported_head_dims())
+def test_packed_sliding_windows(packed_calls, window, deterministic, heads, headdim):
+    _check(packed_calls, "docs", heads[0], heads[1], headdim, torch.bfloat16, False, window=window,
+           deterministic=deterministic, poison=True)
+
+
+def test_window_band_outside_the_longest_falls_back(packed_calls):
+    """A window whose left bound would need KV tiles left of the longest sequences' band runs in the batched kernels."""
+    varlen.check_varlen("diagonals", 4, 2, main_head_dim(), torch.bfloat16, False, window=(50, 0))
+    assert packed_calls and not any(packed_calls)
 
 
 @pytest.mark.parametrize("deterministic", [True, False], ids=["det", "nondet"])

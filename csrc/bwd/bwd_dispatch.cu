@@ -34,7 +34,7 @@ int run_score_mod(const dash::BwdParams& p, cudaStream_t stream, int32_t stages)
 #endif
 }
 
-// Packed sequences: full and causal masks, no score transform, q's head dim a kernel's own and v's the same.
+// Packed sequences: no score transform, q's head dim a kernel's own and v's the same.
 template <int kHeadDim, class Element>
 int run_packed(const dash::BwdParams& p, cudaStream_t stream, int32_t stages) {
 #ifdef DASH_ENABLE_PACKED
@@ -47,6 +47,9 @@ int run_packed(const dash::BwdParams& p, cudaStream_t stream, int32_t stages) {
       return static_cast<int>(cudaGetLastError());
     case dash::MaskKind::kCausal:
       dash::bwd::run_bwd_packed_<kHeadDim, Element, dash::MaskKind::kCausal>(p, stream, stages);
+      return static_cast<int>(cudaGetLastError());
+    case dash::MaskKind::kWindow:
+      dash::bwd::run_bwd_packed_<kHeadDim, Element, dash::MaskKind::kWindow>(p, stream, stages);
       return static_cast<int>(cudaGetLastError());
     default:
       return -1;

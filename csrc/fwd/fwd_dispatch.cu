@@ -33,7 +33,7 @@ int dispatch_score_mod(const dash::FwdParams& p, cudaStream_t stream) {
 #endif
 }
 
-// Packed sequences: full and causal masks, no score transform, q's head dim a kernel's own and v's the same.
+// Packed sequences: no score transform, q's head dim a kernel's own and v's the same.
 template <int kHeadDim, class Element>
 int dispatch_packed(const dash::FwdParams& p, cudaStream_t stream) {
 #ifdef DASH_ENABLE_PACKED
@@ -46,6 +46,9 @@ int dispatch_packed(const dash::FwdParams& p, cudaStream_t stream) {
       return 0;
     case dash::MaskKind::kCausal:
       dash::fwd::run_fwd_packed_<kHeadDim, Element, dash::MaskKind::kCausal>(p, stream);
+      return 0;
+    case dash::MaskKind::kWindow:
+      dash::fwd::run_fwd_packed_<kHeadDim, Element, dash::MaskKind::kWindow>(p, stream);
       return 0;
     default:
       return -1;

@@ -68,7 +68,8 @@ PREBUILD_SRCS = csrc/fwd/fwd_dispatch.cu csrc/bwd/bwd_dispatch.cu \
 	$(foreach h,$(PREBUILD_HDIMS),$(foreach d,$(PREBUILD_DTYPES),$(foreach m,full causal window,$(foreach dir,fwd bwd,\
 	$(foreach s,$(PREBUILD_MODS),csrc/instantiations/$(dir)_hdim$(h)_$(d)_$(m)$(s:_none=).cu))))) \
 	$(if $(filter 0,$(PREBUILD_PACKED)),,$(foreach h,$(PREBUILD_HDIMS),$(foreach d,$(PREBUILD_DTYPES),\
-	$(foreach m,full causal window,$(foreach dir,fwd bwd,csrc/instantiations/$(dir)_hdim$(h)_$(d)_$(m)_packed.cu)))))
+	$(foreach m,full causal window,$(foreach dir,fwd bwd,$(foreach s,$(PREBUILD_MODS),\
+	csrc/instantiations/$(dir)_hdim$(h)_$(d)_$(m)$(s:_none=)_packed.cu))))))
 PREBUILD_OBJS = $(patsubst %.cu,build/prebuilt/%.o,$(notdir $(PREBUILD_SRCS)))
 vpath %.cu csrc/fwd csrc/bwd csrc/instantiations
 

@@ -32,7 +32,6 @@ CSRC = ROOT / "csrc"
 ALL_HDIMS = (64, 128, 256)
 ALL_DTYPES = ("fp16", "bf16")
 MASKS = ("full", "causal", "window")
-PACKED_MASKS = MASKS
 
 
 def _env_list(name, allowed, cast=str):
@@ -126,8 +125,8 @@ def cuda_extension():
     inst = [f"csrc/instantiations/{direction}_hdim{h}_{d}_{m}{mod}.cu"
             for direction in ("fwd", "bwd") for h in hdims for d in dtypes for m in MASKS for mod in score_mods]
     if packed:
-        inst += [f"csrc/instantiations/{direction}_hdim{h}_{d}_{m}_packed.cu"
-                 for direction in ("fwd", "bwd") for h in hdims for d in dtypes for m in PACKED_MASKS]
+        inst += [f"csrc/instantiations/{direction}_hdim{h}_{d}_{m}{mod}_packed.cu"
+                 for direction in ("fwd", "bwd") for h in hdims for d in dtypes for m in MASKS for mod in score_mods]
     sources = ["csrc/api/binding.cpp", "csrc/fwd/fwd_dispatch.cu", "csrc/bwd/bwd_dispatch.cu"] + inst
     nvcc_flags = [
         "-O3", "-std=c++17", "--use_fast_math",

@@ -383,8 +383,8 @@ def _batched(x: torch.Tensor, rows: slice, count: int, seqlen: int) -> torch.Ten
 
 
 # The CUDA varlen path runs the packed-sequence kernels (one launch for all sequences, csrc/common/params.h:
-# PackedSeqs) where they apply: every mask (causal and windows: each sequence's band inside the longest ones'), no
-# softcap, q's head dim a built kernel's own and v's the same. They tile and schedule the call as a batch of the
+# PackedSeqs) where they apply: every mask (causal and windows: each sequence's band inside the longest ones') and
+# score transform, q's head dim a built kernel's own and v's the same. They tile and schedule the call as a batch of the
 # longest sequence and skip what lies past each sequence's end, so the deterministic schedules and their proofs are
 # those of that batch. Elsewhere the dense kernels run once per run of consecutive sequences with equal lengths, as
 # a batch of (sequences, seqlen, heads, d) views of the packed tensors (splitting the packed dim never copies); runs
@@ -420,9 +420,9 @@ def _runs_beat_packed(q, k, cq, ck, mask, window_left, window_right):
     return kernel_seconds >= _RUNS_HOST_SECONDS[0] + _RUNS_HOST_SECONDS[1] * len(runs)
 
 
-def _packed_launch(ext, q, k, v, cq, ck, mask, window_left, window_right, softcap):
+def _packed_launch(ext, q, k, v, cq, ck, mask, window_left, window_right):
     """(longest q sequence, longest k sequence) when the packed-sequence kernels run this call, else None."""
-    if softcap != 0.0 or not ext.packed_built():
+    if not ext.packed_built():
         return None
     if q.shape[-1] != v.shape[-1] or q.shape[-1] not in _supported_head_dims():
         return None
@@ -452,12 +452,12 @@ def _varlen_fwd_cuda(ext, q, k, v, cu_seqlens_q, cu_seqlens_k, cq, ck, softmax_s
                      window_right, softcap):
     out = _out_like(q, v)
     lse = torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device)
-    packed = _packed_launch(ext, q, k, v, cq, ck, mask, window_left, window_right, softcap)
+    packed = _packed_launch(ext, q, k, v, cq, ck, mask, window_left, window_right)
     if packed is not None:
         with _device_guard(q.device):
             ext.varlen_fwd(q, k, v, out, lse, _device_int32(cu_seqlens_q, q.device),
                            _device_int32(cu_seqlens_k, q.device), packed[0], packed[1], softmax_scale, mask,
-                           window_left, window_right)
+                           window_left, window_right, softcap)
         return out, lse
     for sq, sk, count, seqlen_q, seqlen_k in _runs(cq, ck):
         q_b = _batched(q, sq, count, seqlen_q)
@@ -473,7 +473,7 @@ def _varlen_fwd_cuda(ext, q, k, v, cu_seqlens_q, cu_seqlens_k, cq, ck, softmax_s
 def _varlen_bwd_cuda(ext, dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, cq, ck, softmax_scale, mask,
                      window_left, window_right, softcap, deterministic, schedule, sm_margin):
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    packed = _packed_launch(ext, q, k, v, cq, ck, mask, window_left, window_right, softcap)
+    packed = _packed_launch(ext, q, k, v, cq, ck, mask, window_left, window_right)
     if packed is not None:
         max_q, max_k = packed
         schedule_id = _resolve_schedule_for(schedule, q.device, len(cq) - 1, max_q, max_k, q.shape[1], k.shape[1],
@@ -481,7 +481,7 @@ def _varlen_bwd_cuda(ext, dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, c
         with _device_guard(q.device):
             ext.varlen_bwd(dout, q, k, v, out, lse, dq, dk, dv, _device_int32(cu_seqlens_q, q.device),
                            _device_int32(cu_seqlens_k, q.device), max_q, max_k, softmax_scale, mask, window_left,
-                           window_right, deterministic, schedule_id, sm_margin)
+                           window_right, softcap, deterministic, schedule_id, sm_margin)
         return dq, dk, dv
     for sq, sk, count, seqlen_q, seqlen_k in _runs(cq, ck):
         q_b = _batched(q, sq, count, seqlen_q)

@@ -553,8 +553,8 @@ def test_varlen_cuda_path_launches_per_run_and_assembles_rows(fake_cuda, monkeyp
 def test_varlen_packed_kernels_take_host_bound_and_varied_calls(fake_cuda, lens):
     q, k, v, _, _, _, _ = _varlen_inputs(lens, lens, headdim=64, dtype=torch.bfloat16)
     cu = [0] + torch.tensor(lens).cumsum(0).tolist()
-    assert interface._packed_launch(fake_cuda, q, k, v, cu, cu, 1, -1, 0, 0.0) == (max(lens), max(lens))
-    assert interface._packed_launch(fake_cuda, q, k, v, cu, cu, 2, 100, 7, 0.0) == (max(lens), max(lens))
+    assert interface._packed_launch(fake_cuda, q, k, v, cu, cu, 1, -1, 0) == (max(lens), max(lens))
+    assert interface._packed_launch(fake_cuda, q, k, v, cu, cu, 2, 100, 7) == (max(lens), max(lens))
 
 
 @pytest.mark.parametrize("mask, window", [(0, (-1, -1)), (1, (-1, 0)), (2, (3, 1))], ids=["full", "causal", "window"])
@@ -569,40 +569,39 @@ def test_varlen_cuda_path_runs_the_packed_kernels_once(fake_cuda, mask, window):
     ((name, args),) = fake_cuda.calls
     assert name == "varlen_fwd" and args[:5] == (q, k, v, out, lse)
     assert args[5].dtype == torch.int32 and torch.equal(args[5], cu_q) and torch.equal(args[6], cu_k)
-    assert args[7:] == (6, 8, 0.125, mask) + window
+    assert args[7:] == (6, 8, 0.125, mask) + window + (0.0,)
     fake_cuda.calls.clear()
     dout = torch.randn_like(q)
     dq, dk, dv = interface._varlen_bwd_cuda(fake_cuda, dout, q, k, v, out, lse, cu_q, cu_k, cq, ck, 0.125, mask,
                                             *window, 0.0, True, "shift", 3)
     ((name, args),) = fake_cuda.calls
     assert name == "varlen_bwd" and args[:9] == (dout, q, k, v, out, lse, dq, dk, dv)
-    assert args[11:] == (6, 8, 0.125, mask) + window + (True, interface.SCHEDULE_IDS["shift"], 3)
+    assert args[11:] == (6, 8, 0.125, mask) + window + (0.0, True, interface.SCHEDULE_IDS["shift"], 3)
 
 
-# (lens_q, lens_k, q/k head dim, v head dim, mask, softcap, extension has the packed kernels)
+# (lens_q, lens_k, q/k head dim, v head dim, mask, extension has the packed kernels)
 _NOT_PACKED = {
-    "softcap": ((3, 6), (4, 6), 64, 64, 0, 5.0, True),
     # window (2, 0): the first sequence's band (diagonal 4 - 3) lies right of the longest ones' (6 - 6)
-    "window_band": ((3, 6), (4, 6), 64, 64, 2, 0.0, True),
-    "head_dim_between_kernels": ((3, 6), (4, 6), 32, 32, 0, 0.0, True),
-    "v_head_dim_of_its_own": ((3, 6), (4, 6), 64, 128, 0, 0.0, True),
+    "window_band": ((3, 6), (4, 6), 64, 64, 2, True),
+    "head_dim_between_kernels": ((3, 6), (4, 6), 32, 32, 0, True),
+    "v_head_dim_of_its_own": ((3, 6), (4, 6), 64, 128, 0, True),
     # the first sequence's causal diagonal (4 - 3) lies right of the longest ones' (6 - 6)
-    "diagonal": ((3, 6), (4, 6), 64, 64, 1, 0.0, True),
-    "no_keys": ((3, 6), (0, 0), 64, 64, 0, 0.0, True),
-    "not_built": ((3, 6), (4, 6), 64, 64, 0, 0.0, False),
+    "diagonal": ((3, 6), (4, 6), 64, 64, 1, True),
+    "no_keys": ((3, 6), (0, 0), 64, 64, 0, True),
+    "not_built": ((3, 6), (4, 6), 64, 64, 0, False),
     # one run of 16 sequences x 2 KV heads x 32 KV tiles of 128 (four waves on the fake 132 SMs), ~2 ms of kernels
-    "few_long_runs": ((4096,) * 16, (4096,) * 16, 64, 64, 0, 0.0, True),
+    "few_long_runs": ((4096,) * 16, (4096,) * 16, 64, 64, 0, True),
 }
 
 
 @pytest.mark.parametrize("case", list(_NOT_PACKED))
 def test_varlen_cuda_path_keeps_the_batched_kernels_where_packed_ones_do_not_apply(fake_cuda, case):
-    lens_q, lens_k, headdim, headdim_v, mask, softcap, built = _NOT_PACKED[case]
+    lens_q, lens_k, headdim, headdim_v, mask, built = _NOT_PACKED[case]
     fake_cuda.packed = built
     q, k, _, cu_q, cu_k, _, _ = _varlen_inputs(lens_q, lens_k, headdim=headdim, dtype=torch.bfloat16)
     v = torch.randn(k.shape[0], k.shape[1], headdim_v, dtype=torch.bfloat16)
     window = (2, 0) if mask == 2 else (-1, -1)
-    assert interface._packed_launch(fake_cuda, q, k, v, cu_q.tolist(), cu_k.tolist(), mask, *window, softcap) is None
+    assert interface._packed_launch(fake_cuda, q, k, v, cu_q.tolist(), cu_k.tolist(), mask, *window) is None
 
 
 def test_auto_schedule_uses_the_cost_model(fake_cuda, monkeypatch):

@@ -1,14 +1,14 @@
 """GPU packed-sequence kernels: flash_attn_varlen_func calls that run in one launch per direction (marker `gpu`).
 
-dash_attn/interface.py sends varlen calls without softcap, at a built kernel's own head dim, whose sequences' causal
-or window bands lie inside the longest sequences' band, to the packed-sequence kernels (csrc/common/params.h:
-PackedSeqs), which tile and schedule the call as a batch of the longest sequence and skip what lies past each
-sequence's end. These tests check that those calls take that path and what it must get right on its own: sequences
-far shorter than the longest (many skipped tiles, KV tiles past a sequence's end that still hold turns in dQ
-chains), empty sequences, lengths around the tiles, per-sequence causal diagonals left of the longest ones', sliding
-windows, GQA, fp16, every schedule with poisoned outputs, and bitwise-identical deterministic gradients.
-test_gpu_varlen.py covers the varlen API as a whole (its "unequal" and "empty" causal packings fall back to the
-batched kernels: a sequence's diagonal lies right of the longest ones').
+dash_attn/interface.py sends varlen calls at a built kernel's own head dim whose sequences' causal or window bands
+lie inside the longest sequences' band to the packed-sequence kernels (csrc/common/params.h: PackedSeqs), which tile
+and schedule the call as a batch of the longest sequence and skip what lies past each sequence's end. These tests
+check that those calls take that path and what it must get right on its own: sequences far shorter than the longest
+(many skipped tiles, KV tiles past a sequence's end that still hold turns in dQ chains), empty sequences, lengths
+around the tiles, per-sequence causal diagonals left of the longest ones', sliding windows, softcap, GQA, fp16, every
+schedule with poisoned outputs, and bitwise-identical deterministic gradients. test_gpu_varlen.py covers the varlen
+API as a whole (its "unequal" and "empty" causal packings fall back to the batched kernels: a sequence's diagonal
+lies right of the longest ones').
 """
 import pytest
 import torch
@@ -16,7 +16,7 @@ import torch
 import dash_attn
 import dash_attn.interface as interface
 import test_gpu_varlen as varlen
-from gpu_common import main_head_dim, supported_head_dims
+from gpu_common import main_head_dim, requires_softcap, supported_head_dims
 
 pytestmark = pytest.mark.gpu
 
@@ -81,6 +81,16 @@ def test_packed_matches_reference(packed_calls, packing, causal, deterministic, 
 def test_packed_sliding_windows(packed_calls, window, deterministic, heads, headdim):
     _check(packed_calls, "docs", heads[0], heads[1], headdim, torch.bfloat16, False, window=window,
            deterministic=deterministic, poison=True)
+
+
+@requires_softcap
+@pytest.mark.parametrize("mask", ["full", "causal", "window"])
+@pytest.mark.parametrize("deterministic", [True, False], ids=["det", "nondet"])
+@pytest.mark.parametrize("headdim", supported_head_dims())
+def test_packed_softcap(packed_calls, mask, deterministic, headdim):
+    window = (100, 30) if mask == "window" else (-1, -1)
+    _check(packed_calls, "docs", 4, 2, headdim, torch.bfloat16, mask == "causal", window=window,
+           deterministic=deterministic, softcap=5.0, poison=True)
 
 
 def test_window_band_outside_the_longest_falls_back(packed_calls):

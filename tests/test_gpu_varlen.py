@@ -1,12 +1,13 @@
 """GPU varlen: flash_attn_varlen_func against the float32 varlen reference (marker `gpu`).
 
-The CUDA varlen path runs the packed-sequence kernels for full and causal masks without softcap at a kernel's own
-head dim (test_gpu_packed.py checks that path on its own), and elsewhere the dense kernels once per run of
-consecutive sequences with equal lengths (windows, softcap, the causal "unequal" and "empty" packings, whose
-diagonals lie right of the longest sequences'). These tests cover what the packing adds on top of the dense tests:
-sequence boundaries (each sequence masked on its own, causal aligned per sequence), empty sequences on either side,
-runs batched together, GQA, windows re-normalised per run, bitwise-identical deterministic gradients, and the
-refusal under CUDA graph capture. Tolerances as in test_gpu_forward.py.
+The CUDA varlen path runs the packed-sequence kernels at a kernel's own head dim where each sequence's causal or
+window band lies inside the longest sequences' (test_gpu_packed.py checks that path on its own), and elsewhere the
+dense kernels once per run of consecutive sequences with equal lengths (the causal "unequal" and "empty" packings,
+whose diagonals lie right of the longest sequences', and the windows of "unequal"). These tests cover what the
+packing adds on top of the dense tests: sequence boundaries (each sequence masked on its own, causal aligned per
+sequence), empty sequences on either side, runs batched together, GQA, windows re-normalised per run,
+bitwise-identical deterministic gradients, and the refusal under CUDA graph capture. Tolerances as in
+test_gpu_forward.py.
 """
 import os
 

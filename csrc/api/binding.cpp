@@ -149,11 +149,12 @@ dash::AttnShape make_shape(const at::Tensor& q, const at::Tensor& k, const at::T
   return finish_shape(s, q, softmax_scale, mask, window_left, window_right, softcap);
 }
 
-// Packed sequences: batch sequences of at most max_seqlen_q / max_seqlen_k rows; no softcap, q's head dim a built
-// kernel's own and v's the same (the packed kernels' range, dash_attn/interface.py).
+// Packed sequences: batch sequences of at most max_seqlen_q / max_seqlen_k rows; q's head dim a built kernel's own
+// and v's the same (the packed kernels' range, dash_attn/interface.py).
 dash::AttnShape make_packed_shape(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                   const at::Tensor& cu_q, int64_t max_seqlen_q, int64_t max_seqlen_k,
-                                  double softmax_scale, int64_t mask, int64_t window_left, int64_t window_right) {
+                                  double softmax_scale, int64_t mask, int64_t window_left, int64_t window_right,
+                                  double softcap) {
   TORCH_CHECK_VALUE(max_seqlen_q > 0 && max_seqlen_k > 0 && max_seqlen_q < (int64_t{1} << 30) &&
                         max_seqlen_k < (int64_t{1} << 30),
                     "dash_attn: max_seqlen_q and max_seqlen_k must lie in [1, 2^30)");
@@ -165,7 +166,7 @@ dash::AttnShape make_packed_shape(const at::Tensor& q, const at::Tensor& k, cons
   s.headdim = static_cast<int32_t>(q.size(2));
   s.headdim_v = static_cast<int32_t>(v.size(2));
   s.nheads_k = static_cast<int32_t>(k.size(1));
-  s = finish_shape(s, q, softmax_scale, mask, window_left, window_right, 0.0);
+  s = finish_shape(s, q, softmax_scale, mask, window_left, window_right, softcap);
   TORCH_CHECK_VALUE(dash::kernel_head_dim(s) == s.headdim && s.headdim_v == s.headdim,
                     "dash_attn: packed sequences need equal q and v head dims that are a built kernel's own");
   return s;
@@ -294,14 +295,14 @@ void check_packed_lse(const at::Tensor& lse, const at::Tensor& q) {
 void varlen_fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& out, at::Tensor& lse,
                 const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k, int64_t max_seqlen_q,
                 int64_t max_seqlen_k, double softmax_scale, int64_t mask, int64_t window_left,
-                int64_t window_right) {
+                int64_t window_right, double softcap) {
   check_packed_qkvo(q, k, v, out);
   check_device(q);
   check_packed_lse(lse, q);
   c10::cuda::CUDAGuard guard(q.device());
   dash::FwdParams p;
   p.shape = make_packed_shape(q, k, v, cu_seqlens_q, max_seqlen_q, max_seqlen_k, softmax_scale, mask, window_left,
-                              window_right);
+                              window_right, softcap);
   p.packed = packed_seqs(q, k, cu_seqlens_q, cu_seqlens_k);
   set_fwd_tensors(p, q, k, v, out, lse, packed_strides_of);
   run_fwd(p, "packed forward");
@@ -311,7 +312,7 @@ void varlen_bwd(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k
                 const at::Tensor& out, const at::Tensor& lse, at::Tensor& dq, at::Tensor& dk, at::Tensor& dv,
                 const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k, int64_t max_seqlen_q,
                 int64_t max_seqlen_k, double softmax_scale, int64_t mask, int64_t window_left, int64_t window_right,
-                bool deterministic, int64_t schedule, int64_t sm_margin) {
+                double softcap, bool deterministic, int64_t schedule, int64_t sm_margin) {
   check_packed_qkvo(q, k, v, out);
   check_3d(dout, "dout", q);
   check_3d(dq, "dq", q);
@@ -323,7 +324,7 @@ void varlen_bwd(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k
   c10::cuda::CUDAGuard guard(q.device());
   dash::BwdParams p;
   p.shape = make_packed_shape(q, k, v, cu_seqlens_q, max_seqlen_q, max_seqlen_k, softmax_scale, mask, window_left,
-                              window_right);
+                              window_right, softcap);
   p.packed = packed_seqs(q, k, cu_seqlens_q, cu_seqlens_k);
   set_bwd_tensors(p, dout, q, k, v, out, lse, dq, dk, dv, packed_strides_of);
   run_bwd(p, q, deterministic, schedule, sm_margin, "packed backward");

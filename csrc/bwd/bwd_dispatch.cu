@@ -14,55 +14,45 @@
 namespace dash::bwd {
 template <int kHeadDim, class Element, dash::MaskKind kMask, dash::ScoreMod kScoreMod>
 void run_bwd_(const dash::BwdParams&, cudaStream_t, int32_t stages);
-template <int kHeadDim, class Element, dash::MaskKind kMask>
+template <int kHeadDim, class Element, dash::MaskKind kMask, dash::ScoreMod kScoreMod>
 void run_bwd_packed_(const dash::BwdParams&, cudaStream_t, int32_t stages);
 }  // namespace dash::bwd
 
 namespace {
 
-template <int kHeadDim, class Element, dash::MaskKind kMask>
-int run_score_mod(const dash::BwdParams& p, cudaStream_t stream, int32_t stages) {
-  if (p.shape.softcap == 0.f) {
-    dash::bwd::run_bwd_<kHeadDim, Element, kMask, dash::ScoreMod::kNone>(p, stream, stages);
+// The instantiation for (head dim, dtype, mask, score transform) in the call's sequence layout.
+template <int kHeadDim, class Element, dash::MaskKind kMask, dash::ScoreMod kScoreMod>
+int launch(const dash::BwdParams& p, cudaStream_t stream, int32_t stages) {
+  if (p.packed.cu_seqlens_q == nullptr) {
+    dash::bwd::run_bwd_<kHeadDim, Element, kMask, kScoreMod>(p, stream, stages);
     return static_cast<int>(cudaGetLastError());
   }
-#ifdef DASH_ENABLE_SOFTCAP
-  dash::bwd::run_bwd_<kHeadDim, Element, kMask, dash::ScoreMod::kSoftcap>(p, stream, stages);
+#ifdef DASH_ENABLE_PACKED
+  dash::bwd::run_bwd_packed_<kHeadDim, Element, kMask, kScoreMod>(p, stream, stages);
   return static_cast<int>(cudaGetLastError());
 #else
   return -1;
 #endif
 }
 
-// Packed sequences: no score transform, q's head dim a kernel's own and v's the same.
-template <int kHeadDim, class Element>
-int run_packed(const dash::BwdParams& p, cudaStream_t stream, int32_t stages) {
-#ifdef DASH_ENABLE_PACKED
-  const dash::AttnShape& s = p.shape;
-  if (s.softcap != 0.f || s.headdim != kHeadDim || dash::value_head_dim(s) != kHeadDim) return -1;
-  if (p.packed.cu_seqlens_k == nullptr || p.packed.total_q < 0 || p.packed.total_k < 0) return -1;
-  switch (s.mask) {
-    case dash::MaskKind::kFull:
-      dash::bwd::run_bwd_packed_<kHeadDim, Element, dash::MaskKind::kFull>(p, stream, stages);
-      return static_cast<int>(cudaGetLastError());
-    case dash::MaskKind::kCausal:
-      dash::bwd::run_bwd_packed_<kHeadDim, Element, dash::MaskKind::kCausal>(p, stream, stages);
-      return static_cast<int>(cudaGetLastError());
-    case dash::MaskKind::kWindow:
-      dash::bwd::run_bwd_packed_<kHeadDim, Element, dash::MaskKind::kWindow>(p, stream, stages);
-      return static_cast<int>(cudaGetLastError());
-    default:
-      return -1;
-  }
+template <int kHeadDim, class Element, dash::MaskKind kMask>
+int run_score_mod(const dash::BwdParams& p, cudaStream_t stream, int32_t stages) {
+  if (p.shape.softcap == 0.f) return launch<kHeadDim, Element, kMask, dash::ScoreMod::kNone>(p, stream, stages);
+#ifdef DASH_ENABLE_SOFTCAP
+  return launch<kHeadDim, Element, kMask, dash::ScoreMod::kSoftcap>(p, stream, stages);
 #else
-  (void)p, (void)stream, (void)stages;
   return -1;
 #endif
 }
 
 template <int kHeadDim, class Element>
 int run_masked(const dash::BwdParams& p, cudaStream_t stream, int32_t stages) {
-  if (p.packed.cu_seqlens_q != nullptr) return run_packed<kHeadDim, Element>(p, stream, stages);
+  // Packed sequences: q's head dim a kernel's own and v's the same.
+  if (p.packed.cu_seqlens_q != nullptr) {
+    const dash::AttnShape& s = p.shape;
+    if (s.headdim != kHeadDim || dash::value_head_dim(s) != kHeadDim) return -1;
+    if (p.packed.cu_seqlens_k == nullptr || p.packed.total_q < 0 || p.packed.total_k < 0) return -1;
+  }
   switch (p.shape.mask) {
     case dash::MaskKind::kFull:
       return run_score_mod<kHeadDim, Element, dash::MaskKind::kFull>(p, stream, stages);

@@ -164,9 +164,9 @@ void run_bwd_(const BwdParams& params, cudaStream_t stream, int32_t stages) {
 }
 
 // Packed sequences (params.packed set; shape.batch sequences of at most shape.seqlen_q / seqlen_k rows).
-template <int kHeadDim, class Element, MaskKind kMask>
+template <int kHeadDim, class Element, MaskKind kMask, ScoreMod kScoreMod>
 void run_bwd_packed_(const BwdParams& params, cudaStream_t stream, int32_t stages) {
-  launch_bwd<kHeadDim, Element, kMask, ScoreMod::kNone, SeqLayout::kPacked>(params, stream, stages);
+  launch_bwd<kHeadDim, Element, kMask, kScoreMod, SeqLayout::kPacked>(params, stream, stages);
 }
 
 }  // namespace dash::bwd

@@ -13,55 +13,45 @@ namespace dash::fwd {
 // this TU does not compile any kernel.
 template <int kHeadDim, class Element, dash::MaskKind kMask, dash::ScoreMod kScoreMod>
 void run_fwd_(const dash::FwdParams&, cudaStream_t);
-template <int kHeadDim, class Element, dash::MaskKind kMask>
+template <int kHeadDim, class Element, dash::MaskKind kMask, dash::ScoreMod kScoreMod>
 void run_fwd_packed_(const dash::FwdParams&, cudaStream_t);
 }  // namespace dash::fwd
 
 namespace {
 
-template <int kHeadDim, class Element, dash::MaskKind kMask>
-int dispatch_score_mod(const dash::FwdParams& p, cudaStream_t stream) {
-  if (p.shape.softcap == 0.f) {
-    dash::fwd::run_fwd_<kHeadDim, Element, kMask, dash::ScoreMod::kNone>(p, stream);
+// The instantiation for (head dim, dtype, mask, score transform) in the call's sequence layout.
+template <int kHeadDim, class Element, dash::MaskKind kMask, dash::ScoreMod kScoreMod>
+int launch(const dash::FwdParams& p, cudaStream_t stream) {
+  if (p.packed.cu_seqlens_q == nullptr) {
+    dash::fwd::run_fwd_<kHeadDim, Element, kMask, kScoreMod>(p, stream);
     return 0;
   }
-#ifdef DASH_ENABLE_SOFTCAP
-  dash::fwd::run_fwd_<kHeadDim, Element, kMask, dash::ScoreMod::kSoftcap>(p, stream);
+#ifdef DASH_ENABLE_PACKED
+  dash::fwd::run_fwd_packed_<kHeadDim, Element, kMask, kScoreMod>(p, stream);
   return 0;
 #else
   return -1;
 #endif
 }
 
-// Packed sequences: no score transform, q's head dim a kernel's own and v's the same.
-template <int kHeadDim, class Element>
-int dispatch_packed(const dash::FwdParams& p, cudaStream_t stream) {
-#ifdef DASH_ENABLE_PACKED
-  dash::AttnShape const& s = p.shape;
-  if (s.softcap != 0.f || s.headdim != kHeadDim || dash::value_head_dim(s) != kHeadDim) { return -1; }
-  if (p.packed.cu_seqlens_k == nullptr || p.packed.total_q < 0 || p.packed.total_k < 0) { return -1; }
-  switch (s.mask) {
-    case dash::MaskKind::kFull:
-      dash::fwd::run_fwd_packed_<kHeadDim, Element, dash::MaskKind::kFull>(p, stream);
-      return 0;
-    case dash::MaskKind::kCausal:
-      dash::fwd::run_fwd_packed_<kHeadDim, Element, dash::MaskKind::kCausal>(p, stream);
-      return 0;
-    case dash::MaskKind::kWindow:
-      dash::fwd::run_fwd_packed_<kHeadDim, Element, dash::MaskKind::kWindow>(p, stream);
-      return 0;
-    default:
-      return -1;
-  }
+template <int kHeadDim, class Element, dash::MaskKind kMask>
+int dispatch_score_mod(const dash::FwdParams& p, cudaStream_t stream) {
+  if (p.shape.softcap == 0.f) { return launch<kHeadDim, Element, kMask, dash::ScoreMod::kNone>(p, stream); }
+#ifdef DASH_ENABLE_SOFTCAP
+  return launch<kHeadDim, Element, kMask, dash::ScoreMod::kSoftcap>(p, stream);
 #else
-  (void)p, (void)stream;
   return -1;
 #endif
 }
 
 template <int kHeadDim, class Element>
 int dispatch_mask(const dash::FwdParams& p, cudaStream_t stream) {
-  if (p.packed.cu_seqlens_q != nullptr) { return dispatch_packed<kHeadDim, Element>(p, stream); }
+  // Packed sequences: q's head dim a kernel's own and v's the same.
+  if (p.packed.cu_seqlens_q != nullptr) {
+    dash::AttnShape const& s = p.shape;
+    if (s.headdim != kHeadDim || dash::value_head_dim(s) != kHeadDim) { return -1; }
+    if (p.packed.cu_seqlens_k == nullptr || p.packed.total_q < 0 || p.packed.total_k < 0) { return -1; }
+  }
   switch (p.shape.mask) {
     case dash::MaskKind::kFull:
       return dispatch_score_mod<kHeadDim, Element, dash::MaskKind::kFull>(p, stream);

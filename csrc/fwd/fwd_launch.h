@@ -49,9 +49,9 @@ void run_fwd_(const dash::FwdParams& params, cudaStream_t stream) {
 }
 
 // Packed sequences (params.packed set; shape.batch sequences of at most shape.seqlen_q / seqlen_k rows).
-template <int kHeadDim, class Element, dash::MaskKind kMask>
+template <int kHeadDim, class Element, dash::MaskKind kMask, dash::ScoreMod kScoreMod>
 void run_fwd_packed_(const dash::FwdParams& params, cudaStream_t stream) {
-  launch_fwd<kHeadDim, Element, kMask, ScoreMod::kNone, SeqLayout::kPacked>(params, stream);
+  launch_fwd<kHeadDim, Element, kMask, kScoreMod, SeqLayout::kPacked>(params, stream);
 }
 
 }  // namespace dash::fwd

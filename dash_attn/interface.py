@@ -348,19 +348,37 @@ _EagerAttention = _eager_function("_EagerAttention", _fwd_impl, _fwd_setup_conte
 # Varlen custom ops
 # ----------------------------------------------------------------------------------------------------------------------
 
-def _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softcap):
-    """Every check of a varlen call; returns the checked extension (None on the CPU) and host copies of
-    cu_seqlens_q and cu_seqlens_k. A copy from the GPU waits for it (and then the host's launch work is no longer
-    hidden behind running kernels), so both are read in one copy, and none when the caller passes them on the CPU."""
-    ext = None
-    if q.device.type != "cpu":
-        ext = _check_cuda(q, v, softcap)
-        validation.check_varlen_not_capturing()
+# The host copies of the last cu_seqlens pair read, with the tensors (held, so that their memory is not reused) and
+# their version counters: a step's backward takes the tensors its forward read and gets the copies without waiting
+# for the GPU a second time. An in-place change of either tensor bumps its version and forces a new copy.
+_last_host_cu_seqlens = None
+
+
+def _host_cu_seqlens(cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor) -> Tuple[List[int], List[int]]:
+    global _last_host_cu_seqlens
+    key = (cu_seqlens_q, cu_seqlens_k, cu_seqlens_q._version, cu_seqlens_k._version)
+    last = _last_host_cu_seqlens
+    if last is not None and last[0] is key[0] and last[1] is key[1] and last[2:4] == key[2:4]:
+        return last[4], last[5]
     if cu_seqlens_q.device == cu_seqlens_k.device:
         both = torch.cat((cu_seqlens_q, cu_seqlens_k)).tolist()
         cq, ck = both[:cu_seqlens_q.shape[0]], both[cu_seqlens_q.shape[0]:]
     else:
         cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
+    _last_host_cu_seqlens = key + (cq, ck)
+    return cq, ck
+
+
+def _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softcap):
+    """Every check of a varlen call; returns the checked extension (None on the CPU) and host copies of
+    cu_seqlens_q and cu_seqlens_k. A copy from the GPU waits for it (and then the host's launch work is no longer
+    hidden behind running kernels), so both are read in one copy, none when the caller passes them on the CPU, and
+    none again for the backward of the same tensors (_host_cu_seqlens)."""
+    ext = None
+    if q.device.type != "cpu":
+        ext = _check_cuda(q, v, softcap)
+        validation.check_varlen_not_capturing()
+    cq, ck = _host_cu_seqlens(cu_seqlens_q, cu_seqlens_k)
     validation.check_cu_seqlens_values("cu_seqlens_q", cq, q.shape[0], max_seqlen_q, "max_seqlen_q")
     validation.check_cu_seqlens_values("cu_seqlens_k", ck, k.shape[0], max_seqlen_k, "max_seqlen_k")
     return ext, cq, ck

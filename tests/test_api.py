@@ -819,3 +819,14 @@ def test_varlen_packed_layouts_match_separate_tensors():
 def test_varlen_packed_layouts_are_checked(call, message):
     with pytest.raises(ValueError, match=message):
         call()
+
+
+def test_host_copies_of_cu_seqlens_are_reused_until_the_tensors_change():
+    cu_q, cu_k = _cu((3, 0, 6)), _cu((4, 2, 5))
+    first = interface._host_cu_seqlens(cu_q, cu_k)
+    assert first == ([0, 3, 3, 9], [0, 4, 6, 11])
+    assert interface._host_cu_seqlens(cu_q, cu_k)[0] is first[0]  # the same copies, no new read
+    cu_k[1:] += 1  # an in-place change bumps the version counter
+    assert interface._host_cu_seqlens(cu_q, cu_k) == ([0, 3, 3, 9], [0, 5, 7, 12])
+    other = cu_q.clone()
+    assert interface._host_cu_seqlens(other, cu_k)[0] is not first[0]

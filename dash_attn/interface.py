@@ -641,9 +641,11 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     q: (total_q, nheads, headdim); k, v: (total_k, nheads_k, headdim); cu_seqlens_q/k: int32 (batch + 1,) prefix sums
     of the sequence lengths; max_seqlen_q/k: the longest sequence. Other arguments as in flash_attn_func; each
     sequence is masked on its own. Returns out, or (out, lse) with lse float32 (nheads, total_q).
-    On CUDA the dense kernels run once per run of consecutive sequences with equal lengths. cu_seqlens is read on
-    the host, so the call cannot be captured in a CUDA graph; cu_seqlens_q/k may be CPU tensors, which saves the
-    device-to-host copy (a wait for the GPU) in the forward and in the backward.
+    On CUDA one launch per direction runs all sequences (the packed-sequence kernels) where each sequence's causal
+    or window band lies inside the longest sequences' and the head dim is a kernel's own, else the dense kernels run
+    once per run of consecutive sequences with equal lengths. cu_seqlens is read on the host (checks, planning), so
+    the call cannot be captured in a CUDA graph; from the GPU that copy waits for it once per pair of tensors (the
+    backward and other calls given the same tensors reuse it), CPU tensors need none.
     """
     validation.check_fa3_options("flash_attn_varlen_func", fa3_options)
     validation.check_qkv(q, k, v, varlen=True)

@@ -267,10 +267,10 @@ def check_cuda_features(headdim: int, supported_head_dims: Sequence[int], softca
 
 
 def check_varlen_not_capturing() -> None:
-    """The CUDA varlen path reads cu_seqlens on the host to plan its dense kernel calls: a graph would replay the
+    """The CUDA varlen path reads cu_seqlens on the host to check and plan its kernel calls: a graph would replay the
     captured lengths whatever cu_seqlens holds later (and a copy from the GPU cannot be captured at all), so refuse
     it with a message instead."""
     if torch.cuda.is_current_stream_capturing():
-        raise RuntimeError("flash_attn_varlen_func reads cu_seqlens_q/cu_seqlens_k on the host (the CUDA path runs "
-                           "the dense kernels once per run of equal-length sequences), which a CUDA graph cannot "
-                           "capture: capture flash_attn_func on padded batches instead")
+        raise RuntimeError("flash_attn_varlen_func reads cu_seqlens_q/cu_seqlens_k on the host (the CUDA path checks "
+                           "them and plans its launches from them), which a CUDA graph cannot capture: capture "
+                           "flash_attn_func on padded batches instead")

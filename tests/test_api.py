@@ -1,7 +1,5 @@
-"""Public API on the CPU path: argument checks, deterministic=None, results and gradients, varlen, CUDA plumbing."""
-import sys
-import types
-
+"""Public API on the CPU path: argument checks, deterministic=None, results and gradients, varlen, packed layouts
+and FA3's keywords. The CUDA plumbing, checked on the CPU with a stand-in extension, is in test_api_cuda_path.py."""
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -10,26 +8,7 @@ import dash_attn
 from dash_attn import interface, validation
 from dash_attn.reference import attention_ref, attention_ref_varlen
 
-
-def _qkv(batch=2, seqlen_q=9, seqlen_k=9, nheads=4, nheads_k=2, headdim=16, dtype=torch.float32, seed=0,
-         requires_grad=False):
-    gen = torch.Generator().manual_seed(seed)
-    shapes = [(batch, seqlen_q, nheads, headdim), (batch, seqlen_k, nheads_k, headdim),
-              (batch, seqlen_k, nheads_k, headdim)]
-    return tuple(torch.randn(s, generator=gen).to(dtype).requires_grad_(requires_grad) for s in shapes)
-
-
-def _cu(lengths):
-    return torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32)
-
-
-def _varlen_inputs(lens_q=(3, 0, 6), lens_k=(4, 2, 5), nheads=4, nheads_k=2, headdim=8, dtype=torch.float64,
-                   requires_grad=False):
-    gen = torch.Generator().manual_seed(5)
-    q = torch.randn(sum(lens_q), nheads, headdim, generator=gen, dtype=dtype).requires_grad_(requires_grad)
-    k = torch.randn(sum(lens_k), nheads_k, headdim, generator=gen, dtype=dtype).requires_grad_(requires_grad)
-    v = torch.randn(sum(lens_k), nheads_k, headdim, generator=gen, dtype=dtype).requires_grad_(requires_grad)
-    return q, k, v, _cu(lens_q), _cu(lens_k), max(lens_q), max(lens_k)
+from api_common import cu, qkv, varlen_inputs
 
 
 class _OpRecorder(TorchDispatchMode):
@@ -77,7 +56,7 @@ def test_schedule_ids_mirror_params_h():
 # ----------------------------------------------------------------------------------------------------------------------
 
 def _call(q=None, k=None, v=None, **kwargs):
-    dq, dk, dv = _qkv()
+    dq, dk, dv = qkv()
     return dash_attn.flash_attn_func(dq if q is None else q, dk if k is None else k, dv if v is None else v, **kwargs)
 
 
@@ -121,13 +100,13 @@ def test_unknown_schedule_names_the_argument_and_the_choices():
 
 
 def test_device_mismatch():
-    q, k, v = _qkv()
+    q, k, v = qkv()
     with pytest.raises(ValueError, match="one device"):
         dash_attn.flash_attn_func(q, k.to("meta"), v)
 
 
 def test_causal_with_compatible_window_is_accepted():
-    q, k, v = _qkv()
+    q, k, v = qkv()
     out = dash_attn.flash_attn_func(q, k, v, causal=True, window_size=(3, 0))
     torch.testing.assert_close(out, attention_ref(q, k, v, causal=True, window_size=(3, 0)))
     # (-1, -1) with causal is FlashAttention's default and means plain causal.
@@ -136,9 +115,9 @@ def test_causal_with_compatible_window_is_accepted():
 
 
 VARLEN_BAD = [
-    (dict(cu_seqlens_q=_cu([3, 0, 6]).long()), "int32"),
-    (dict(cu_seqlens_q=_cu([3, 0, 6])[None]), "1-D"),
-    (dict(cu_seqlens_k=_cu([4, 7])), "batch \\+ 1"),
+    (dict(cu_seqlens_q=cu([3, 0, 6]).long()), "int32"),
+    (dict(cu_seqlens_q=cu([3, 0, 6])[None]), "1-D"),
+    (dict(cu_seqlens_k=cu([4, 7])), "batch \\+ 1"),
     (dict(max_seqlen_q=-1), "max_seqlen_q"),
     (dict(max_seqlen_k=2.0), "max_seqlen_k"),
     (dict(cu_seqlens_q=torch.tensor([1, 3, 3, 9], dtype=torch.int32)), "start at 0"),
@@ -150,7 +129,7 @@ VARLEN_BAD = [
 
 @pytest.mark.parametrize("overrides, message", VARLEN_BAD, ids=[m for _, m in VARLEN_BAD])
 def test_bad_varlen_arguments(overrides, message):
-    q, k, v, cu_q, cu_k, max_q, max_k = _varlen_inputs()
+    q, k, v, cu_q, cu_k, max_q, max_k = varlen_inputs()
     args = dict(cu_seqlens_q=cu_q, cu_seqlens_k=cu_k, max_seqlen_q=max_q, max_seqlen_k=max_k)
     args.update(overrides)
     with pytest.raises(ValueError, match=message):
@@ -160,7 +139,7 @@ def test_bad_varlen_arguments(overrides, message):
 def test_varlen_accepts_host_cu_seqlens_next_to_device_tensors():
     # cu_seqlens may stay on the CPU beside q on another device (the CUDA path reads it on the host anyway); any
     # other device is refused.
-    q, k, v, cu_q, cu_k, max_q, max_k = _varlen_inputs()
+    q, k, v, cu_q, cu_k, max_q, max_k = varlen_inputs()
     validation.check_cu_seqlens_meta(q.to("meta"), cu_q, cu_k, max_q, max_k)
     with pytest.raises(ValueError, match="cu_seqlens_q must be on the device of q"):
         validation.check_cu_seqlens_meta(q, cu_q.to("meta"), cu_k, max_q, max_k)
@@ -180,7 +159,7 @@ def test_varlen_runs_group_consecutive_equal_lengths():
 
 
 def test_varlen_rank_is_checked():
-    q, k, v, cu_q, cu_k, max_q, max_k = _varlen_inputs()
+    q, k, v, cu_q, cu_k, max_q, max_k = varlen_inputs()
     with pytest.raises(ValueError, match="3 dimensions"):
         dash_attn.flash_attn_varlen_func(q[None], k, v, cu_q, cu_k, max_q, max_k)
 
@@ -198,7 +177,7 @@ def deterministic_algorithms():
 
 
 def _recorded_fwd_args(**kwargs):
-    q, k, v = _qkv(requires_grad=True)
+    q, k, v = qkv(requires_grad=True)
     with _OpRecorder() as rec:
         out = dash_attn.flash_attn_func(q, k, v, **kwargs)
         out.sum().backward()
@@ -245,7 +224,7 @@ def test_effective_mask_drops_void_window_sides(mask_args, seqlens, expected):
 
 
 def test_void_window_gives_the_same_result():
-    q, k, v = _qkv(seqlen_q=7, seqlen_k=11)
+    q, k, v = qkv(seqlen_q=7, seqlen_k=11)
     torch.testing.assert_close(dash_attn.flash_attn_func(q, k, v, window_size=(50, 50)),
                                dash_attn.flash_attn_func(q, k, v))
 
@@ -256,7 +235,7 @@ def test_void_window_gives_the_same_result():
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
 def test_cpu_forward_matches_reference(dtype):
-    q, k, v = _qkv(seqlen_q=7, seqlen_k=12, dtype=dtype)
+    q, k, v = qkv(seqlen_q=7, seqlen_k=12, dtype=dtype)
     out, lse = dash_attn.flash_attn_func(q, k, v, causal=True, softcap=3.0, return_attn_probs=True)
     ref_out, ref_lse = attention_ref(q, k, v, causal=True, softcap=3.0, return_lse=True)
     assert out.dtype == dtype and out.shape == q.shape
@@ -266,7 +245,7 @@ def test_cpu_forward_matches_reference(dtype):
 
 
 def test_return_attn_probs_false_returns_tensor_and_lse_is_not_differentiable():
-    q, k, v = _qkv(requires_grad=True)
+    q, k, v = qkv(requires_grad=True)
     assert isinstance(dash_attn.flash_attn_func(q, k, v), torch.Tensor)
     out, lse = dash_attn.flash_attn_func(q, k, v, return_attn_probs=True)
     assert out.requires_grad and not lse.requires_grad
@@ -292,7 +271,7 @@ GRAD_CASES = [
 
 @pytest.mark.parametrize("seqlen_q, seqlen_k, nheads, nheads_k, causal, window, softcap", GRAD_CASES)
 def test_gradcheck_through_the_op(seqlen_q, seqlen_k, nheads, nheads_k, causal, window, softcap):
-    q, k, v = _qkv(1, seqlen_q, seqlen_k, nheads, nheads_k, 8, dtype=torch.float64, requires_grad=True)
+    q, k, v = qkv(1, seqlen_q, seqlen_k, nheads, nheads_k, 8, dtype=torch.float64, requires_grad=True)
 
     def fn(q, k, v):
         return dash_attn.flash_attn_func(q, k, v, 0.4, causal, window, softcap)
@@ -302,7 +281,7 @@ def test_gradcheck_through_the_op(seqlen_q, seqlen_k, nheads, nheads_k, causal, 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_cpu_backward_matches_reference_autograd(dtype):
-    q, k, v = _qkv(seqlen_q=8, seqlen_k=6, dtype=dtype, requires_grad=True)
+    q, k, v = qkv(seqlen_q=8, seqlen_k=6, dtype=dtype, requires_grad=True)
     dout = torch.randn(q.shape, generator=torch.Generator().manual_seed(2)).to(dtype)
     grads = torch.autograd.grad(dash_attn.flash_attn_func(q, k, v, causal=True), (q, k, v), dout)
     q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
@@ -314,7 +293,7 @@ def test_cpu_backward_matches_reference_autograd(dtype):
 
 
 def test_non_contiguous_grad_output():
-    q, k, v = _qkv(requires_grad=True)
+    q, k, v = qkv(requires_grad=True)
     out = dash_attn.flash_attn_func(q, k, v)
     dout = torch.randn(q.shape[:-1] + (32,))[..., ::2]
     assert dout.stride(-1) != 1
@@ -325,10 +304,10 @@ def test_non_contiguous_grad_output():
 
 
 def test_zero_length_sequences():
-    q, k, v = _qkv(seqlen_q=0)
+    q, k, v = qkv(seqlen_q=0)
     out, lse = dash_attn.flash_attn_func(q, k, v, return_attn_probs=True)
     assert out.shape == q.shape and lse.shape == (2, 4, 0)
-    q, k, v = _qkv(seqlen_k=0)
+    q, k, v = qkv(seqlen_k=0)
     out, lse = dash_attn.flash_attn_func(q, k, v, return_attn_probs=True)
     assert torch.all(out == 0) and torch.isneginf(lse).all()
 
@@ -340,7 +319,7 @@ def test_zero_length_sequences():
 @pytest.mark.parametrize("causal, window, softcap", [(False, (-1, -1), 0.0), (True, (-1, -1), 0.0),
                                                      (False, (2, 1), 0.5)])
 def test_varlen_forward_and_backward_match_dense_per_sequence(causal, window, softcap):
-    q, k, v, cu_q, cu_k, max_q, max_k = _varlen_inputs(requires_grad=True)
+    q, k, v, cu_q, cu_k, max_q, max_k = varlen_inputs(requires_grad=True)
     out, lse = dash_attn.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, causal=causal, window_size=window,
                                                 softcap=softcap, return_attn_probs=True)
     assert lse.shape == (4, q.shape[0]) and lse.dtype == torch.float32
@@ -362,317 +341,12 @@ def test_varlen_forward_and_backward_match_dense_per_sequence(causal, window, so
 
 
 def test_varlen_gradcheck():
-    q, k, v, cu_q, cu_k, max_q, max_k = _varlen_inputs(lens_q=(2, 4), lens_k=(3, 2), requires_grad=True)
+    q, k, v, cu_q, cu_k, max_q, max_k = varlen_inputs(lens_q=(2, 4), lens_k=(3, 2), requires_grad=True)
 
     def fn(q, k, v):
         return dash_attn.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, causal=True, softcap=1.0)
 
     assert torch.autograd.gradcheck(fn, (q, k, v), eps=1e-6, atol=1e-7, fast_mode=True)
-
-
-# ----------------------------------------------------------------------------------------------------------------------
-# CUDA plumbing, exercised on the CPU with a stand-in extension
-# ----------------------------------------------------------------------------------------------------------------------
-
-def test_missing_extension_error_names_the_fix(monkeypatch):
-    monkeypatch.setitem(sys.modules, "dash_attn._C", None)  # makes `from . import _C` raise ImportError
-    with pytest.raises(RuntimeError, match="dash_attn._C is not built: reinstall on a machine with nvcc"):
-        interface._extension()
-
-
-def test_non_hopper_gpu_is_refused(monkeypatch):
-    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
-    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA A100")
-    with pytest.raises(RuntimeError, match="need an sm90 \\(Hopper\\) GPU, found sm80"):
-        validation.check_cuda_device(torch.device("cuda", 0))
-
-
-@pytest.mark.parametrize("kwargs, error, message", [
-    (dict(headdim=192), ValueError, "head dim 192"),
-    (dict(softcap=1.0, softcap_built=False), RuntimeError, "DASH_ATTN_SOFTCAP=0"),
-    (dict(softcap=1e31), ValueError, "softcap=1e\\+31 is above"),
-])
-def test_cuda_feature_gaps_are_refused(kwargs, error, message):
-    args = dict(headdim=128, supported_head_dims=[64, 128], softcap=0.0)
-    args.update(kwargs)
-    with pytest.raises(error, match=message):
-        validation.check_cuda_features(**args)
-
-
-def test_softcap_is_accepted_where_built():
-    validation.check_cuda_features(128, [64, 128], 30.0, softcap_built=True)
-    validation.check_cuda_features(128, [64, 128], 0.0, softcap_built=False)
-
-
-def test_cuda_varlen_refuses_graph_capture(monkeypatch):
-    # The CUDA varlen path reads cu_seqlens on the host; inside a capture that must be a clear error.
-    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
-    with pytest.raises(RuntimeError, match="CUDA graph"):
-        validation.check_varlen_not_capturing()
-
-
-def test_cuda_dtypes_exclude_full_precision():
-    q, k, v = (t.to("meta") for t in _qkv())
-    # meta stands in for a non-CPU device: only fp16/bf16 are kernel dtypes.
-    with pytest.raises(ValueError, match="float16"):
-        validation.check_qkv(q, k, v, varlen=False)
-
-
-class _FakeExtension(types.SimpleNamespace):
-    def __init__(self, softcap=True, packed=True):
-        super().__init__(calls=[], softcap=softcap, packed=packed)
-
-    def packed_built(self):
-        return self.packed
-
-    def varlen_fwd(self, *args):
-        self.calls.append(("varlen_fwd", args))
-
-    def varlen_bwd(self, *args):
-        self.calls.append(("varlen_bwd", args))
-
-    def supported_head_dims(self):
-        return [64, 128]
-
-    def softcap_built(self):
-        return self.softcap
-
-    def bwd_tile_shape(self, headdim, mask):
-        return (64, 128)
-
-    def num_sms(self, index):
-        return 132
-
-    def fwd(self, *args):
-        self.calls.append(("fwd", args))
-
-    def bwd(self, *args):
-        self.calls.append(("bwd", args))
-
-
-@pytest.fixture
-def fake_cuda(monkeypatch):
-    """Routes the CUDA launch helpers to a recording stand-in so their argument order can be checked on the CPU."""
-    ext = _FakeExtension()
-    monkeypatch.setattr(interface, "_extension", lambda: ext)
-    monkeypatch.setattr(validation, "check_cuda_device", lambda device: None)
-    monkeypatch.setattr(interface, "_device_guard", lambda device: torch.no_grad())
-    monkeypatch.setattr(interface, "_l2_bytes", lambda device_index: 60 * 2**20)
-    for cached in (interface._supported_head_dims, interface._num_sms, interface._bwd_tile_shape,
-                   interface._choose_schedule, interface._softcap_built):
-        cached.cache_clear()
-    yield ext
-    for cached in (interface._supported_head_dims, interface._num_sms, interface._bwd_tile_shape,
-                   interface._choose_schedule, interface._softcap_built):
-        cached.cache_clear()
-
-
-def _bf16_inputs(headdim=64):
-    q, k, v = _qkv(seqlen_q=10, seqlen_k=12, headdim=headdim, dtype=torch.bfloat16)
-    out, lse = torch.empty_like(q), torch.empty(2, 4, 10)
-    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    return q, k, v, out, lse, dq, dk, dv
-
-
-def test_launch_fwd_calls_the_binding_in_order(fake_cuda):
-    q, k, v, out, lse, *_ = _bf16_inputs()
-    interface._launch_fwd(q, k, v, out, lse, 0.125, 1, -1, 0, 0.0)
-    name, args = fake_cuda.calls[0]
-    assert name == "fwd" and args[:5] == (q, k, v, out, lse) and args[5:] == (0.125, 1, -1, 0, 0.0)
-
-
-def test_launch_refuses_unsupported_head_dim_before_launch(fake_cuda):
-    q, k, v, out, lse, *_ = _bf16_inputs(headdim=192)  # the fake build's largest head dim is 128
-    with pytest.raises(ValueError, match="head dim 192"):
-        interface._launch_fwd(q, k, v, out, lse, 0.125, 0, -1, -1, 0.0)
-    fake_cuda.softcap = False
-    interface._softcap_built.cache_clear()
-    with pytest.raises(RuntimeError, match="softcap"):
-        interface._launch_fwd(*_bf16_inputs()[:5], 0.125, 0, -1, -1, 5.0)
-    assert fake_cuda.calls == []
-
-
-def test_launch_passes_softcap(fake_cuda):
-    interface._launch_fwd(*_bf16_inputs()[:5], 0.125, 1, -1, 0, 30.0)
-    name, args = fake_cuda.calls[0]
-    assert name == "fwd" and args[5:] == (0.125, 1, -1, 0, 30.0)
-
-
-def test_launch_passes_sliding_window_bounds(fake_cuda):
-    interface._launch_fwd(*_bf16_inputs()[:5], 0.125, 2, 3, 0, 0.0)
-    name, args = fake_cuda.calls[0]
-    assert name == "fwd" and args[5:] == (0.125, 2, 3, 0, 0.0)
-
-
-@pytest.mark.parametrize("schedule, expected", [("ascending", 0), ("descending", 1), ("spt", 2), ("shift", 3),
-                                                ("shift_causal", 4)])
-def test_launch_bwd_passes_schedule_ids(fake_cuda, schedule, expected):
-    q, k, v, out, lse, dq, dk, dv = _bf16_inputs()
-    interface._launch_bwd(out, q, k, v, out, lse, dq, dk, dv, 0.125, 0, -1, -1, 0.0, True, schedule, 4)
-    name, args = fake_cuda.calls[0]
-    assert name == "bwd" and args[9:] == (0.125, 0, -1, -1, 0.0, True, expected, 4)
-
-
-def test_varlen_cuda_path_launches_per_run_and_assembles_rows(fake_cuda, monkeypatch):
-    # The CUDA varlen path through the recording extension: one launch per run of equal lengths on views of the
-    # packed tensors (none for a run without queries), the window re-normalised per run, and each run's
-    # (count, heads, seqlen) lse placed in the packed (heads, total) layout and handed back to the backward.
-    def fwd(q, k, v, out, lse, *params):
-        fake_cuda.calls.append(("fwd", (tuple(q.shape), tuple(k.shape)) + params))
-        out.copy_(q)
-        lse.copy_(q[..., 0].transpose(1, 2))
-
-    def bwd(dout, q, k, v, out, lse, dq, dk, dv, *params):
-        assert torch.equal(lse, q[..., 0].transpose(1, 2).float())
-        fake_cuda.calls.append(("bwd", (tuple(q.shape), tuple(k.shape)) + params))
-        dq.copy_(dout)
-        dk.copy_(k)
-        dv.copy_(v)
-
-    monkeypatch.setattr(fake_cuda, "fwd", fwd)
-    monkeypatch.setattr(fake_cuda, "bwd", bwd)
-    q, k, v, cu_q, cu_k, _, _ = _varlen_inputs((3, 3, 0, 0, 5), (2, 2, 4, 4, 6), dtype=torch.float32)
-    cq, ck = cu_q.tolist(), cu_k.tolist()
-    out, lse = interface._varlen_fwd_cuda(fake_cuda, q, k, v, cu_q, cu_k, cq, ck, 0.125, 2, 4, 0, 0.0)
-    assert fake_cuda.calls == [("fwd", ((2, 3, 4, 8), (2, 2, 2, 8), 0.125, 1, -1, 0, 0.0)),
-                               ("fwd", ((1, 5, 4, 8), (1, 6, 2, 8), 0.125, 2, 4, 0, 0.0))]
-    assert torch.equal(out, q) and torch.equal(lse, q[..., 0].t())
-    fake_cuda.calls.clear()
-    dout = torch.randn_like(q)
-    dq, dk, dv = interface._varlen_bwd_cuda(fake_cuda, dout, q, k, v, out, lse, cu_q, cu_k, cq, ck, 0.125, 2, 4, 0,
-                                            0.0, True, "shift", 0)
-    assert [c[1][:4] for c in fake_cuda.calls] == [((2, 3, 4, 8), (2, 2, 2, 8), 0.125, 1),
-                                                   ((1, 5, 4, 8), (1, 6, 2, 8), 0.125, 2)]
-    keys_without_queries = slice(4, 12)
-    assert torch.equal(dq, dout)
-    assert not dk[keys_without_queries].any() and not dv[keys_without_queries].any()
-    assert torch.equal(dk[:4], k[:4]) and torch.equal(dv[12:], v[12:])
-
-
-@pytest.mark.parametrize("lens", [(512,) * 32, (1000, 3000, 200)], ids=["one_short_run", "varied"])
-def test_varlen_packed_kernels_take_host_bound_and_varied_calls(fake_cuda, lens):
-    q, k, v, _, _, _, _ = _varlen_inputs(lens, lens, headdim=64, dtype=torch.bfloat16)
-    cu = [0] + torch.tensor(lens).cumsum(0).tolist()
-    assert interface._packed_launch(fake_cuda, q, k, v, cu, cu, 1, -1, 0) == (max(lens), max(lens))
-    assert interface._packed_launch(fake_cuda, q, k, v, cu, cu, 2, 100, 7) == (max(lens), max(lens))
-
-
-@pytest.mark.parametrize("mask, window", [(0, (-1, -1)), (1, (-1, 0)), (2, (3, 1))], ids=["full", "causal", "window"])
-def test_varlen_cuda_path_runs_the_packed_kernels_once(fake_cuda, mask, window):
-    # Calls at a kernel's own head dim whose sequences' bands lie inside the longest ones' go to the packed-sequence
-    # kernels in one launch per direction, with the longest sequences' lengths (not the caller's max_seqlen bounds)
-    # and int32 cu_seqlens.
-    q, k, v, cu_q, cu_k, _, _ = _varlen_inputs((3, 0, 6), (5, 2, 8), headdim=64, dtype=torch.bfloat16)
-    cq, ck = cu_q.tolist(), cu_k.tolist()
-    out, lse = interface._varlen_fwd_cuda(fake_cuda, q, k, v, cu_q.long(), cu_k, cq, ck, 0.125, mask, *window, 0.0)
-    assert out.shape == q.shape and lse.shape == (4, 9)
-    ((name, args),) = fake_cuda.calls
-    assert name == "varlen_fwd" and args[:5] == (q, k, v, out, lse)
-    assert args[5].dtype == torch.int32 and torch.equal(args[5], cu_q) and torch.equal(args[6], cu_k)
-    assert args[7:] == (6, 8, 0.125, mask) + window + (0.0,)
-    fake_cuda.calls.clear()
-    dout = torch.randn_like(q)
-    dq, dk, dv = interface._varlen_bwd_cuda(fake_cuda, dout, q, k, v, out, lse, cu_q, cu_k, cq, ck, 0.125, mask,
-                                            *window, 0.0, True, "shift", 3)
-    ((name, args),) = fake_cuda.calls
-    assert name == "varlen_bwd" and args[:9] == (dout, q, k, v, out, lse, dq, dk, dv)
-    assert args[11:] == (6, 8, 0.125, mask) + window + (0.0, True, interface.SCHEDULE_IDS["shift"], 3)
-
-
-# (lens_q, lens_k, q/k head dim, v head dim, mask, extension has the packed kernels)
-_NOT_PACKED = {
-    # window (2, 0): the first sequence's band (diagonal 4 - 3) lies right of the longest ones' (6 - 6)
-    "window_band": ((3, 6), (4, 6), 64, 64, 2, True),
-    "head_dim_between_kernels": ((3, 6), (4, 6), 32, 32, 0, True),
-    "v_head_dim_of_its_own": ((3, 6), (4, 6), 64, 128, 0, True),
-    # the first sequence's causal diagonal (4 - 3) lies right of the longest ones' (6 - 6)
-    "diagonal": ((3, 6), (4, 6), 64, 64, 1, True),
-    "no_keys": ((3, 6), (0, 0), 64, 64, 0, True),
-    "not_built": ((3, 6), (4, 6), 64, 64, 0, False),
-    # one run of 16 sequences x 2 KV heads x 32 KV tiles of 128 (four waves on the fake 132 SMs), ~2 ms of kernels
-    "few_long_runs": ((4096,) * 16, (4096,) * 16, 64, 64, 0, True),
-}
-
-
-@pytest.mark.parametrize("case", list(_NOT_PACKED))
-def test_varlen_cuda_path_keeps_the_batched_kernels_where_packed_ones_do_not_apply(fake_cuda, case):
-    lens_q, lens_k, headdim, headdim_v, mask, built = _NOT_PACKED[case]
-    fake_cuda.packed = built
-    q, k, _, cu_q, cu_k, _, _ = _varlen_inputs(lens_q, lens_k, headdim=headdim, dtype=torch.bfloat16)
-    v = torch.randn(k.shape[0], k.shape[1], headdim_v, dtype=torch.bfloat16)
-    window = (2, 0) if mask == 2 else (-1, -1)
-    assert interface._packed_launch(fake_cuda, q, k, v, cu_q.tolist(), cu_k.tolist(), mask, *window) is None
-
-
-def test_auto_schedule_uses_the_cost_model(fake_cuda, monkeypatch):
-    seen = []
-
-    def choose(mask, seqlen_q, seqlen_k, block_m, block_n, nheads, batch, num_sms, window=None, nheads_k=None,
-               deterministic=True, l2=None):
-        seen.append((mask, seqlen_q, seqlen_k, block_m, block_n, nheads, batch, num_sms, window, nheads_k,
-                     deterministic, l2))
-        return "shift"
-
-    def l2_model(l2_bytes, block_m, block_n, headdim):
-        return ("l2", l2_bytes, block_m, block_n, headdim)
-
-    monkeypatch.setitem(sys.modules, "dash_attn.schedule", types.SimpleNamespace(choose=choose, l2_model=l2_model))
-    q, k, v, out, lse, dq, dk, dv = _bf16_inputs()
-    interface._launch_bwd(out, q, k, v, out, lse, dq, dk, dv, 0.125, 1, -1, 0, 0.0, True, "auto", 4)
-    # The device's L2 size (the fixture reports 60 MiB) and the head dim reach the model's L2 term.
-    assert seen == [("causal", 10, 12, 64, 128, 4, 2, 128, None, 2, True, ("l2", 60 * 2**20, 64, 128, 64))]
-    assert fake_cuda.calls[0][1][15] == interface.SCHEDULE_IDS["shift"]
-
-
-def test_auto_schedule_falls_back_without_the_simulator(fake_cuda, monkeypatch):
-    monkeypatch.setitem(sys.modules, "dash_attn.schedule", None)
-    q, k, v, out, lse, dq, dk, dv = _bf16_inputs()
-    interface._launch_bwd(out, q, k, v, out, lse, dq, dk, dv, 0.125, 0, -1, -1, 0.0, True, "auto", 0)
-    assert fake_cuda.calls[0][1][15] == interface.SCHEDULE_IDS[interface.FALLBACK_SCHEDULE]
-
-
-@pytest.mark.parametrize("headdim, supported, expected", [
-    (64, [64, 128, 256], 64), (96, [64, 128, 256], 128), (8, [64, 128], 64), (192, [64, 128, 256], 256),
-    (128, [128], 128),
-])
-def test_kernel_head_dim_is_the_smallest_compiled_one_that_fits(headdim, supported, expected):
-    assert validation.kernel_head_dim(headdim, supported) == expected
-
-
-def test_head_dim_above_every_kernel_is_refused():
-    with pytest.raises(ValueError, match="head dim 192 is above every compiled"):
-        validation.kernel_head_dim(192, [64, 128])
-
-
-def test_head_dim_rule_holds_on_every_device():
-    q, k, v = (t.to("meta") for t in _qkv(headdim=16, dtype=torch.bfloat16))
-    validation.check_qkv(q, k, v, varlen=False)
-    q, k, v = (torch.zeros(2, 9, n, 12, dtype=torch.bfloat16, device="meta") for n in (4, 2, 2))
-    with pytest.raises(ValueError, match="head dim 12 is not supported"):
-        validation.check_qkv(q, k, v, varlen=False)
-
-
-def test_launch_takes_head_dims_between_kernels(fake_cuda):
-    # The fake build has 64 and 128: 96 runs in the 128 kernel, whose outputs go through rows 128 wide (their first
-    # 96 columns, copied into the results after the launch); 192 has no kernel and is refused before any launch.
-    def write_rows(*args):
-        fake_cuda.calls.append(("fwd", args))
-        rows = args[3]
-        assert rows.shape == out.shape and rows.stride(-2) == 128 and rows.stride(-1) == 1
-        rows.fill_(7.0)
-
-    fake_cuda.fwd = write_rows
-    q, k, v, out, lse, *_ = _bf16_inputs(headdim=96)
-    interface._launch_fwd(q, k, v, out, lse, 0.125, 0, -1, -1, 0.0)
-    assert len(fake_cuda.calls) == 1 and bool((out == 7.0).all())
-    q, k, v, out, lse, dq, dk, dv = _bf16_inputs(headdim=96)
-    interface._launch_bwd(q, q, k, v, out, lse, dq, dk, dv, 0.125, 0, -1, -1, 0.0, True, "shift", 0)
-    name, args = fake_cuda.calls[-1]
-    assert name == "bwd" and args[6] is dq and args[7].stride(-2) == 128 and args[8].stride(-2) == 128
-    q, k, v, out, lse, *_ = _bf16_inputs(headdim=192)
-    with pytest.raises(ValueError, match="head dim 192 is above every compiled"):
-        interface._launch_fwd(q, k, v, out, lse, 0.125, 0, -1, -1, 0.0)
-    assert len(fake_cuda.calls) == 2
 
 
 @pytest.mark.parametrize("causal", [False, True])
@@ -700,7 +374,7 @@ def test_qkvpacked_with_num_heads_q_is_gqa():
 
 
 def test_kvpacked_matches_separate_tensors():
-    q, k, v = _qkv(dtype=torch.float64)
+    q, k, v = qkv(dtype=torch.float64)
     kv = torch.stack([k, v], 2)
     assert torch.equal(dash_attn.flash_attn_kvpacked_func(q, kv, causal=True),
                        dash_attn.flash_attn_func(q, k, v, causal=True))
@@ -722,7 +396,7 @@ def test_packed_layouts_are_checked(call, message):
 
 
 def test_fa3_keywords_at_their_defaults_and_tuning_hints_are_accepted():
-    q, k, v = _qkv(dtype=torch.float64)
+    q, k, v = qkv(dtype=torch.float64)
     ref = dash_attn.flash_attn_func(q, k, v, causal=True)
     out = dash_attn.flash_attn_func(q, k, v, causal=True, qv=None, q_descale=None, k_descale=None, v_descale=None,
                                     attention_chunk=0, num_splits=4, pack_gqa=True)
@@ -748,7 +422,7 @@ def test_fa3_features_we_lack_are_refused(option, message):
 def test_unknown_keywords_are_a_type_error():
     with pytest.raises(TypeError, match="flash_attn_func\\(\\) got an unexpected keyword argument 'dropout_p'"):
         _call(dropout_p=0.1)
-    q, k, v, cu_q, cu_k, max_q, max_k = _varlen_inputs()
+    q, k, v, cu_q, cu_k, max_q, max_k = varlen_inputs()
     with pytest.raises(TypeError, match="flash_attn_varlen_func\\(\\) got an unexpected keyword argument 'alibi'"):
         dash_attn.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, alibi=None)
 
@@ -772,25 +446,15 @@ def test_value_head_dim_may_differ(causal):
 
 
 def test_value_head_dim_varlen_and_checks():
-    q, k, v, cu_q, cu_k, max_q, max_k = _varlen_inputs(headdim=16)
+    q, k, v, cu_q, cu_k, max_q, max_k = varlen_inputs(headdim=16)
     out = dash_attn.flash_attn_varlen_func(q, k, v[..., :8].contiguous(), cu_q, cu_k, max_q, max_k)
     assert out.shape == (q.shape[0], q.shape[1], 8)
     with pytest.raises(ValueError, match="head dim of v 12 is not supported"):
-        dash_attn.flash_attn_func(*_qkv()[:2], torch.zeros(2, 9, 2, 12))
-
-
-def test_launch_value_head_dim_below_the_kernel_goes_through_full_rows(fake_cuda):
-    q, k, v, out, lse, dq, dk, dv = _bf16_inputs(headdim=128)
-    v, out, dv = v[..., :64].contiguous(), out[..., :64].contiguous(), dv[..., :64].contiguous()
-    interface._launch_fwd(q, k, v, out, lse, 0.125, 0, -1, -1, 0.0)
-    assert fake_cuda.calls[-1][1][3].stride(-2) == 128  # out rows as wide as the 128 kernel
-    interface._launch_bwd(out, q, k, v, out, lse, dq, dk, dv, 0.125, 0, -1, -1, 0.0, True, "shift", 0)
-    args = fake_cuda.calls[-1][1]
-    assert args[6] is dq and args[7] is dk and args[8].stride(-2) == 128
+        dash_attn.flash_attn_func(*qkv()[:2], torch.zeros(2, 9, 2, 12))
 
 
 def test_varlen_packed_layouts_match_separate_tensors():
-    q, k, v, cu, _, max_len, _ = _varlen_inputs(lens_q=(3, 0, 6), lens_k=(3, 0, 6), nheads=4, nheads_k=4,
+    q, k, v, cu, _, max_len, _ = varlen_inputs(lens_q=(3, 0, 6), lens_k=(3, 0, 6), nheads=4, nheads_k=4,
                                                 requires_grad=False)
     qkv = torch.stack([q, k, v], 1).requires_grad_()
     out = dash_attn.flash_attn_varlen_qkvpacked_func(qkv, cu, max_len, causal=True)
@@ -810,23 +474,12 @@ def test_varlen_packed_layouts_match_separate_tensors():
 
 
 @pytest.mark.parametrize("call, message", [
-    (lambda: dash_attn.flash_attn_varlen_qkvpacked_func(torch.zeros(9, 4, 16), _cu((9,)), 9), "pass num_heads_q"),
-    (lambda: dash_attn.flash_attn_varlen_qkvpacked_func(torch.zeros(9, 3, 4, 16), _cu((9,)), 9, num_heads_q=2),
+    (lambda: dash_attn.flash_attn_varlen_qkvpacked_func(torch.zeros(9, 4, 16), cu((9,)), 9), "pass num_heads_q"),
+    (lambda: dash_attn.flash_attn_varlen_qkvpacked_func(torch.zeros(9, 3, 4, 16), cu((9,)), 9, num_heads_q=2),
      "num_heads_q must"),
     (lambda: dash_attn.flash_attn_varlen_kvpacked_func(torch.zeros(9, 4, 16), torch.zeros(9, 2, 2, 2, 16),
-                                                       _cu((9,)), _cu((9,)), 9, 9), "kv must be \\(total_k"),
+                                                       cu((9,)), cu((9,)), 9, 9), "kv must be \\(total_k"),
 ])
 def test_varlen_packed_layouts_are_checked(call, message):
     with pytest.raises(ValueError, match=message):
         call()
-
-
-def test_host_copies_of_cu_seqlens_are_reused_until_the_tensors_change():
-    cu_q, cu_k = _cu((3, 0, 6)), _cu((4, 2, 5))
-    first = interface._host_cu_seqlens(cu_q, cu_k)
-    assert first == ([0, 3, 3, 9], [0, 4, 6, 11])
-    assert interface._host_cu_seqlens(cu_q, cu_k)[0] is first[0]  # the same copies, no new read
-    cu_k[1:] += 1  # an in-place change bumps the version counter
-    assert interface._host_cu_seqlens(cu_q, cu_k) == ([0, 3, 3, 9], [0, 5, 7, 12])
-    other = cu_q.clone()
-    assert interface._host_cu_seqlens(other, cu_k)[0] is not first[0]

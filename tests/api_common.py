@@ -1,0 +1,23 @@
+"""Inputs shared by the CPU-side API tests (test_api.py, test_api_cuda_path.py)."""
+import torch
+
+
+def qkv(batch=2, seqlen_q=9, seqlen_k=9, nheads=4, nheads_k=2, headdim=16, dtype=torch.float32, seed=0,
+         requires_grad=False):
+    gen = torch.Generator().manual_seed(seed)
+    shapes = [(batch, seqlen_q, nheads, headdim), (batch, seqlen_k, nheads_k, headdim),
+              (batch, seqlen_k, nheads_k, headdim)]
+    return tuple(torch.randn(s, generator=gen).to(dtype).requires_grad_(requires_grad) for s in shapes)
+
+
+def cu(lengths):
+    return torch.tensor([0] + torch.tensor(lengths).cumsum(0).tolist(), dtype=torch.int32)
+
+
+def varlen_inputs(lens_q=(3, 0, 6), lens_k=(4, 2, 5), nheads=4, nheads_k=2, headdim=8, dtype=torch.float64,
+                   requires_grad=False):
+    gen = torch.Generator().manual_seed(5)
+    q = torch.randn(sum(lens_q), nheads, headdim, generator=gen, dtype=dtype).requires_grad_(requires_grad)
+    k = torch.randn(sum(lens_k), nheads_k, headdim, generator=gen, dtype=dtype).requires_grad_(requires_grad)
+    v = torch.randn(sum(lens_k), nheads_k, headdim, generator=gen, dtype=dtype).requires_grad_(requires_grad)
+    return q, k, v, cu(lens_q), cu(lens_k), max(lens_q), max(lens_k)

@@ -1,0 +1,336 @@
+"""CUDA plumbing of the public API, exercised on the CPU: device and feature checks, and the launch helpers routed to
+a recording stand-in extension (argument order, head dims between the kernels, the varlen paths and their choice,
+the auto schedule, the host copies of cu_seqlens)."""
+import sys
+import types
+
+import pytest
+import torch
+
+from dash_attn import interface, validation
+
+from api_common import cu, qkv, varlen_inputs
+
+
+def test_missing_extension_error_names_the_fix(monkeypatch):
+    monkeypatch.setitem(sys.modules, "dash_attn._C", None)  # makes `from . import _C` raise ImportError
+    with pytest.raises(RuntimeError, match="dash_attn._C is not built: reinstall on a machine with nvcc"):
+        interface._extension()
+
+
+def test_non_hopper_gpu_is_refused(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA A100")
+    with pytest.raises(RuntimeError, match="need an sm90 \\(Hopper\\) GPU, found sm80"):
+        validation.check_cuda_device(torch.device("cuda", 0))
+
+
+@pytest.mark.parametrize("kwargs, error, message", [
+    (dict(headdim=192), ValueError, "head dim 192"),
+    (dict(softcap=1.0, softcap_built=False), RuntimeError, "DASH_ATTN_SOFTCAP=0"),
+    (dict(softcap=1e31), ValueError, "softcap=1e\\+31 is above"),
+])
+def test_cuda_feature_gaps_are_refused(kwargs, error, message):
+    args = dict(headdim=128, supported_head_dims=[64, 128], softcap=0.0)
+    args.update(kwargs)
+    with pytest.raises(error, match=message):
+        validation.check_cuda_features(**args)
+
+
+def test_softcap_is_accepted_where_built():
+    validation.check_cuda_features(128, [64, 128], 30.0, softcap_built=True)
+    validation.check_cuda_features(128, [64, 128], 0.0, softcap_built=False)
+
+
+def test_cuda_varlen_refuses_graph_capture(monkeypatch):
+    # The CUDA varlen path reads cu_seqlens on the host; inside a capture that must be a clear error.
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    with pytest.raises(RuntimeError, match="CUDA graph"):
+        validation.check_varlen_not_capturing()
+
+
+def test_cuda_dtypes_exclude_full_precision():
+    q, k, v = (t.to("meta") for t in qkv())
+    # meta stands in for a non-CPU device: only fp16/bf16 are kernel dtypes.
+    with pytest.raises(ValueError, match="float16"):
+        validation.check_qkv(q, k, v, varlen=False)
+
+
+class _FakeExtension(types.SimpleNamespace):
+    def __init__(self, softcap=True, packed=True):
+        super().__init__(calls=[], softcap=softcap, packed=packed)
+
+    def packed_built(self):
+        return self.packed
+
+    def varlen_fwd(self, *args):
+        self.calls.append(("varlen_fwd", args))
+
+    def varlen_bwd(self, *args):
+        self.calls.append(("varlen_bwd", args))
+
+    def supported_head_dims(self):
+        return [64, 128]
+
+    def softcap_built(self):
+        return self.softcap
+
+    def bwd_tile_shape(self, headdim, mask):
+        return (64, 128)
+
+    def num_sms(self, index):
+        return 132
+
+    def fwd(self, *args):
+        self.calls.append(("fwd", args))
+
+    def bwd(self, *args):
+        self.calls.append(("bwd", args))
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    """Routes the CUDA launch helpers to a recording stand-in so their argument order can be checked on the CPU."""
+    ext = _FakeExtension()
+    monkeypatch.setattr(interface, "_extension", lambda: ext)
+    monkeypatch.setattr(validation, "check_cuda_device", lambda device: None)
+    monkeypatch.setattr(interface, "_device_guard", lambda device: torch.no_grad())
+    monkeypatch.setattr(interface, "_l2_bytes", lambda device_index: 60 * 2**20)
+    for cached in (interface._supported_head_dims, interface._num_sms, interface._bwd_tile_shape,
+                   interface._choose_schedule, interface._softcap_built):
+        cached.cache_clear()
+    yield ext
+    for cached in (interface._supported_head_dims, interface._num_sms, interface._bwd_tile_shape,
+                   interface._choose_schedule, interface._softcap_built):
+        cached.cache_clear()
+
+
+def _bf16_inputs(headdim=64):
+    q, k, v = qkv(seqlen_q=10, seqlen_k=12, headdim=headdim, dtype=torch.bfloat16)
+    out, lse = torch.empty_like(q), torch.empty(2, 4, 10)
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    return q, k, v, out, lse, dq, dk, dv
+
+
+def test_launch_fwd_calls_the_binding_in_order(fake_cuda):
+    q, k, v, out, lse, *_ = _bf16_inputs()
+    interface._launch_fwd(q, k, v, out, lse, 0.125, 1, -1, 0, 0.0)
+    name, args = fake_cuda.calls[0]
+    assert name == "fwd" and args[:5] == (q, k, v, out, lse) and args[5:] == (0.125, 1, -1, 0, 0.0)
+
+
+def test_launch_refuses_unsupported_head_dim_before_launch(fake_cuda):
+    q, k, v, out, lse, *_ = _bf16_inputs(headdim=192)  # the fake build's largest head dim is 128
+    with pytest.raises(ValueError, match="head dim 192"):
+        interface._launch_fwd(q, k, v, out, lse, 0.125, 0, -1, -1, 0.0)
+    fake_cuda.softcap = False
+    interface._softcap_built.cache_clear()
+    with pytest.raises(RuntimeError, match="softcap"):
+        interface._launch_fwd(*_bf16_inputs()[:5], 0.125, 0, -1, -1, 5.0)
+    assert fake_cuda.calls == []
+
+
+def test_launch_passes_softcap(fake_cuda):
+    interface._launch_fwd(*_bf16_inputs()[:5], 0.125, 1, -1, 0, 30.0)
+    name, args = fake_cuda.calls[0]
+    assert name == "fwd" and args[5:] == (0.125, 1, -1, 0, 30.0)
+
+
+def test_launch_passes_sliding_window_bounds(fake_cuda):
+    interface._launch_fwd(*_bf16_inputs()[:5], 0.125, 2, 3, 0, 0.0)
+    name, args = fake_cuda.calls[0]
+    assert name == "fwd" and args[5:] == (0.125, 2, 3, 0, 0.0)
+
+
+@pytest.mark.parametrize("schedule, expected", [("ascending", 0), ("descending", 1), ("spt", 2), ("shift", 3),
+                                                ("shift_causal", 4)])
+def test_launch_bwd_passes_schedule_ids(fake_cuda, schedule, expected):
+    q, k, v, out, lse, dq, dk, dv = _bf16_inputs()
+    interface._launch_bwd(out, q, k, v, out, lse, dq, dk, dv, 0.125, 0, -1, -1, 0.0, True, schedule, 4)
+    name, args = fake_cuda.calls[0]
+    assert name == "bwd" and args[9:] == (0.125, 0, -1, -1, 0.0, True, expected, 4)
+
+
+def test_varlen_cuda_path_launches_per_run_and_assembles_rows(fake_cuda, monkeypatch):
+    # The CUDA varlen path through the recording extension: one launch per run of equal lengths on views of the
+    # packed tensors (none for a run without queries), the window re-normalised per run, and each run's
+    # (count, heads, seqlen) lse placed in the packed (heads, total) layout and handed back to the backward.
+    def fwd(q, k, v, out, lse, *params):
+        fake_cuda.calls.append(("fwd", (tuple(q.shape), tuple(k.shape)) + params))
+        out.copy_(q)
+        lse.copy_(q[..., 0].transpose(1, 2))
+
+    def bwd(dout, q, k, v, out, lse, dq, dk, dv, *params):
+        assert torch.equal(lse, q[..., 0].transpose(1, 2).float())
+        fake_cuda.calls.append(("bwd", (tuple(q.shape), tuple(k.shape)) + params))
+        dq.copy_(dout)
+        dk.copy_(k)
+        dv.copy_(v)
+
+    monkeypatch.setattr(fake_cuda, "fwd", fwd)
+    monkeypatch.setattr(fake_cuda, "bwd", bwd)
+    q, k, v, cu_q, cu_k, _, _ = varlen_inputs((3, 3, 0, 0, 5), (2, 2, 4, 4, 6), dtype=torch.float32)
+    cq, ck = cu_q.tolist(), cu_k.tolist()
+    out, lse = interface._varlen_fwd_cuda(fake_cuda, q, k, v, cu_q, cu_k, cq, ck, 0.125, 2, 4, 0, 0.0)
+    assert fake_cuda.calls == [("fwd", ((2, 3, 4, 8), (2, 2, 2, 8), 0.125, 1, -1, 0, 0.0)),
+                               ("fwd", ((1, 5, 4, 8), (1, 6, 2, 8), 0.125, 2, 4, 0, 0.0))]
+    assert torch.equal(out, q) and torch.equal(lse, q[..., 0].t())
+    fake_cuda.calls.clear()
+    dout = torch.randn_like(q)
+    dq, dk, dv = interface._varlen_bwd_cuda(fake_cuda, dout, q, k, v, out, lse, cu_q, cu_k, cq, ck, 0.125, 2, 4, 0,
+                                            0.0, True, "shift", 0)
+    assert [c[1][:4] for c in fake_cuda.calls] == [((2, 3, 4, 8), (2, 2, 2, 8), 0.125, 1),
+                                                   ((1, 5, 4, 8), (1, 6, 2, 8), 0.125, 2)]
+    keys_without_queries = slice(4, 12)
+    assert torch.equal(dq, dout)
+    assert not dk[keys_without_queries].any() and not dv[keys_without_queries].any()
+    assert torch.equal(dk[:4], k[:4]) and torch.equal(dv[12:], v[12:])
+
+
+@pytest.mark.parametrize("lens", [(512,) * 32, (1000, 3000, 200)], ids=["one_short_run", "varied"])
+def test_varlen_packed_kernels_take_host_bound_and_varied_calls(fake_cuda, lens):
+    q, k, v, _, _, _, _ = varlen_inputs(lens, lens, headdim=64, dtype=torch.bfloat16)
+    cu = [0] + torch.tensor(lens).cumsum(0).tolist()
+    assert interface._packed_launch(fake_cuda, q, k, v, cu, cu, 1, -1, 0) == (max(lens), max(lens))
+    assert interface._packed_launch(fake_cuda, q, k, v, cu, cu, 2, 100, 7) == (max(lens), max(lens))
+
+
+@pytest.mark.parametrize("mask, window", [(0, (-1, -1)), (1, (-1, 0)), (2, (3, 1))], ids=["full", "causal", "window"])
+def test_varlen_cuda_path_runs_the_packed_kernels_once(fake_cuda, mask, window):
+    # Calls at a kernel's own head dim whose sequences' bands lie inside the longest ones' go to the packed-sequence
+    # kernels in one launch per direction, with the longest sequences' lengths (not the caller's max_seqlen bounds)
+    # and int32 cu_seqlens.
+    q, k, v, cu_q, cu_k, _, _ = varlen_inputs((3, 0, 6), (5, 2, 8), headdim=64, dtype=torch.bfloat16)
+    cq, ck = cu_q.tolist(), cu_k.tolist()
+    out, lse = interface._varlen_fwd_cuda(fake_cuda, q, k, v, cu_q.long(), cu_k, cq, ck, 0.125, mask, *window, 0.0)
+    assert out.shape == q.shape and lse.shape == (4, 9)
+    ((name, args),) = fake_cuda.calls
+    assert name == "varlen_fwd" and args[:5] == (q, k, v, out, lse)
+    assert args[5].dtype == torch.int32 and torch.equal(args[5], cu_q) and torch.equal(args[6], cu_k)
+    assert args[7:] == (6, 8, 0.125, mask) + window + (0.0,)
+    fake_cuda.calls.clear()
+    dout = torch.randn_like(q)
+    dq, dk, dv = interface._varlen_bwd_cuda(fake_cuda, dout, q, k, v, out, lse, cu_q, cu_k, cq, ck, 0.125, mask,
+                                            *window, 0.0, True, "shift", 3)
+    ((name, args),) = fake_cuda.calls
+    assert name == "varlen_bwd" and args[:9] == (dout, q, k, v, out, lse, dq, dk, dv)
+    assert args[11:] == (6, 8, 0.125, mask) + window + (0.0, True, interface.SCHEDULE_IDS["shift"], 3)
+
+
+# (lens_q, lens_k, q/k head dim, v head dim, mask, extension has the packed kernels)
+_NOT_PACKED = {
+    # window (2, 0): the first sequence's band (diagonal 4 - 3) lies right of the longest ones' (6 - 6)
+    "window_band": ((3, 6), (4, 6), 64, 64, 2, True),
+    "head_dim_between_kernels": ((3, 6), (4, 6), 32, 32, 0, True),
+    "v_head_dim_of_its_own": ((3, 6), (4, 6), 64, 128, 0, True),
+    # the first sequence's causal diagonal (4 - 3) lies right of the longest ones' (6 - 6)
+    "diagonal": ((3, 6), (4, 6), 64, 64, 1, True),
+    "no_keys": ((3, 6), (0, 0), 64, 64, 0, True),
+    "not_built": ((3, 6), (4, 6), 64, 64, 0, False),
+    # one run of 16 sequences x 2 KV heads x 32 KV tiles of 128 (four waves on the fake 132 SMs), ~2 ms of kernels
+    "few_long_runs": ((4096,) * 16, (4096,) * 16, 64, 64, 0, True),
+}
+
+
+@pytest.mark.parametrize("case", list(_NOT_PACKED))
+def test_varlen_cuda_path_keeps_the_batched_kernels_where_packed_ones_do_not_apply(fake_cuda, case):
+    lens_q, lens_k, headdim, headdim_v, mask, built = _NOT_PACKED[case]
+    fake_cuda.packed = built
+    q, k, _, cu_q, cu_k, _, _ = varlen_inputs(lens_q, lens_k, headdim=headdim, dtype=torch.bfloat16)
+    v = torch.randn(k.shape[0], k.shape[1], headdim_v, dtype=torch.bfloat16)
+    window = (2, 0) if mask == 2 else (-1, -1)
+    assert interface._packed_launch(fake_cuda, q, k, v, cu_q.tolist(), cu_k.tolist(), mask, *window) is None
+
+
+def test_auto_schedule_uses_the_cost_model(fake_cuda, monkeypatch):
+    seen = []
+
+    def choose(mask, seqlen_q, seqlen_k, block_m, block_n, nheads, batch, num_sms, window=None, nheads_k=None,
+               deterministic=True, l2=None):
+        seen.append((mask, seqlen_q, seqlen_k, block_m, block_n, nheads, batch, num_sms, window, nheads_k,
+                     deterministic, l2))
+        return "shift"
+
+    def l2_model(l2_bytes, block_m, block_n, headdim):
+        return ("l2", l2_bytes, block_m, block_n, headdim)
+
+    monkeypatch.setitem(sys.modules, "dash_attn.schedule", types.SimpleNamespace(choose=choose, l2_model=l2_model))
+    q, k, v, out, lse, dq, dk, dv = _bf16_inputs()
+    interface._launch_bwd(out, q, k, v, out, lse, dq, dk, dv, 0.125, 1, -1, 0, 0.0, True, "auto", 4)
+    # The device's L2 size (the fixture reports 60 MiB) and the head dim reach the model's L2 term.
+    assert seen == [("causal", 10, 12, 64, 128, 4, 2, 128, None, 2, True, ("l2", 60 * 2**20, 64, 128, 64))]
+    assert fake_cuda.calls[0][1][15] == interface.SCHEDULE_IDS["shift"]
+
+
+def test_auto_schedule_falls_back_without_the_simulator(fake_cuda, monkeypatch):
+    monkeypatch.setitem(sys.modules, "dash_attn.schedule", None)
+    q, k, v, out, lse, dq, dk, dv = _bf16_inputs()
+    interface._launch_bwd(out, q, k, v, out, lse, dq, dk, dv, 0.125, 0, -1, -1, 0.0, True, "auto", 0)
+    assert fake_cuda.calls[0][1][15] == interface.SCHEDULE_IDS[interface.FALLBACK_SCHEDULE]
+
+
+@pytest.mark.parametrize("headdim, supported, expected", [
+    (64, [64, 128, 256], 64), (96, [64, 128, 256], 128), (8, [64, 128], 64), (192, [64, 128, 256], 256),
+    (128, [128], 128),
+])
+def test_kernel_head_dim_is_the_smallest_compiled_one_that_fits(headdim, supported, expected):
+    assert validation.kernel_head_dim(headdim, supported) == expected
+
+
+def test_head_dim_above_every_kernel_is_refused():
+    with pytest.raises(ValueError, match="head dim 192 is above every compiled"):
+        validation.kernel_head_dim(192, [64, 128])
+
+
+def test_head_dim_rule_holds_on_every_device():
+    q, k, v = (t.to("meta") for t in qkv(headdim=16, dtype=torch.bfloat16))
+    validation.check_qkv(q, k, v, varlen=False)
+    q, k, v = (torch.zeros(2, 9, n, 12, dtype=torch.bfloat16, device="meta") for n in (4, 2, 2))
+    with pytest.raises(ValueError, match="head dim 12 is not supported"):
+        validation.check_qkv(q, k, v, varlen=False)
+
+
+def test_launch_takes_head_dims_between_kernels(fake_cuda):
+    # The fake build has 64 and 128: 96 runs in the 128 kernel, whose outputs go through rows 128 wide (their first
+    # 96 columns, copied into the results after the launch); 192 has no kernel and is refused before any launch.
+    def write_rows(*args):
+        fake_cuda.calls.append(("fwd", args))
+        rows = args[3]
+        assert rows.shape == out.shape and rows.stride(-2) == 128 and rows.stride(-1) == 1
+        rows.fill_(7.0)
+
+    fake_cuda.fwd = write_rows
+    q, k, v, out, lse, *_ = _bf16_inputs(headdim=96)
+    interface._launch_fwd(q, k, v, out, lse, 0.125, 0, -1, -1, 0.0)
+    assert len(fake_cuda.calls) == 1 and bool((out == 7.0).all())
+    q, k, v, out, lse, dq, dk, dv = _bf16_inputs(headdim=96)
+    interface._launch_bwd(q, q, k, v, out, lse, dq, dk, dv, 0.125, 0, -1, -1, 0.0, True, "shift", 0)
+    name, args = fake_cuda.calls[-1]
+    assert name == "bwd" and args[6] is dq and args[7].stride(-2) == 128 and args[8].stride(-2) == 128
+    q, k, v, out, lse, *_ = _bf16_inputs(headdim=192)
+    with pytest.raises(ValueError, match="head dim 192 is above every compiled"):
+        interface._launch_fwd(q, k, v, out, lse, 0.125, 0, -1, -1, 0.0)
+    assert len(fake_cuda.calls) == 2
+
+
+
+
+def test_launch_value_head_dim_below_the_kernel_goes_through_full_rows(fake_cuda):
+    q, k, v, out, lse, dq, dk, dv = _bf16_inputs(headdim=128)
+    v, out, dv = v[..., :64].contiguous(), out[..., :64].contiguous(), dv[..., :64].contiguous()
+    interface._launch_fwd(q, k, v, out, lse, 0.125, 0, -1, -1, 0.0)
+    assert fake_cuda.calls[-1][1][3].stride(-2) == 128  # out rows as wide as the 128 kernel
+    interface._launch_bwd(out, q, k, v, out, lse, dq, dk, dv, 0.125, 0, -1, -1, 0.0, True, "shift", 0)
+    args = fake_cuda.calls[-1][1]
+    assert args[6] is dq and args[7] is dk and args[8].stride(-2) == 128
+
+
+def test_host_copies_of_cu_seqlens_are_reused_until_the_tensors_change():
+    cu_q, cu_k = cu((3, 0, 6)), cu((4, 2, 5))
+    first = interface._host_cu_seqlens(cu_q, cu_k)
+    assert first == ([0, 3, 3, 9], [0, 4, 6, 11])
+    assert interface._host_cu_seqlens(cu_q, cu_k)[0] is first[0]  # the same copies, no new read
+    cu_k[1:] += 1  # an in-place change bumps the version counter
+    assert interface._host_cu_seqlens(cu_q, cu_k) == ([0, 3, 3, 9], [0, 5, 7, 12])
+    other = cu_q.clone()
+    assert interface._host_cu_seqlens(other, cu_k)[0] is not first[0]

@@ -427,6 +427,7 @@ def _runs_beat_packed(q, k, cq, ck, mask, window_left, window_right):
     sms = _num_sms(q.device.index)
     if any(count * k.shape[1] * -(-seqlen_k // block_n) < sms for _, _, count, _, seqlen_k in runs):
         return False
+
     def keys_per_row(seqlen_k):
         if mask == MaskKind.WINDOW:
             return min(seqlen_k, (seqlen_k if window_left < 0 else window_left) +
@@ -465,6 +466,7 @@ def _packed_launch(ext, q, k, v, cq, ck, mask, window_left, window_right):
 
 def _device_int32(x: torch.Tensor, device: torch.device) -> torch.Tensor:
     return x.to(device=device, dtype=torch.int32, non_blocking=True).contiguous()
+
 
 def _varlen_fwd_cuda(ext, q, k, v, cu_seqlens_q, cu_seqlens_k, cq, ck, softmax_scale, mask, window_left,
                      window_right, softcap):

@@ -7,6 +7,8 @@
 #include <cuda_runtime_api.h>
 
 #include <cmath>
+#include <initializer_list>
+#include <utility>
 #include <vector>
 
 #include "common/head_dims.h"
@@ -64,26 +66,18 @@ void check_tensor(const at::Tensor& t, const char* name, const at::Tensor& like,
   }
 }
 
-void check_4d(const at::Tensor& t, const char* name, const at::Tensor& like) {
-  check_tensor(t, name, like, 4, "(batch, seqlen, heads, headdim)");
-}
+// The layouts the kernels take: batched (batch, seqlen, heads, headdim) or packed sequences (total_tokens, heads,
+// headdim).
+enum class Layout { kBatched, kPacked };
 
-void check_3d(const at::Tensor& t, const char* name, const at::Tensor& like) {
-  check_tensor(t, name, like, 3, "(total_tokens, heads, headdim)");
-}
-
-void check_qkvo(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out) {
-  check_4d(q, "q", q);
-  check_4d(k, "k", q);
-  check_4d(v, "v", q);
-  check_4d(out, "out", q);
-}
-
-void check_packed_qkvo(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& out) {
-  check_3d(q, "q", q);
-  check_3d(k, "k", q);
-  check_3d(v, "v", q);
-  check_3d(out, "out", q);
+// Each named tensor against q (dtype, device) in `layout`, checked in the list's order.
+void check_tensors(Layout layout, const at::Tensor& q,
+                   std::initializer_list<std::pair<const char*, const at::Tensor*>> tensors) {
+  const bool batched = layout == Layout::kBatched;
+  for (const auto& [name, t] : tensors) {
+    check_tensor(*t, name, q, batched ? 4 : 3,
+                 batched ? "(batch, seqlen, heads, headdim)" : "(total_tokens, heads, headdim)");
+  }
 }
 
 // cu_seqlens_q/k: int32 prefix sums on q's device, batch + 1 entries each. Their values are the caller's to check
@@ -257,7 +251,7 @@ void run_bwd(dash::BwdParams& p, const at::Tensor& q, bool deterministic, int64_
 
 void fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& out, at::Tensor& lse,
          double softmax_scale, int64_t mask, int64_t window_left, int64_t window_right, double softcap) {
-  check_qkvo(q, k, v, out);
+  check_tensors(Layout::kBatched, q, {{"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}});
   check_device(q);
   check_lse(lse);
   c10::cuda::CUDAGuard guard(q.device());
@@ -271,11 +265,8 @@ void bwd(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const
          const at::Tensor& out, const at::Tensor& lse, at::Tensor& dq, at::Tensor& dk, at::Tensor& dv,
          double softmax_scale, int64_t mask, int64_t window_left, int64_t window_right, double softcap,
          bool deterministic, int64_t schedule, int64_t sm_margin) {
-  check_qkvo(q, k, v, out);
-  check_4d(dout, "dout", q);
-  check_4d(dq, "dq", q);
-  check_4d(dk, "dk", q);
-  check_4d(dv, "dv", q);
+  check_tensors(Layout::kBatched, q, {{"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}, {"dout", &dout}, {"dq", &dq},
+                                    {"dk", &dk}, {"dv", &dv}});
   check_device(q);
   check_lse(lse);
   check_schedule_args(schedule, sm_margin);
@@ -296,7 +287,7 @@ void varlen_fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, a
                 const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k, int64_t max_seqlen_q,
                 int64_t max_seqlen_k, double softmax_scale, int64_t mask, int64_t window_left,
                 int64_t window_right, double softcap) {
-  check_packed_qkvo(q, k, v, out);
+  check_tensors(Layout::kPacked, q, {{"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}});
   check_device(q);
   check_packed_lse(lse, q);
   c10::cuda::CUDAGuard guard(q.device());
@@ -313,11 +304,8 @@ void varlen_bwd(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k
                 const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k, int64_t max_seqlen_q,
                 int64_t max_seqlen_k, double softmax_scale, int64_t mask, int64_t window_left, int64_t window_right,
                 double softcap, bool deterministic, int64_t schedule, int64_t sm_margin) {
-  check_packed_qkvo(q, k, v, out);
-  check_3d(dout, "dout", q);
-  check_3d(dq, "dq", q);
-  check_3d(dk, "dk", q);
-  check_3d(dv, "dv", q);
+  check_tensors(Layout::kPacked, q, {{"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}, {"dout", &dout}, {"dq", &dq},
+                                    {"dk", &dk}, {"dv", &dv}});
   check_device(q);
   check_packed_lse(lse, q);
   check_schedule_args(schedule, sm_margin);

@@ -43,14 +43,8 @@ struct DkDvStore {
     Tensor sWG = make_tensor(make_smem_ptr(base + wg * cute::cosize_v<typename T::SmemLayoutStageWG>),
                              typename T::SmemLayoutStageWG{});
     Tensor mOut = tma.get_tma_tensor(p.shape_k);
-    auto sequence = [&] {
-      if constexpr (T::kPacked) {
-        return domain_offset(make_coord(first_k, _0{}), mOut(_, _, tile.head_k, 0));
-      } else {
-        return mOut(_, _, tile.head_k, tile.batch);
-      }
-    };
-    Tensor gOut = local_tile(sequence(), Shape<typename T::StageRows, typename T::HD>{},
+    Tensor gOut = local_tile(sequence_of<T::kLayout>(mOut, tile.head_k, tile.batch, first_k),
+                             Shape<typename T::StageRows, typename T::HD>{},
                              make_coord(T::Cfg::dKVSplit::kAlongM * tile.n_block + wg, _0{}));
     auto [tSg, tSs] = tma_partition(tma, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sWG), group_modes<0, 2>(gOut));
     cute::copy(tma, tSs, tSg);

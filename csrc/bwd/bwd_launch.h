@@ -62,13 +62,14 @@ void launch_bwd_main(const BwdParams& params, const BwdWorkspaceLayout& ws, cons
                        make_stride(st.row, _1{}, st.head, T::kPacked ? st.row : st.batch));
   };
   const int32_t dv = value_head_dim(s);
-  const int32_t rows_q = std::max(T::kPacked ? params.packed.total_q : s.seqlen_q, 1);
-  const int32_t rows_k = std::max(T::kPacked ? params.packed.total_k : s.seqlen_k, 1);
+  // Rows of the tensors: the batch's sequence length, or all packed rows (at least one: a tensor map needs them).
+  const int32_t rows_q = T::kPacked ? std::max(params.packed.total_q, 1) : s.seqlen_q;
+  const int32_t rows_k = T::kPacked ? std::max(params.packed.total_k, 1) : s.seqlen_k;
   const int32_t batch = T::kPacked ? 1 : s.batch;
-  auto mQ = make_qkv(params.q, T::kPacked ? rows_q : s.seqlen_q, s.headdim, s.nheads, batch, params.q_stride);
-  auto mdO = make_qkv(params.dout, T::kPacked ? rows_q : s.seqlen_q, dv, s.nheads, batch, params.do_stride);
-  auto mK = make_qkv(params.k, T::kPacked ? rows_k : s.seqlen_k, s.headdim, s.nheads_k, batch, params.k_stride);
-  auto mV = make_qkv(params.v, T::kPacked ? rows_k : s.seqlen_k, dv, s.nheads_k, batch, params.v_stride);
+  auto mQ = make_qkv(params.q, rows_q, s.headdim, s.nheads, batch, params.q_stride);
+  auto mdO = make_qkv(params.dout, rows_q, dv, s.nheads, batch, params.do_stride);
+  auto mK = make_qkv(params.k, rows_k, s.headdim, s.nheads_k, batch, params.k_stride);
+  auto mV = make_qkv(params.v, rows_k, dv, s.nheads_k, batch, params.v_stride);
   using BM = typename T::BM;
   using BN = typename T::BN;
   using HD = typename T::HD;
@@ -102,8 +103,8 @@ void launch_bwd_main(const BwdParams& params, const BwdWorkspaceLayout& ws, cons
       params.packed};
   if constexpr (T::kStagedEpilogue) {
     // dash_bwd_stages has checked that dk and dv are 16-byte aligned (base and strides), as TMA needs.
-    auto mdK = make_qkv(params.dk, T::kPacked ? rows_k : s.seqlen_k, s.headdim, s.nheads_k, batch, params.dk_stride);
-    auto mdV = make_qkv(params.dv, T::kPacked ? rows_k : s.seqlen_k, dv, s.nheads_k, batch, params.dv_stride);
+    auto mdK = make_qkv(params.dk, rows_k, s.headdim, s.nheads_k, batch, params.dk_stride);
+    auto mdV = make_qkv(params.dv, rows_k, dv, s.nheads_k, batch, params.dv_stride);
     using Box = Shape<typename T::StageRows, HD>;
     p.tma_dk = make_tma_copy(SM90_TMA_STORE{}, mdK, typename T::SmemLayoutStageWG{}, Box{}, _1{});
     p.tma_dv = make_tma_copy(SM90_TMA_STORE{}, mdV, typename T::SmemLayoutStageWG{}, Box{}, _1{});

@@ -67,15 +67,6 @@ CUTLASS_DEVICE void producer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<
     return stage;
   };
 
-  // One head of one sequence as (rows, d): packed sequences start at their first row of the one batch entry.
-  auto sequence = [&](auto const& m, int head, int batch, int32_t first_row) {
-    if constexpr (T::kPacked) {
-      return domain_offset(make_coord(first_row, _0{}), m(_, _, head, 0));
-    } else {
-      return m(_, _, head, batch);
-    }
-  };
-
   for (;;) {
     {
       const int64_t it = item_index();
@@ -122,9 +113,10 @@ CUTLASS_DEVICE void producer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<
         } else {
           wait_barrier(ss.kv_empty, (state & 1) ^ 1, WaitSite::kKvEmpty);
           reinterpret_cast<TxBarrier&>(ss.kv_full).arrive_and_expect_tx(2 * T::kKBytes);
-          Tensor gK = local_tile(sequence(mK, tile.head_k, tile.batch, row_k), Shape<typename T::BN, typename T::HD>{},
+          using KvTileShape = Shape<typename T::BN, typename T::HD>;
+          Tensor gK = local_tile(sequence_of<T::kLayout>(mK, tile.head_k, tile.batch, row_k), KvTileShape{},
                                  make_coord(tile.n_block, _0{}));
-          Tensor gV = local_tile(sequence(mV, tile.head_k, tile.batch, row_k), Shape<typename T::BN, typename T::HD>{},
+          Tensor gV = local_tile(sequence_of<T::kLayout>(mV, tile.head_k, tile.batch, row_k), KvTileShape{},
                                  make_coord(tile.n_block, _0{}));
           auto [tKgK, tKsK] =
               tma_partition(p.tma_k, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
@@ -167,9 +159,10 @@ CUTLASS_DEVICE void producer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<
         const int stage = next_stage(
             VisitRecord{tile.batch, tile.head_k, tile.n_block, head, m_block, wait_target, flags},
             2 * T::kQBytes + 2 * T::kRowStatBytes);
-        Tensor gQ = local_tile(sequence(mQ, head, tile.batch, row_q), Shape<typename T::BM, typename T::HD>{},
+        using QTileShape = Shape<typename T::BM, typename T::HD>;
+        Tensor gQ = local_tile(sequence_of<T::kLayout>(mQ, head, tile.batch, row_q), QTileShape{},
                                make_coord(m_block, _0{}));
-        Tensor gdO = local_tile(sequence(mdO, head, tile.batch, row_q), Shape<typename T::BM, typename T::HD>{},
+        Tensor gdO = local_tile(sequence_of<T::kLayout>(mdO, head, tile.batch, row_q), QTileShape{},
                                 make_coord(m_block, _0{}));
         Tensor sQs = sQ(_, _, stage);
         Tensor sdOs = sdO(_, _, stage);

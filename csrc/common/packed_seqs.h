@@ -3,6 +3,7 @@
 #pragma once
 #include <cstdint>
 
+#include <cute/tensor.hpp>
 #include <cutlass/cutlass.h>
 
 #include "common/params.h"
@@ -33,6 +34,18 @@ CUTLASS_DEVICE SeqRows seq_rows(PackedSeqs const& packed, int batch, int seqlen_
     return {q0, q1 - q0, k0, k1 - k0};
   } else {
     return {0, seqlen_q, 0, seqlen_k};
+  }
+}
+
+// One head of one sequence of a (rows, d, heads, batch) tensor (TMA coordinates included) as (rows, d): the batch
+// entry `batch`, or, packed, the one batch entry from the sequence's first row on.
+template <SeqLayout kLayout, class GlobalTensor>
+CUTLASS_DEVICE auto sequence_of(GlobalTensor const& m, int head, int batch, int32_t first_row) {
+  using namespace cute;
+  if constexpr (kLayout == SeqLayout::kPacked) {
+    return domain_offset(make_coord(first_row, _0{}), m(_, _, head, 0));
+  } else {
+    return m(_, _, head, batch);
   }
 }
 

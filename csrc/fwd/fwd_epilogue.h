@@ -4,8 +4,8 @@
 //     stmatrix and one of its threads issues a TMA store. The warpgroup does not wait for the store; it waits only
 //     before it next overwrites the block, a whole mainloop later. Rows past seqlen_q are clipped by the TMA unit.
 //   kRegisters: 4-byte global stores straight from the accumulator (a quad of threads covers 16 contiguous bytes of a
-//     row); rows past seqlen_q are skipped. Packed sequences (store_packed) take it for a tile that reaches past the
-//     end of its sequence.
+//     row); rows past seqlen_q are skipped. Packed sequences take it for a tile that reaches past the end of its
+//     sequence.
 // LSE always goes out from registers (one float per row).
 #pragma once
 
@@ -74,10 +74,12 @@ struct FwdEpilogue {
     return thread_idx % cutlass::NumThreadsPerWarpGroup == 0;
   }
 
-  // tOrO: unnormalised accumulator of this thread; softmax: its row statistics. Both are consumed.
+  // tOrO: unnormalised accumulator of this thread; softmax: its row statistics. Both are consumed. rows and total_q:
+  // the tile's sequence and the number of packed query rows (SeqLayout::kPacked; unused for batched sequences).
   template <class FragO, class Softmax>
   CUTLASS_DEVICE static void store(Params const& p, SharedStorage& smem, FragO& tOrO, Softmax& softmax,
-                                   int thread_idx, int m_block, int head, int batch) {
+                                   int thread_idx, int m_block, int head, int batch, SeqRows const& rows,
+                                   int32_t total_q) {
     using namespace cute;
     typename Traits::TiledMmaPV mma_pv;
     auto thr_pv = mma_pv.get_thread_slice(thread_idx);
@@ -87,56 +89,35 @@ struct FwdEpilogue {
     Tensor coord_rc = make_tensor(tOcO.data(), acc_to_rowcol(tOcO.layout()));
 
     auto const lse = softmax.finalize(o_rc, p.softmax_scale);
-    if constexpr (kTma) {
-      store_o_tma(p, smem, tOrO, thread_idx, m_block, head, batch, 0);
-    } else {
-      Element* o_head = p.o + int64_t(batch) * p.o_stride.batch + int64_t(head) * p.o_stride.head;
-      store_o_registers(p, o_head, p.seqlen_q, o_rc, coord_rc, m_block);
-    }
-
-    float* lse_head = p.lse + (int64_t(batch) * p.nheads + head) * p.seqlen_q;
-    if (thread_idx % 4 == 0) {
-      CUTLASS_PRAGMA_UNROLL
-      for (int r = 0; r < size<0>(o_rc); ++r) {
-        int const row = m_block * kBlockM + get<0>(coord_rc(r, 0));
-        if (row < p.seqlen_q) { lse_head[row] = lse[r]; }
-      }
-    }
-  }
-
-  // Packed sequences (SeqLayout::kPacked): O of sequence `rows` (by TMA for a tile inside it, where the path has
-  // it, else from registers), LSE into the (nheads, total_q) rows.
-  template <class FragO, class Softmax>
-  CUTLASS_DEVICE static void store_packed(Params const& p, SharedStorage& smem, FragO& tOrO, Softmax& softmax,
-                                          int thread_idx, int m_block, int head, SeqRows const& rows,
-                                          int32_t total_q) {
-    using namespace cute;
-    typename Traits::TiledMmaPV mma_pv;
-    auto thr_pv = mma_pv.get_thread_slice(thread_idx);
-    Tensor o_rc = make_tensor(tOrO.data(), acc_to_rowcol(tOrO.layout()));
-    Tensor tOcO = thr_pv.partition_C(make_identity_tensor(select<0, 1>(typename Traits::TileShapePV{})));
-    Tensor coord_rc = make_tensor(tOcO.data(), acc_to_rowcol(tOcO.layout()));
-
-    auto const lse = softmax.finalize(o_rc, p.softmax_scale);
+    // The sequence's rows; O and LSE from its row 0. LSE is (batch, nheads, seqlen_q) for batched sequences and
+    // (nheads, total_q) for packed ones.
+    // Read where it is used: read once ahead of the O store, it changed the batched kernels' code.
+    auto seqlen_q = [&] { return Traits::kPacked ? rows.len_q : p.seqlen_q; };
     auto from_registers = [&] {
-      Element* o_seq = p.o + int64_t(head) * p.o_stride.head + int64_t(rows.first_q) * p.o_stride.row;
-      store_o_registers(p, o_seq, rows.len_q, o_rc, coord_rc, m_block);
+      Element* const o_seq = Traits::kPacked
+                                 ? p.o + int64_t(head) * p.o_stride.head + int64_t(rows.first_q) * p.o_stride.row
+                                 : p.o + int64_t(batch) * p.o_stride.batch + int64_t(head) * p.o_stride.head;
+      store_o_registers(p, o_seq, seqlen_q(), o_rc, coord_rc, m_block);
     };
     if constexpr (kTma) {
-      if ((m_block + 1) * kBlockM <= rows.len_q) {
-        store_o_tma(p, smem, tOrO, thread_idx, m_block, head, 0, rows.first_q);
+      // A packed sequence's tile that reaches past its end goes out from registers: a TMA box would also write the
+      // next sequence's first rows, another CTA's. Batched tiles clip at the tensor's end.
+      if (!Traits::kPacked || (m_block + 1) * kBlockM <= seqlen_q()) {
+        store_o_tma(p, smem, tOrO, thread_idx, m_block, head, batch, rows.first_q);
       } else {
         from_registers();
       }
     } else {
       from_registers();
     }
-    float* lse_seq = p.lse + int64_t(head) * total_q + rows.first_q;
+
+    float* const lse_seq = Traits::kPacked ? p.lse + int64_t(head) * total_q + rows.first_q
+                                           : p.lse + (int64_t(batch) * p.nheads + head) * p.seqlen_q;
     if (thread_idx % 4 == 0) {
       CUTLASS_PRAGMA_UNROLL
       for (int r = 0; r < size<0>(o_rc); ++r) {
         int const row = m_block * kBlockM + get<0>(coord_rc(r, 0));
-        if (row < rows.len_q) { lse_seq[row] = lse[r]; }
+        if (row < seqlen_q()) { lse_seq[row] = lse[r]; }
       }
     }
   }
@@ -179,14 +160,7 @@ struct FwdEpilogue {
 
     if (is_store_issuer(thread_idx)) {
       Tensor mO = p.tma_o.get_tma_tensor(p.shape_o);
-      auto sequence = [&] {
-        if constexpr (Traits::kPacked) {
-          return domain_offset(make_coord(first_q, _0{}), mO(_, _, head, 0));
-        } else {
-          return mO(_, _, head, batch);
-        }
-      };
-      Tensor gO = local_tile(sequence(), TileOWarpGroup{},
+      Tensor gO = local_tile(sequence_of<Traits::kLayout>(mO, head, batch, first_q), TileOWarpGroup{},
                              make_coord(m_block * Traits::kNumConsumerWarpGroups + wg, _0{}));
       Tensor sOwg = make_tensor(make_smem_ptr(smem.o.data() + wg * kRowsPerWarpGroup * kHeadDim),
                                 typename Traits::SmemLayoutOWarpGroup{});

@@ -117,12 +117,8 @@ struct FwdKernel {
           clear(tOrO);
           softmax.reset();
         }
-        if constexpr (Traits::kPacked) {
-          Epilogue::store_packed(params.epilogue, smem, tOrO, softmax, thread_idx, tile.m_block, tile.head, rows,
-                                 params.packed.total_q);
-        } else {
-          Epilogue::store(params.epilogue, smem, tOrO, softmax, thread_idx, tile.m_block, tile.head, tile.batch);
-        }
+        Epilogue::store(params.epilogue, smem, tOrO, softmax, thread_idx, tile.m_block, tile.head, tile.batch, rows,
+                        params.packed.total_q);
       }
       WarpGroupTurns<Traits>::finish(consumer_wg);
       Epilogue::store_tail(thread_idx);

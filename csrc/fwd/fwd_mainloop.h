@@ -344,17 +344,11 @@ struct FwdMainloop {
     Tensor mQ = p.tma_q.get_tma_tensor(p.shape_q);
     Tensor mK = p.tma_k.get_tma_tensor(p.shape_k);
     Tensor mV = p.tma_v.get_tma_tensor(p.shape_k);
-    // One head of one sequence as (rows, d).
-    auto sequence = [&](auto const& m, int h, int32_t first_row) {
-      if constexpr (Traits::kPacked) {
-        return domain_offset(make_coord(first_row, _0{}), m(_, _, h, 0));
-      } else {
-        return m(_, _, h, batch);
-      }
-    };
-    Tensor gQ = local_tile(sequence(mQ, head, rows.first_q), TileQ{}, make_coord(m_block, _0{}));  // (M, D)
-    Tensor gK = local_tile(sequence(mK, head_k, rows.first_k), TileKV{}, make_coord(_, _0{}));     // (N, D, n)
-    Tensor gV = local_tile(sequence(mV, head_k, rows.first_k), TileKV{}, make_coord(_, _0{}));     // (N, D, n)
+    constexpr SeqLayout kLayout = Traits::kLayout;
+    // (M, D) and (N, D, n) tiles of this head's sequence.
+    Tensor gQ = local_tile(sequence_of<kLayout>(mQ, head, batch, rows.first_q), TileQ{}, make_coord(m_block, _0{}));
+    Tensor gK = local_tile(sequence_of<kLayout>(mK, head_k, batch, rows.first_k), TileKV{}, make_coord(_, _0{}));
+    Tensor gV = local_tile(sequence_of<kLayout>(mV, head_k, batch, rows.first_k), TileKV{}, make_coord(_, _0{}));
     Tensor sQ = make_tensor(make_smem_ptr(smem.q.data()), typename Traits::SmemLayoutQ{});
     Tensor sK = make_tensor(make_smem_ptr(smem.k.data()), typename Traits::SmemLayoutKV{});
     Tensor sV = make_tensor(make_smem_ptr(smem.v.data()), typename Traits::SmemLayoutKV{});

@@ -283,18 +283,29 @@ void check_packed_lse(const at::Tensor& lse, const at::Tensor& q) {
                     "dash_attn: lse must be a contiguous float32 CUDA (nheads, total_q) tensor");
 }
 
+// What a packed-sequence call of either direction checks and sets before its tensors: the device, lse (nheads,
+// total_q), the shape and the sequences.
+template <class Params>
+void set_packed_call(Params& p, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& lse,
+                     const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k, int64_t max_seqlen_q,
+                     int64_t max_seqlen_k, double softmax_scale, int64_t mask, int64_t window_left,
+                     int64_t window_right, double softcap) {
+  check_device(q);
+  check_packed_lse(lse, q);
+  p.shape = make_packed_shape(q, k, v, cu_seqlens_q, max_seqlen_q, max_seqlen_k, softmax_scale, mask, window_left,
+                              window_right, softcap);
+  p.packed = packed_seqs(q, k, cu_seqlens_q, cu_seqlens_k);
+}
+
 void varlen_fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& out, at::Tensor& lse,
                 const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k, int64_t max_seqlen_q,
                 int64_t max_seqlen_k, double softmax_scale, int64_t mask, int64_t window_left,
                 int64_t window_right, double softcap) {
   check_tensors(Layout::kPacked, q, {{"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}});
-  check_device(q);
-  check_packed_lse(lse, q);
-  c10::cuda::CUDAGuard guard(q.device());
   dash::FwdParams p;
-  p.shape = make_packed_shape(q, k, v, cu_seqlens_q, max_seqlen_q, max_seqlen_k, softmax_scale, mask, window_left,
-                              window_right, softcap);
-  p.packed = packed_seqs(q, k, cu_seqlens_q, cu_seqlens_k);
+  set_packed_call(p, q, k, v, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, mask,
+                  window_left, window_right, softcap);
+  c10::cuda::CUDAGuard guard(q.device());
   set_fwd_tensors(p, q, k, v, out, lse, packed_strides_of);
   run_fwd(p, "packed forward");
 }
@@ -306,14 +317,11 @@ void varlen_bwd(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k
                 double softcap, bool deterministic, int64_t schedule, int64_t sm_margin) {
   check_tensors(Layout::kPacked, q, {{"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}, {"dout", &dout}, {"dq", &dq},
                                     {"dk", &dk}, {"dv", &dv}});
-  check_device(q);
-  check_packed_lse(lse, q);
+  dash::BwdParams p;
+  set_packed_call(p, q, k, v, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, mask,
+                  window_left, window_right, softcap);
   check_schedule_args(schedule, sm_margin);
   c10::cuda::CUDAGuard guard(q.device());
-  dash::BwdParams p;
-  p.shape = make_packed_shape(q, k, v, cu_seqlens_q, max_seqlen_q, max_seqlen_k, softmax_scale, mask, window_left,
-                              window_right, softcap);
-  p.packed = packed_seqs(q, k, cu_seqlens_q, cu_seqlens_k);
   set_bwd_tensors(p, dout, q, k, v, out, lse, dq, dk, dv, packed_strides_of);
   run_bwd(p, q, deterministic, schedule, sm_margin, "packed backward");
 }

@@ -64,14 +64,14 @@ PREBUILD_DEFS = $(foreach h,$(PREBUILD_HDIMS),-DDASH_ENABLE_HDIM_$(h)) \
 	$(foreach d,$(PREBUILD_DTYPES),-DDASH_ENABLE_$(shell echo $(d) | tr a-z A-Z)) \
 	$(if $(filter 0,$(PREBUILD_SOFTCAP)),,-DDASH_ENABLE_SOFTCAP) \
 	$(if $(filter 0,$(PREBUILD_PACKED)),,-DDASH_ENABLE_PACKED)
-PREBUILD_SRCS = csrc/fwd/fwd_dispatch.cu csrc/bwd/bwd_dispatch.cu \
+PREBUILD_SRCS = csrc/fwd/fwd_dispatch.cu csrc/bwd/bwd_dispatch.cu csrc/common/seqlens_check.cu \
 	$(foreach h,$(PREBUILD_HDIMS),$(foreach d,$(PREBUILD_DTYPES),$(foreach m,full causal window,$(foreach dir,fwd bwd,\
 	$(foreach s,$(PREBUILD_MODS),csrc/instantiations/$(dir)_hdim$(h)_$(d)_$(m)$(s:_none=).cu))))) \
 	$(if $(filter 0,$(PREBUILD_PACKED)),,$(foreach h,$(PREBUILD_HDIMS),$(foreach d,$(PREBUILD_DTYPES),\
 	$(foreach m,full causal window,$(foreach dir,fwd bwd,$(foreach s,$(PREBUILD_MODS),\
 	csrc/instantiations/$(dir)_hdim$(h)_$(d)_$(m)$(s:_none=)_packed.cu))))))
 PREBUILD_OBJS = $(patsubst %.cu,build/prebuilt/%.o,$(notdir $(PREBUILD_SRCS)))
-vpath %.cu csrc/fwd csrc/bwd csrc/instantiations
+vpath %.cu csrc/fwd csrc/bwd csrc/common csrc/instantiations
 
 prebuild: $(PREBUILD_OBJS)
 

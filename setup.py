@@ -127,7 +127,8 @@ def cuda_extension():
     if packed:
         inst += [f"csrc/instantiations/{direction}_hdim{h}_{d}_{m}{mod}_packed.cu"
                  for direction in ("fwd", "bwd") for h in hdims for d in dtypes for m in MASKS for mod in score_mods]
-    sources = ["csrc/api/binding.cpp", "csrc/fwd/fwd_dispatch.cu", "csrc/bwd/bwd_dispatch.cu"] + inst
+    sources = ["csrc/api/binding.cpp", "csrc/fwd/fwd_dispatch.cu", "csrc/bwd/bwd_dispatch.cu",
+               "csrc/common/seqlens_check.cu"] + inst
     nvcc_flags = [
         "-O3", "-std=c++17", "--use_fast_math",
         "-gencode", "arch=compute_90a,code=sm_90a",

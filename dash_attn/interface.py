@@ -17,7 +17,7 @@ from typing import List, Optional, Tuple
 import torch
 from torch.utils import _python_dispatch
 
-from . import validation
+from . import device_seqlens, validation
 from .reference import attention_bwd_ref, attention_bwd_ref_varlen, attention_ref, attention_ref_varlen
 from .validation import SCHEDULES
 
@@ -373,11 +373,15 @@ def _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_
     """Every check of a varlen call; returns the checked extension (None on the CPU) and host copies of
     cu_seqlens_q and cu_seqlens_k. A copy from the GPU waits for it (and then the host's launch work is no longer
     hidden behind running kernels), so both are read in one copy, none when the caller passes them on the CPU, and
-    none again for the backward of the same tensors (_host_cu_seqlens)."""
+    none again for the backward of the same tensors (_host_cu_seqlens). Inside a CUDA graph capture nothing is read
+    (None, None): the call runs unplanned (_varlen_fwd_captured)."""
     ext = None
     if q.device.type != "cpu":
         ext = _check_cuda(q, v, softcap)
-        validation.check_varlen_not_capturing()
+        if torch.cuda.is_current_stream_capturing():
+            validation.check_captured_varlen(q, v, cu_seqlens_q, cu_seqlens_k, ext.packed_built(),
+                                             _supported_head_dims())
+            return ext, None, None
     cq, ck = _host_cu_seqlens(cu_seqlens_q, cu_seqlens_k)
     validation.check_cu_seqlens_values("cu_seqlens_q", cq, q.shape[0], max_seqlen_q, "max_seqlen_q")
     validation.check_cu_seqlens_values("cu_seqlens_k", ck, k.shape[0], max_seqlen_k, "max_seqlen_k")
@@ -515,12 +519,60 @@ def _varlen_bwd_cuda(ext, dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, c
     return dq, dk, dv
 
 
+# Inside a CUDA graph capture: the packed-sequence kernels with the caller's max_seqlen bounds, no host copy of
+# cu_seqlens, its check on the GPU afterwards (dash_attn.device_seqlens: invalid values turn every result into NaN).
+def _captured_band(mask, window_left, window_right):
+    return None if mask == MaskKind.FULL else (window_left, window_right)
+
+
+def _varlen_fwd_captured(ext, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, mask,
+                         window_left, window_right, softcap):
+    out = _out_like(q, v)
+    lse = torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device)
+    max_q, max_k = device_seqlens.capped_bounds(q.shape[0], k.shape[0], max_seqlen_q, max_seqlen_k)
+    cu_q, cu_k = _device_int32(cu_seqlens_q, q.device), _device_int32(cu_seqlens_k, q.device)
+    with _device_guard(q.device):
+        if max_k == 0:  # no keys: every row is fully masked
+            out.zero_()
+            lse.fill_(float("-inf"))
+        elif max_q > 0 and cu_q.shape[0] > 1:
+            ext.varlen_fwd(q, k, v, out, lse, cu_q, cu_k, max_q, max_k, softmax_scale, mask, window_left, window_right,
+                           softcap)
+        device_seqlens.flag_invalid(ext, cu_q, cu_k, q.shape[0], k.shape[0], max_q, max_k,
+                                    _captured_band(mask, window_left, window_right), out, lse)
+    return out, lse
+
+
+def _varlen_bwd_captured(ext, dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                         softmax_scale, mask, window_left, window_right, softcap, deterministic, schedule, sm_margin):
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    max_q, max_k = device_seqlens.capped_bounds(q.shape[0], k.shape[0], max_seqlen_q, max_seqlen_k)
+    cu_q, cu_k = _device_int32(cu_seqlens_q, q.device), _device_int32(cu_seqlens_k, q.device)
+    with _device_guard(q.device):
+        if max_q == 0 or max_k == 0 or cu_q.shape[0] == 1:  # no query sees a key
+            dq.zero_()
+            dk.zero_()
+            dv.zero_()
+        else:
+            schedule_id = _resolve_schedule_for(schedule, q.device, cu_q.shape[0] - 1, max_q, max_k, q.shape[1],
+                                                k.shape[1], q.shape[-1], mask, window_left, window_right,
+                                                deterministic, sm_margin)
+            ext.varlen_bwd(dout, q, k, v, out, lse, dq, dk, dv, cu_q, cu_k, max_q, max_k, softmax_scale, mask,
+                           window_left, window_right, softcap, deterministic, schedule_id, sm_margin)
+        device_seqlens.flag_invalid(ext, cu_q, cu_k, q.shape[0], k.shape[0], max_q, max_k,
+                                    _captured_band(mask, window_left, window_right), dq, dk, dv)
+    return dq, dk, dv
+
+
 def _varlen_fwd_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
                      cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float, mask: int,
                      window_left: int, window_right: int, softcap: float, deterministic: bool, schedule: str,
                      sm_margin: int) -> Tuple[torch.Tensor, torch.Tensor]:
     mask, window_left, window_right = _effective_mask(mask, window_left, window_right, max_seqlen_q, max_seqlen_k)
     ext, cq, ck = _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softcap)
+    if ext is not None and cq is None:
+        return _varlen_fwd_captured(ext, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                    softmax_scale, mask, window_left, window_right, softcap)
     if ext is not None:
         return _varlen_fwd_cuda(ext, q, k, v, cu_seqlens_q, cu_seqlens_k, cq, ck, softmax_scale, mask, window_left,
                                 window_right, softcap)
@@ -550,6 +602,10 @@ def _varlen_bwd_impl(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
                      sm_margin: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     mask, window_left, window_right = _effective_mask(mask, window_left, window_right, max_seqlen_q, max_seqlen_k)
     ext, cq, ck = _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softcap)
+    if ext is not None and cq is None:
+        return _varlen_bwd_captured(ext, dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                    max_seqlen_k, softmax_scale, mask, window_left, window_right, softcap,
+                                    deterministic, schedule, sm_margin)
     if ext is not None:
         return _varlen_bwd_cuda(ext, dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, cq, ck, softmax_scale, mask,
                                 window_left, window_right, softcap, deterministic, schedule, sm_margin)
@@ -645,9 +701,11 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     sequence is masked on its own. Returns out, or (out, lse) with lse float32 (nheads, total_q).
     On CUDA one launch per direction runs all sequences (the packed-sequence kernels) where each sequence's causal
     or window band lies inside the longest sequences' and the head dim is a kernel's own, else the dense kernels run
-    once per run of consecutive sequences with equal lengths. cu_seqlens is read on the host (checks, planning), so
-    the call cannot be captured in a CUDA graph; from the GPU that copy waits for it once per pair of tensors (the
-    backward and other calls given the same tensors reuse it), CPU tensors need none.
+    once per run of consecutive sequences with equal lengths. cu_seqlens is read on the host (checks, planning); from
+    the GPU that copy waits for it once per pair of tensors (the backward and other calls given the same tensors
+    reuse it), CPU tensors need none. Inside a CUDA graph capture (cu_seqlens on q's device, a kernel's own head dim
+    for q, k and v) nothing is read: the packed kernels run with max_seqlen_q/k as bounds and cu_seqlens is checked
+    on the GPU, invalid values (including a sequence longer than its bound) turning every result into NaN.
     """
     validation.check_fa3_options("flash_attn_varlen_func", fa3_options)
     validation.check_qkv(q, k, v, varlen=True)

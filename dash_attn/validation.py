@@ -266,11 +266,18 @@ def check_cuda_features(headdim: int, supported_head_dims: Sequence[int], softca
                            "(DASH_ATTN_SOFTCAP=0): rebuild without it, or use softcap=0.0")
 
 
-def check_varlen_not_capturing() -> None:
-    """The CUDA varlen path reads cu_seqlens on the host to check and plan its kernel calls: a graph would replay the
-    captured lengths whatever cu_seqlens holds later (and a copy from the GPU cannot be captured at all), so refuse
-    it with a message instead."""
-    if torch.cuda.is_current_stream_capturing():
-        raise RuntimeError("flash_attn_varlen_func reads cu_seqlens_q/cu_seqlens_k on the host (the CUDA path checks "
-                           "them and plans its launches from them), which a CUDA graph cannot capture: capture "
-                           "flash_attn_func on padded batches instead")
+def check_captured_varlen(q: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
+                          packed_built: bool, kernel_head_dims: Sequence[int]) -> None:
+    """A varlen call inside a CUDA graph capture cannot read cu_seqlens on the host, so it runs the packed-sequence
+    kernels unplanned (dash_attn.device_seqlens): refuse what those kernels cannot take, before the launch."""
+    for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
+        if cu.device != q.device:
+            raise RuntimeError(f"flash_attn_varlen_func inside a CUDA graph capture needs {name} on q's device "
+                               f"({q.device}), got {cu.device}: the captured kernels read it there at every replay")
+    if not packed_built:
+        raise RuntimeError("flash_attn_varlen_func inside a CUDA graph capture runs the packed-sequence kernels, "
+                           "which this build skipped (DASH_ATTN_PACKED=0): rebuild without it")
+    if q.shape[-1] != v.shape[-1] or q.shape[-1] not in kernel_head_dims:
+        raise RuntimeError(f"flash_attn_varlen_func inside a CUDA graph capture runs the packed-sequence kernels, "
+                           f"which take head dims {sorted(kernel_head_dims)} with v's equal to q's, got q/k "
+                           f"{q.shape[-1]} and v {v.shape[-1]}: pad the head dims, or call it outside the capture")

@@ -1,6 +1,6 @@
 """CUDA plumbing of the public API, exercised on the CPU: device and feature checks, and the launch helpers routed to
 a recording stand-in extension (argument order, head dims between the kernels, the varlen paths and their choice,
-the auto schedule, the host copies of cu_seqlens)."""
+the auto schedule, the host copies of cu_seqlens, varlen calls inside a CUDA graph capture)."""
 import sys
 import types
 
@@ -40,13 +40,6 @@ def test_cuda_feature_gaps_are_refused(kwargs, error, message):
 def test_softcap_is_accepted_where_built():
     validation.check_cuda_features(128, [64, 128], 30.0, softcap_built=True)
     validation.check_cuda_features(128, [64, 128], 0.0, softcap_built=False)
-
-
-def test_cuda_varlen_refuses_graph_capture(monkeypatch):
-    # The CUDA varlen path reads cu_seqlens on the host; inside a capture that must be a clear error.
-    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
-    with pytest.raises(RuntimeError, match="CUDA graph"):
-        validation.check_varlen_not_capturing()
 
 
 def test_cuda_dtypes_exclude_full_precision():
@@ -334,3 +327,104 @@ def test_host_copies_of_cu_seqlens_are_reused_until_the_tensors_change():
     assert interface._host_cu_seqlens(cu_q, cu_k) == ([0, 3, 3, 9], [0, 5, 7, 12])
     other = cu_q.clone()
     assert interface._host_cu_seqlens(other, cu_k)[0] is not first[0]
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Varlen calls inside a CUDA graph capture: no host copy, the packed kernels with the caller's bounds, a GPU-side check
+# ----------------------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("case, message", [("cu_on_cpu", "on q's device"), ("not_built", "DASH_ATTN_PACKED=0"),
+                                           ("head_dim_96", "head dims"), ("v_head_dim", "head dims")])
+def test_captured_varlen_refuses_what_the_packed_kernels_cannot_take(case, message):
+    q, k, v, cu_q, cu_k, _, _ = (t.to("meta") if isinstance(t, torch.Tensor) else t
+                                 for t in varlen_inputs(headdim=96 if case == "head_dim_96" else 64))
+    if case == "cu_on_cpu":
+        cu_k = torch.zeros(cu_k.shape, dtype=torch.int32)
+    if case == "v_head_dim":
+        v = v.new_empty(*v.shape[:-1], 128)
+    with pytest.raises(RuntimeError, match=message):
+        validation.check_captured_varlen(q, v, cu_q, cu_k, case != "not_built", [64, 128, 256])
+
+
+def test_captured_varlen_reads_nothing_on_the_host(fake_cuda, monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
+    monkeypatch.setattr(interface, "_host_cu_seqlens", lambda *args: pytest.fail("host copy inside a capture"))
+    q, k, v, cu_q, cu_k, max_q, max_k = (t.to("meta") if isinstance(t, torch.Tensor) else t
+                                         for t in varlen_inputs(headdim=64, dtype=torch.bfloat16))
+    assert interface._check_varlen(q, k, v, cu_q, cu_k, max_q, max_k, 0.0) == (fake_cuda, None, None)
+
+
+def _writing_fake(fake_cuda):
+    """The recording stand-in, plus plausible results (the GPU-side check must leave them alone)."""
+    def fwd(*args):
+        fake_cuda.calls.append(("varlen_fwd", args))
+        args[3].fill_(1.0)
+        args[4].fill_(0.5)
+
+    def bwd(*args):
+        fake_cuda.calls.append(("varlen_bwd", args))
+        for grad in args[6:9]:
+            grad.fill_(2.0)
+
+    fake_cuda.varlen_fwd, fake_cuda.varlen_bwd = fwd, bwd
+    return fake_cuda
+
+
+def _captured_call(ext, lens_q, lens_k, bounds, mask=0, window=(-1, -1), cu_edit=None):
+    q, k, v, cu_q, cu_k, _, _ = varlen_inputs(lens_q, lens_k, headdim=64, dtype=torch.bfloat16)
+    if cu_edit is not None:
+        cu_edit(cu_q, cu_k)
+    out, lse = interface._varlen_fwd_captured(ext, q, k, v, cu_q, cu_k, *bounds, 0.125, mask, *window, 0.0)
+    grads = interface._varlen_bwd_captured(ext, torch.randn_like(out), q, k, v, out, lse, cu_q, cu_k, *bounds, 0.125,
+                                           mask, *window, 0.0, True, "shift", 0)
+    return (out, lse) + grads
+
+
+def test_captured_varlen_runs_the_packed_kernels_with_capped_bounds(fake_cuda):
+    # max_seqlen bounds above the packed lengths are capped at them; the batch is cu_seqlens' length - 1.
+    results = _captured_call(_writing_fake(fake_cuda), (3, 0, 6), (4, 2, 5), (100, 7))
+    (fwd_name, fwd_args), (bwd_name, bwd_args) = fake_cuda.calls
+    assert fwd_name == "varlen_fwd" and fwd_args[7:9] == (9, 7)
+    assert bwd_name == "varlen_bwd" and bwd_args[11:13] == (9, 7)
+    assert bwd_args[-2] == interface.SCHEDULE_IDS["shift"]
+    assert not any(r.isnan().any() for r in results)
+
+
+def _set(index, value, which=0):
+    def edit(cu_q, cu_k):
+        (cu_q, cu_k)[which][index] = value
+    return edit
+
+
+_INVALID = {
+    "first_not_zero": dict(cu_edit=_set(0, 1)),
+    "last_not_total": dict(cu_edit=_set(-1, 7, which=1)),
+    "decreasing": dict(cu_edit=_set(1, 5)),
+    "longer_than_bound": dict(bounds=(5, 5)),
+    # lens (3, 6) / (4, 6): the first sequence's causal diagonal (+1) lies right of the longest ones' (0)
+    "diagonal_right_of_the_batch": dict(lens_q=(3, 6), lens_k=(4, 6), bounds=(6, 6), mask=1, window=(-1, 0)),
+    # window (2, 0) on lens (4, 6) / (3, 6): diagonal -1, left of the longest ones' (0), against a left bound
+    "window_band_left_of_the_batch": dict(lens_q=(4, 6), lens_k=(3, 6), bounds=(6, 6), mask=2, window=(2, 0)),
+}
+
+
+@pytest.mark.parametrize("case", list(_INVALID))
+def test_captured_varlen_turns_every_result_to_nan_on_invalid_cu_seqlens(fake_cuda, case):
+    args = dict(lens_q=(3, 0, 6), lens_k=(4, 2, 5), bounds=(6, 5))
+    args.update(_INVALID[case])
+    lens_q, lens_k, bounds = args.pop("lens_q"), args.pop("lens_k"), args.pop("bounds")
+    results = _captured_call(_writing_fake(fake_cuda), lens_q, lens_k, bounds, **args)
+    assert all(r.isnan().all() for r in results)
+
+
+def test_captured_varlen_accepts_bands_inside_the_batch(fake_cuda):
+    # Shared cu_seqlens put every diagonal on the batch's: causal and windows are valid.
+    for mask, window in ((1, (-1, 0)), (2, (2, 1))):
+        results = _captured_call(_writing_fake(fake_cuda), (3, 6, 1), (3, 6, 1), (6, 6), mask, window)
+        assert not any(r.isnan().any() for r in results)
+
+
+def test_captured_varlen_without_keys_launches_nothing(fake_cuda):
+    out, lse, dq, dk, dv = _captured_call(_writing_fake(fake_cuda), (3, 2), (0, 0), (3, 0))
+    assert fake_cuda.calls == []
+    assert not out.any() and torch.isneginf(lse).all() and not dq.any()

@@ -6,8 +6,8 @@ dense kernels once per run of consecutive sequences with equal lengths (the caus
 whose diagonals lie right of the longest sequences', and the windows of "unequal"). These tests cover what the
 packing adds on top of the dense tests: sequence boundaries (each sequence masked on its own, causal aligned per
 sequence), empty sequences on either side, runs batched together, GQA, windows re-normalised per run,
-bitwise-identical deterministic gradients, and the refusal under CUDA graph capture. Tolerances as in
-test_gpu_forward.py.
+bitwise-identical deterministic gradients. Calls inside a CUDA graph capture: test_gpu_captured_varlen.py.
+Tolerances as in test_gpu_forward.py.
 """
 import os
 
@@ -132,17 +132,6 @@ def test_varlen_deterministic_gradients_are_bitwise_identical(causal):
         _, _, grads = run_varlen(q, k, v, dout, cu_q, cu_k, max_q, max_k, causal, (-1, -1), True)
         for name, a, b in zip(("dq", "dk", "dv"), first, grads):
             assert torch.equal(a, b), f"{name} differs between repeated deterministic varlen backward calls"
-
-
-@pytest.mark.gpu
-def test_varlen_refuses_cuda_graph_capture():
-    q, k, v, _, cu_q, cu_k, max_q, max_k = make_varlen("odd", 4, 4, main_head_dim(), torch.bfloat16)
-    dash_attn.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k)  # warm-up outside the capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with pytest.raises(RuntimeError, match="CUDA graph"):
-        with torch.cuda.graph(graph):
-            dash_attn.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k)
 
 
 @pytest.mark.gpu

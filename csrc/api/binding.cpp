@@ -13,6 +13,7 @@
 
 #include "common/head_dims.h"
 #include "common/params.h"
+#include "common/seqlens_check.h"
 
 namespace {
 
@@ -82,16 +83,22 @@ void check_tensors(Layout layout, const at::Tensor& q,
 
 // cu_seqlens_q/k: int32 prefix sums on q's device, batch + 1 entries each. Their values are the caller's to check
 // (dash_attn/validation.py does, on a host copy).
-dash::PackedSeqs packed_seqs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cu_q, const at::Tensor& cu_k) {
-  TORCH_CHECK(packed_built(), "dash_attn: this extension was built without the packed-sequence kernels");
+// cu_seqlens_q/k: contiguous int32 (batch + 1,) tensors of one length (at least min_entries) on `like`'s device.
+void check_cu_seqlens(const at::Tensor& cu_q, const at::Tensor& cu_k, const at::Tensor& like, int64_t min_entries) {
   for (const at::Tensor* t : {&cu_q, &cu_k}) {
     const char* name = t == &cu_q ? "cu_seqlens_q" : "cu_seqlens_k";
-    TORCH_CHECK_VALUE(t->is_cuda() && t->get_device() == q.get_device(), "dash_attn: ", name,
+    TORCH_CHECK_VALUE(t->is_cuda() && t->get_device() == like.get_device(), "dash_attn: ", name,
                       " must be on q's device");
-    TORCH_CHECK_VALUE(t->scalar_type() == at::kInt && t->dim() == 1 && t->is_contiguous() && t->size(0) >= 2,
+    TORCH_CHECK_VALUE(t->scalar_type() == at::kInt && t->dim() == 1 && t->is_contiguous() &&
+                          t->size(0) >= min_entries,
                       "dash_attn: ", name, " must be a contiguous int32 (batch + 1,) tensor");
   }
   TORCH_CHECK_VALUE(cu_q.size(0) == cu_k.size(0), "dash_attn: cu_seqlens_q and cu_seqlens_k differ in length");
+}
+
+dash::PackedSeqs packed_seqs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cu_q, const at::Tensor& cu_k) {
+  TORCH_CHECK(packed_built(), "dash_attn: this extension was built without the packed-sequence kernels");
+  check_cu_seqlens(cu_q, cu_k, q, 2);
   dash::PackedSeqs packed;
   packed.cu_seqlens_q = cu_q.data_ptr<int32_t>();
   packed.cu_seqlens_k = cu_k.data_ptr<int32_t>();
@@ -326,6 +333,63 @@ void varlen_bwd(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k
   run_bwd(p, q, deterministic, schedule, sm_margin, "packed backward");
 }
 
+// A device flag (int32 scalar, 1 = valid) for cu_seqlens_q/k of a packed call the host did not check: the kernels
+// and the rule of common/seqlens_check.h. left/right_bounded: the mask's band has that bound.
+at::Tensor packed_seqlens_ok(const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k, int64_t total_q,
+                             int64_t total_k, int64_t max_q, int64_t max_k, bool left_bounded, bool right_bounded) {
+  TORCH_CHECK_VALUE(cu_seqlens_q.is_cuda(), "dash_attn: cu_seqlens_q must be a CUDA tensor");
+  check_cu_seqlens(cu_seqlens_q, cu_seqlens_k, cu_seqlens_q, 1);
+  for (int64_t value : {total_q, total_k, max_q, max_k}) {
+    TORCH_CHECK_VALUE(value >= 0 && value <= INT32_MAX, "dash_attn: packed lengths must lie in [0, 2^31)");
+  }
+  c10::cuda::CUDAGuard guard(cu_seqlens_q.device());
+  at::Tensor ok = at::empty({}, cu_seqlens_q.options());
+  dash::SeqlensCheck check;
+  check.cu_seqlens_q = cu_seqlens_q.data_ptr<int32_t>();
+  check.cu_seqlens_k = cu_seqlens_k.data_ptr<int32_t>();
+  check.batch = static_cast<int32_t>(cu_seqlens_q.size(0) - 1);
+  check.total_q = static_cast<int32_t>(total_q);
+  check.total_k = static_cast<int32_t>(total_k);
+  check.max_q = static_cast<int32_t>(max_q);
+  check.max_k = static_cast<int32_t>(max_k);
+  check.left_bounded = left_bounded;
+  check.right_bounded = right_bounded;
+  check.ok = ok.data_ptr<int32_t>();
+  const int err = dash_check_seqlens(&check, at::cuda::getCurrentCUDAStream().stream());
+  TORCH_CHECK(err == 0, "dash_attn: cu_seqlens check launch failed: ", cudaGetErrorString(cudaError_t(err)));
+  return ok;
+}
+
+// Every element of `results` becomes NaN on the GPU unless the flag of packed_seqlens_ok says valid.
+void poison_unless_ok(const at::Tensor& ok, const std::vector<at::Tensor>& results) {
+  TORCH_CHECK_VALUE(ok.is_cuda() && ok.scalar_type() == at::kInt && ok.numel() == 1,
+                    "dash_attn: ok must be the int32 CUDA flag of packed_seqlens_ok");
+  TORCH_CHECK_VALUE(results.size() <= static_cast<size_t>(dash::kMaxPoisonTargets), "dash_attn: at most ",
+                    dash::kMaxPoisonTargets, " results per call");
+  dash::PoisonTargets targets;
+  for (const at::Tensor& t : results) {
+    TORCH_CHECK_VALUE(t.is_cuda() && t.get_device() == ok.get_device(), "dash_attn: results must be on ok's device");
+    // Dense and non-overlapping: the elements fill numel() words from data_ptr() in some order.
+    TORCH_CHECK_VALUE(t.is_non_overlapping_and_dense(), "dash_attn: results must be dense");
+    dash::PoisonTarget& target = targets.targets[targets.count++];
+    target.data = t.data_ptr();
+    target.words = t.numel();
+    if (t.scalar_type() == at::kFloat) {
+      target.word_bytes = 4;
+      target.nan_bits = 0x7fc00000u;
+    } else if (t.scalar_type() == at::kBFloat16 || t.scalar_type() == at::kHalf) {
+      target.word_bytes = 2;
+      target.nan_bits = t.scalar_type() == at::kBFloat16 ? 0x7fc0u : 0x7e00u;
+    } else {
+      TORCH_CHECK_VALUE(false, "dash_attn: results must be float32, bfloat16 or float16");
+    }
+  }
+  targets.ok = ok.data_ptr<int32_t>();
+  c10::cuda::CUDAGuard guard(ok.device());
+  const int err = dash_poison_unless_ok(&targets, num_sms(ok.get_device()), at::cuda::getCurrentCUDAStream().stream());
+  TORCH_CHECK(err == 0, "dash_attn: result poisoning launch failed: ", cudaGetErrorString(cudaError_t(err)));
+}
+
 std::vector<int64_t> supported_head_dims() {
   std::vector<int64_t> dims;
   for (int32_t h : dash::kBuiltHeadDims) {
@@ -351,6 +415,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("packed_built", &packed_built);
   m.def("varlen_fwd", &varlen_fwd, "packed-sequence forward: writes out and lse (nheads, total_q) in place");
   m.def("varlen_bwd", &varlen_bwd, "packed-sequence backward: writes dq, dk, dv in place");
+  m.def("packed_seqlens_ok", &packed_seqlens_ok, "cu_seqlens of a packed call checked on the GPU: int32 flag");
+  m.def("poison_unless_ok", &poison_unless_ok, "results set to NaN on the GPU unless the flag says valid");
   m.def("bwd_tile_shape", &bwd_tile_shape);
   m.def("num_sms", &num_sms);
 }

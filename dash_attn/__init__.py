@@ -3,8 +3,8 @@
 CPU tensors run a pure-PyTorch reference with the same semantics; CUDA tensors need an sm90 GPU and the compiled
 extension dash_attn._C.
 """
-from .interface import (SCHEDULES, flash_attn_func, flash_attn_kvpacked_func, flash_attn_qkvpacked_func,
-                        flash_attn_varlen_func, flash_attn_varlen_kvpacked_func, flash_attn_varlen_qkvpacked_func)
+from .api import (SCHEDULES, flash_attn_func, flash_attn_kvpacked_func, flash_attn_qkvpacked_func,
+                  flash_attn_varlen_func, flash_attn_varlen_kvpacked_func, flash_attn_varlen_qkvpacked_func)
 
 __version__ = "0.1.0"
 

@@ -1,0 +1,135 @@
+"""The public entry points, FlashAttention-3's interface: argument checks and normalisation (metadata only, so that
+they trace under torch.compile), then one call of a custom op or autograd function of dash_attn/interface.py."""
+from __future__ import annotations
+
+import math
+
+from . import validation
+from .interface import _EagerAttention, _EagerVarlenAttention, _eager_cuda, _fwd, _mask_args, _resolve_deterministic
+from .interface import _varlen_fwd
+from .validation import SCHEDULES
+
+__all__ = ["flash_attn_func", "flash_attn_qkvpacked_func", "flash_attn_kvpacked_func", "flash_attn_varlen_func",
+           "flash_attn_varlen_qkvpacked_func", "flash_attn_varlen_kvpacked_func", "SCHEDULES"]
+
+
+def _common_args(q, softmax_scale, causal, window_size, softcap, deterministic, schedule, sm_margin):
+    validation.check_softmax_scale(softmax_scale)
+    window_left, window_right = validation.check_window(causal, window_size)
+    softcap = validation.check_softcap(softcap)
+    validation.check_deterministic(deterministic)
+    validation.check_schedule(schedule)
+    validation.check_sm_margin(sm_margin)
+    if softmax_scale is None:
+        softmax_scale = 1.0 / math.sqrt(q.shape[-1])
+    mask, window_left, window_right = _mask_args(window_left, window_right)
+    return (float(softmax_scale), mask, window_left, window_right, softcap, _resolve_deterministic(deterministic),
+            schedule, int(sm_margin))
+
+
+def flash_attn_func(q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, deterministic=None,
+                    schedule="auto", sm_margin=0, return_attn_probs=False, **fa3_options):
+    """Scaled dot-product attention with FlashAttention-3's interface.
+
+    q: (batch, seqlen_q, nheads, headdim); k: (batch, seqlen_k, nheads_k, headdim), nheads % nheads_k == 0; v:
+    (batch, seqlen_k, nheads_k, headdim_v), headdim_v = headdim or another (e.g. 192 / 128); out takes headdim_v.
+    Head dims: multiples of 8 up to 256; on CUDA the kernel is the smallest built one (64, 128, 256) that holds both,
+    the missing columns read as zeros, at its cost. softmax_scale: default 1/sqrt(headdim).
+    causal: bottom-right aligned (query i sees key j <= i + seqlen_k - seqlen_q). window_size: (left, right), -1
+    unbounded. softcap > 0: scores = softcap * tanh(scores / softcap).
+    deterministic: bitwise-reproducible backward; None follows torch.are_deterministic_algorithms_enabled().
+    schedule: backward schedule name from SCHEDULES ("auto" = cost model). sm_margin: SMs the backward leaves free.
+    Returns out (batch, seqlen_q, nheads, headdim_v), or (out, lse) with return_attn_probs, lse float32 (batch,
+    nheads, seqlen_q), natural log.
+    fa3_options: FlashAttention-3's other keywords (qv, q/k/v_descale, attention_chunk, num_splits, pack_gqa), so
+    that its calls run unchanged: the tuning hints are accepted and ignored, the features only when off.
+    """
+    validation.check_fa3_options("flash_attn_func", fa3_options)
+    validation.check_qkv(q, k, v, varlen=False)
+    args = _common_args(q, softmax_scale, causal, window_size, softcap, deterministic, schedule, sm_margin)
+    out, lse = (_EagerAttention.apply if _eager_cuda(q, k, v) else _fwd)(q, k, v, *args)
+    return (out, lse) if return_attn_probs else out
+
+
+def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale=None,
+                           causal=False, window_size=(-1, -1), softcap=0.0, deterministic=None, schedule="auto",
+                           sm_margin=0, return_attn_probs=False, **fa3_options):
+    """Attention over sequences packed along dim 0 (FlashAttention-3's varlen interface).
+
+    q: (total_q, nheads, headdim); k, v: (total_k, nheads_k, headdim); cu_seqlens_q/k: int32 (batch + 1,) prefix sums
+    of the sequence lengths; max_seqlen_q/k: the longest sequence. Other arguments as in flash_attn_func; each
+    sequence is masked on its own. Returns out, or (out, lse) with lse float32 (nheads, total_q).
+    On CUDA one launch per direction runs all sequences (the packed-sequence kernels) where each sequence's causal
+    or window band lies inside the longest sequences' and the head dim is a kernel's own, else the dense kernels run
+    once per run of consecutive sequences with equal lengths. cu_seqlens is read on the host (checks, planning); from
+    the GPU that copy waits for it once per pair of tensors (the backward and other calls given the same tensors
+    reuse it), CPU tensors need none. Inside a CUDA graph capture (cu_seqlens on q's device, a kernel's own head dim
+    for q, k and v) nothing is read: the packed kernels run with max_seqlen_q/k as bounds and cu_seqlens is checked
+    on the GPU, invalid values (including a sequence longer than its bound) turning every result into NaN.
+    """
+    validation.check_fa3_options("flash_attn_varlen_func", fa3_options)
+    validation.check_qkv(q, k, v, varlen=True)
+    validation.check_cu_seqlens_meta(q, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    args = _common_args(q, softmax_scale, causal, window_size, softcap, deterministic, schedule, sm_margin)
+    op = _EagerVarlenAttention.apply if _eager_cuda(q, k, v) else _varlen_fwd
+    out, lse = op(q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), *args)
+    return (out, lse) if return_attn_probs else out
+
+
+def flash_attn_qkvpacked_func(qkv, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                              deterministic=None, num_heads_q=None, schedule="auto", sm_margin=0,
+                              return_attn_probs=False, **fa3_options):
+    """flash_attn_func on q, k, v packed in one tensor (FlashAttention-3's qkvpacked interface).
+
+    qkv: (batch, seqlen, 3, nheads, headdim), or with num_heads_q given (batch, seqlen, num_heads_q + 2 * nheads_k,
+    headdim): the query heads, then the key heads, then the value heads (MQA/GQA). The kernels read the three slices
+    in place; their gradients come back packed like qkv. Other arguments and the result as in flash_attn_func.
+    """
+    q, k, v = validation.unpack_qkv(qkv, num_heads_q)
+    return flash_attn_func(q, k, v, softmax_scale=softmax_scale, causal=causal, window_size=window_size,
+                           softcap=softcap, deterministic=deterministic, schedule=schedule, sm_margin=sm_margin,
+                           return_attn_probs=return_attn_probs, **fa3_options)
+
+
+def flash_attn_kvpacked_func(q, kv, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                             deterministic=None, schedule="auto", sm_margin=0, return_attn_probs=False,
+                             **fa3_options):
+    """flash_attn_func with k and v packed in one tensor (FlashAttention-2's kvpacked interface).
+
+    q: (batch, seqlen_q, nheads, headdim); kv: (batch, seqlen_k, 2, nheads_k, headdim). Other arguments and the
+    result as in flash_attn_func.
+    """
+    k, v = validation.unpack_kv(kv)
+    return flash_attn_func(q, k, v, softmax_scale=softmax_scale, causal=causal, window_size=window_size,
+                           softcap=softcap, deterministic=deterministic, schedule=schedule, sm_margin=sm_margin,
+                           return_attn_probs=return_attn_probs, **fa3_options)
+
+
+def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, softmax_scale=None, causal=False,
+                                     window_size=(-1, -1), softcap=0.0, deterministic=None, num_heads_q=None,
+                                     schedule="auto", sm_margin=0, return_attn_probs=False, **fa3_options):
+    """flash_attn_varlen_func on packed sequences whose q, k, v share one tensor (FlashAttention-2's interface).
+
+    qkv: (total, 3, nheads, headdim), or with num_heads_q (total, num_heads_q + 2 * nheads_k, headdim); cu_seqlens and
+    max_seqlen serve both queries and keys. Other arguments and the result as in flash_attn_varlen_func.
+    """
+    q, k, v = validation.unpack_qkv(qkv, num_heads_q, varlen=True)
+    return flash_attn_varlen_func(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, softmax_scale=softmax_scale,
+                                  causal=causal, window_size=window_size, softcap=softcap,
+                                  deterministic=deterministic, schedule=schedule, sm_margin=sm_margin,
+                                  return_attn_probs=return_attn_probs, **fa3_options)
+
+
+def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale=None,
+                                    causal=False, window_size=(-1, -1), softcap=0.0, deterministic=None,
+                                    schedule="auto", sm_margin=0, return_attn_probs=False, **fa3_options):
+    """flash_attn_varlen_func with k and v packed in one tensor (FlashAttention-2's interface).
+
+    q: (total_q, nheads, headdim); kv: (total_k, 2, nheads_k, headdim). Other arguments and the result as in
+    flash_attn_varlen_func.
+    """
+    k, v = validation.unpack_kv(kv, varlen=True)
+    return flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
+                                  softmax_scale=softmax_scale, causal=causal, window_size=window_size,
+                                  softcap=softcap, deterministic=deterministic, schedule=schedule,
+                                  sm_margin=sm_margin, return_attn_probs=return_attn_probs, **fa3_options)

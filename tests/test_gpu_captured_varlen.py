@@ -185,3 +185,28 @@ def test_poisoning_covers_every_element_of_every_dtype(flag):
     ext.poison_unless_ok(torch.tensor(flag, dtype=torch.int32, device="cuda"), results)
     for r, b in zip(results, before):
         assert r.isnan().all() if flag == 0 else torch.equal(r, b)
+
+
+def test_torch_compile_with_cuda_graphs_runs_the_captured_path(monkeypatch):
+    # mode="reduce-overhead" records the compiled step in a CUDA graph (cudagraph trees) and replays it with the
+    # inputs of each call copied in: the varlen op must take the captured path there, and each call's lengths.
+    captured = []
+    for name in ("_varlen_fwd_captured", "_varlen_bwd_captured"):
+        original = getattr(interface, name)
+        monkeypatch.setattr(interface, name, lambda *a, _f=original, _n=name: captured.append(_n) or _f(*a))
+    torch._dynamo.reset()
+
+    def forward(q, k, v, cu):
+        return dash_attn.flash_attn_varlen_func(q, k, v, cu, cu, BOUND, BOUND, causal=True, deterministic=True,
+                                                return_attn_probs=True)
+
+    compiled = torch.compile(forward, mode="reduce-overhead")
+    for seed, name in enumerate(["captured", "captured", "reordered", "shorter", "captured"], start=20):
+        cu, inputs = _cu(LENGTHS[name]), _inputs(seed)
+        leaves = [t.detach().clone().requires_grad_() for t in inputs[:3]]
+        out, lse = compiled(*leaves, cu)
+        out.backward(inputs[3])
+        torch.cuda.synchronize()
+        _assert_matches_reference([out.detach().clone(), lse.clone()] + [t.grad for t in leaves], cu, inputs, True)
+    assert "_varlen_fwd_captured" in captured and "_varlen_bwd_captured" in captured
+    torch._dynamo.reset()

@@ -51,9 +51,9 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, window_size=(-1, 
     return (out, lse) if return_attn_probs else out
 
 
-def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale=None,
-                           causal=False, window_size=(-1, -1), softcap=0.0, deterministic=None, schedule="auto",
-                           sm_margin=0, return_attn_probs=False, **fa3_options):
+def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q=None,
+                           seqused_k=None, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                           deterministic=None, schedule="auto", sm_margin=0, return_attn_probs=False, **fa3_options):
     """Attention over sequences packed along dim 0 (FlashAttention-3's varlen interface).
 
     q: (total_q, nheads, headdim); k, v: (total_k, nheads_k, headdim); cu_seqlens_q/k: int32 (batch + 1,) prefix sums
@@ -66,13 +66,18 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     reuse it), CPU tensors need none. Inside a CUDA graph capture (cu_seqlens on q's device, a kernel's own head dim
     for q, k and v) nothing is read: the packed kernels run with max_seqlen_q/k as bounds and cu_seqlens is checked
     on the GPU, invalid values (including a sequence longer than its bound) turning every result into NaN.
+    seqused_q/k (FlashAttention-3's): None or int32 (batch,) tensors, the rows of each sequence in use (from its
+    first); the rows past them take no part (out and their gradients 0, lse -inf). Such calls run in the packed
+    kernels (a kernel's own head dim, each sequence's band inside the longest ones').
     """
     validation.check_fa3_options("flash_attn_varlen_func", fa3_options)
     validation.check_qkv(q, k, v, varlen=True)
     validation.check_cu_seqlens_meta(q, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
+    validation.check_seqused_meta(q, cu_seqlens_q, seqused_q, seqused_k)
     args = _common_args(q, softmax_scale, causal, window_size, softcap, deterministic, schedule, sm_margin)
     op = _EagerVarlenAttention.apply if _eager_cuda(q, k, v) else _varlen_fwd
-    out, lse = op(q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), *args)
+    out, lse = op(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, int(max_seqlen_q), int(max_seqlen_k),
+                  *args)
     return (out, lse) if return_attn_probs else out
 
 

@@ -1,4 +1,4 @@
-"""Varlen calls planned without reading cu_seqlens on the host (inside a CUDA graph capture).
+"""Varlen calls planned without reading cu_seqlens on the host (inside a CUDA graph capture, or given seqused).
 
 A captured graph replays its kernels with whatever cu_seqlens holds at replay time, and a copy to the host cannot be
 captured at all, so such a call cannot check the prefix sums before its launch or pick a plan from them. It runs the
@@ -23,19 +23,27 @@ def capped_bounds(total_q: int, total_k: int, max_seqlen_q: int, max_seqlen_k: i
     return min(max_seqlen_q, total_q), min(max_seqlen_k, total_k)
 
 
-def seqlens_ok(cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, total_q: int, total_k: int, max_q: int,
-               max_k: int, band: Optional[Tuple[int, int]]) -> torch.Tensor:
-    """A 0-dim bool tensor on cu_seqlens' device: both start at 0, never decrease, end at the packed lengths, no
-    sequence exceeds (max_q, max_k), and, for a causal or window mask (band = (left, right), -1 unbounded), each
-    sequence's diagonal lies where the packed kernels' schedule can reach it: the schedule is that of a batch of the
-    longest sequences, whose band lies around the diagonal max_k - max_q; a right bound needs no sequence diagonal
-    right of it, a left bound none left of it (the rule the host-planned path applies before choosing these
-    kernels)."""
+def seqlens_ok(cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, seqused_q: Optional[torch.Tensor],
+               seqused_k: Optional[torch.Tensor], total_q: int, total_k: int, max_q: int, max_k: int,
+               band: Optional[Tuple[int, int]]) -> torch.Tensor:
+    """A 0-dim bool tensor on cu_seqlens' device: both start at 0, never decrease, end at the packed lengths, seqused
+    (where given) lies within each sequence's length, no sequence's rows in use exceed (max_q, max_k), and, for a
+    causal or window mask (band = (left, right), -1 unbounded), each sequence's diagonal lies where the packed
+    kernels' schedule can reach it: the schedule is that of a batch of the longest sequences, whose band lies around
+    the diagonal max_k - max_q; a right bound needs no sequence diagonal right of it, a left bound none left of it
+    (the rule the host-planned path applies before choosing these kernels)."""
     lens_q = cu_seqlens_q.long().diff()  # int64: differences of arbitrary int32 values cannot wrap around
     lens_k = cu_seqlens_k.long().diff()
     ok = (cu_seqlens_q[0] == 0) & (cu_seqlens_k[0] == 0)
     ok &= (cu_seqlens_q[-1] == total_q) & (cu_seqlens_k[-1] == total_k)
-    ok &= ((lens_q >= 0) & (lens_q <= max_q) & (lens_k >= 0) & (lens_k <= max_k)).all()
+    ok &= ((lens_q >= 0) & (lens_k >= 0)).all()
+    if seqused_q is not None:
+        ok &= ((seqused_q >= 0) & (seqused_q <= lens_q)).all()
+        lens_q = seqused_q.long()
+    if seqused_k is not None:
+        ok &= ((seqused_k >= 0) & (seqused_k <= lens_k)).all()
+        lens_k = seqused_k.long()
+    ok &= ((lens_q <= max_q) & (lens_k <= max_k)).all()
     if band is not None:
         left, right = band
         diagonal = (lens_k - lens_q) - (max_k - max_q)
@@ -47,19 +55,21 @@ def seqlens_ok(cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, total_q: 
 
 
 def poison_unless(ok: torch.Tensor, *results: torch.Tensor) -> None:
-    """Fills every result with NaN where `ok` is False, on the GPU (a tensor mask: nothing waits for its value)."""
+    """Fills every result with NaN where `ok` is False, on the device (a tensor mask: nothing waits for its value)."""
     bad = ok.logical_not()
     for result in results:
         result.masked_fill_(bad, float("nan"))
 
 
-def flag_invalid(ext, cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, total_q: int, total_k: int, max_q: int,
-                 max_k: int, band: Optional[Tuple[int, int]], *results: torch.Tensor) -> None:
-    """Checks cu_seqlens (contiguous int32 on the results' device) and turns every result into NaN if they are
-    invalid, all on the GPU."""
+def flag_invalid(ext, cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, seqused_q: Optional[torch.Tensor],
+                 seqused_k: Optional[torch.Tensor], total_q: int, total_k: int, max_q: int, max_k: int,
+                 band: Optional[Tuple[int, int]], *results: torch.Tensor) -> None:
+    """Checks cu_seqlens and seqused (contiguous int32 on the results' device) and turns every result into NaN if they
+    are invalid, all on the GPU."""
+    seqs = (cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k)
     if results[0].is_cuda:
         left, right = band if band is not None else (-1, -1)
-        ok = ext.packed_seqlens_ok(cu_seqlens_q, cu_seqlens_k, total_q, total_k, max_q, max_k, left >= 0, right >= 0)
+        ok = ext.packed_seqlens_ok(*seqs, total_q, total_k, max_q, max_k, left >= 0, right >= 0)
         ext.poison_unless_ok(ok, list(results))
     else:
-        poison_unless(seqlens_ok(cu_seqlens_q, cu_seqlens_k, total_q, total_k, max_q, max_k, band), *results)
+        poison_unless(seqlens_ok(*seqs, total_q, total_k, max_q, max_k, band), *results)

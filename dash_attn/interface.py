@@ -343,44 +343,67 @@ _EagerAttention = _eager_function("_EagerAttention", _fwd_impl, _fwd_setup_conte
 # Varlen custom ops
 # ----------------------------------------------------------------------------------------------------------------------
 
-# The host copies of the last cu_seqlens pair read, with the tensors (held, so that their memory is not reused) and
-# their version counters: a step's backward takes the tensors its forward read and gets the copies without waiting
-# for the GPU a second time. An in-place change of either tensor bumps its version and forces a new copy.
-_last_host_cu_seqlens = None
+# The host copies of the last tensors read (cu_seqlens_q/k, seqused_q/k), with the tensors (held, so that their memory
+# is not reused) and their version counters: a step's backward takes the tensors its forward read and gets the copies
+# without waiting for the GPU a second time. An in-place change of any of them bumps its version and forces a new copy.
+_last_host_copies = None
 
 
-def _host_cu_seqlens(cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor) -> Tuple[List[int], List[int]]:
-    global _last_host_cu_seqlens
-    key = (cu_seqlens_q, cu_seqlens_k, cu_seqlens_q._version, cu_seqlens_k._version)
-    last = _last_host_cu_seqlens
-    if last is not None and last[0] is key[0] and last[1] is key[1] and last[2:4] == key[2:4]:
-        return last[4], last[5]
-    if cu_seqlens_q.device == cu_seqlens_k.device:
-        both = torch.cat((cu_seqlens_q, cu_seqlens_k)).tolist()
-        cq, ck = both[:cu_seqlens_q.shape[0]], both[cu_seqlens_q.shape[0]:]
+def _host_lists(*tensors: Optional[torch.Tensor]) -> List[Optional[List[int]]]:
+    """Host lists of int tensors (None stays None), read in one copy where they share a device."""
+    global _last_host_copies
+    key = tuple((t, t._version) if t is not None else None for t in tensors)
+    last = _last_host_copies
+    if last is not None and len(last[0]) == len(key) and all(
+            (a is None and b is None) or (a is not None and b is not None and a[0] is b[0] and a[1] == b[1])
+            for a, b in zip(last[0], key)):
+        return last[1]
+    present = [t for t in tensors if t is not None]
+    if present and all(t.device == present[0].device for t in present):
+        flat = torch.cat(present).tolist()
+        lists, start = [], 0
+        for t in present:
+            lists.append(flat[start:start + t.shape[0]])
+            start += t.shape[0]
     else:
-        cq, ck = cu_seqlens_q.tolist(), cu_seqlens_k.tolist()
-    _last_host_cu_seqlens = key + (cq, ck)
-    return cq, ck
+        lists = [t.tolist() for t in present]
+    found = iter(lists)
+    copies = [next(found) if t is not None else None for t in tensors]
+    _last_host_copies = (key, copies)
+    return copies
 
 
-def _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softcap):
-    """Every check of a varlen call; returns the checked extension (None on the CPU) and host copies of
-    cu_seqlens_q and cu_seqlens_k. A copy from the GPU waits for it (and then the host's launch work is no longer
-    hidden behind running kernels), so both are read in one copy, none when the caller passes them on the CPU, and
-    none again for the backward of the same tensors (_host_cu_seqlens). Inside a CUDA graph capture nothing is read
-    (None, None): the call runs unplanned (_varlen_fwd_captured)."""
+def _on_cuda(t: torch.Tensor) -> bool:
+    """Whether a varlen call takes the CUDA branches (any device but the CPU, whose calls run the reference)."""
+    return t.device.type != "cpu"
+
+
+def _used_lengths(cu: List[int], used: Optional[List[int]]) -> List[int]:
+    """Each sequence's rows in use: its length from cu_seqlens, or seqused's entry."""
+    return [b - a for a, b in zip(cu, cu[1:])] if used is None else list(used)
+
+
+def _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k, softcap):
+    """Every check of a varlen call; returns the checked extension (None on the CPU) and host copies of cu_seqlens_q,
+    cu_seqlens_k, seqused_q and seqused_k (None where not given). A copy from the GPU waits for it (and then the host's
+    launch work is no longer hidden behind running kernels), so they are read in one copy, none when the caller passes
+    them on the CPU, and none again for the backward of the same tensors (_host_lists). Inside a CUDA graph capture
+    nothing is read (None): the call runs unplanned (_varlen_fwd_unplanned)."""
     ext = None
-    if q.device.type != "cpu":
+    if _on_cuda(q):
         ext = _check_cuda(q, v, softcap)
-        if torch.cuda.is_current_stream_capturing():
-            validation.check_captured_varlen(q, v, cu_seqlens_q, cu_seqlens_k, ext.packed_built(),
-                                             _supported_head_dims())
-            return ext, None, None
-    cq, ck = _host_cu_seqlens(cu_seqlens_q, cu_seqlens_k)
-    validation.check_cu_seqlens_values("cu_seqlens_q", cq, q.shape[0], max_seqlen_q, "max_seqlen_q")
-    validation.check_cu_seqlens_values("cu_seqlens_k", ck, k.shape[0], max_seqlen_k, "max_seqlen_k")
-    return ext, cq, ck
+        capturing = torch.cuda.is_current_stream_capturing()
+        if capturing or seqused_q is not None or seqused_k is not None:
+            validation.check_unplanned_varlen(q, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k,
+                                              ext.packed_built(), _supported_head_dims(), capturing)
+        if capturing:
+            return ext, None
+    host = _host_lists(cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k)
+    for side, total, max_seqlen in (("q", q.shape[0], max_seqlen_q), ("k", k.shape[0], max_seqlen_k)):
+        cu, used = host[0 if side == "q" else 1], host[2 if side == "q" else 3]
+        validation.check_cu_seqlens_values(f"cu_seqlens_{side}", cu, total, max_seqlen, f"max_seqlen_{side}",
+                                           used, f"seqused_{side}")
+    return ext, host
 
 
 def _runs(cq: List[int], ck: List[int]):
@@ -446,21 +469,24 @@ def _packed_launch(ext, q, k, v, cq, ck, mask, window_left, window_right):
         return None
     if _runs_beat_packed(q, k, cq, ck, mask, window_left, window_right):
         return None
-    lens_q = [b - a for a, b in zip(cq, cq[1:])]
-    lens_k = [b - a for a, b in zip(ck, ck[1:])]
+    lens_q, lens_k = _used_lengths(cq, None), _used_lengths(ck, None)
     max_q, max_k = max(lens_q), max(lens_k)
-    if max_q == 0 or max_k == 0:
+    if max_q == 0 or max_k == 0 or not _bands_inside(lens_q, lens_k, mask, window_left, window_right):
         return None
-    # The schedule of a causal or window mask is the batch's, whose band lies around the longest sequences' diagonal
-    # (max_k - max_q): each sequence's band around its own diagonal must lie inside it, or it would need KV tiles that
-    # schedule never visits. A right bound needs no diagonal right of the batch's, a left bound none left of it.
-    if mask != MaskKind.FULL:
-        left, right = (-1, 0) if mask == MaskKind.CAUSAL else (window_left, window_right)
-        diagonal = max_k - max_q
-        for lq, lk in zip(lens_q, lens_k):
-            if (right >= 0 and lk - lq > diagonal) or (left >= 0 and lk - lq < diagonal):
-                return None
     return max_q, max_k
+
+
+def _bands_inside(lens_q, lens_k, mask, window_left, window_right) -> bool:
+    """Whether each sequence's band lies inside the longest sequences' band. The packed kernels' schedule of a causal
+    or window mask is the batch's, whose band lies around the longest sequences' diagonal (max_k - max_q): a sequence
+    band outside it would need KV tiles that schedule never visits. A right bound needs no diagonal right of the
+    batch's, a left bound none left of it."""
+    if mask == MaskKind.FULL or not lens_q:
+        return True
+    left, right = (-1, 0) if mask == MaskKind.CAUSAL else (window_left, window_right)
+    diagonal = max(lens_k) - max(lens_q)
+    return not any((right >= 0 and lk - lq > diagonal) or (left >= 0 and lk - lq < diagonal)
+                   for lq, lk in zip(lens_q, lens_k))
 
 
 def _device_int32(x: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -475,8 +501,8 @@ def _varlen_fwd_cuda(ext, q, k, v, cu_seqlens_q, cu_seqlens_k, cq, ck, softmax_s
     if packed is not None:
         with _device_guard(q.device):
             ext.varlen_fwd(q, k, v, out, lse, _device_int32(cu_seqlens_q, q.device),
-                           _device_int32(cu_seqlens_k, q.device), packed[0], packed[1], softmax_scale, mask,
-                           window_left, window_right, softcap)
+                           _device_int32(cu_seqlens_k, q.device), None, None, packed[0], packed[1], softmax_scale,
+                           mask, window_left, window_right, softcap)
         return out, lse
     for sq, sk, count, seqlen_q, seqlen_k in _runs(cq, ck):
         q_b = _batched(q, sq, count, seqlen_q)
@@ -499,8 +525,8 @@ def _varlen_bwd_cuda(ext, dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, c
                                             q.shape[-1], mask, window_left, window_right, deterministic, sm_margin)
         with _device_guard(q.device):
             ext.varlen_bwd(dout, q, k, v, out, lse, dq, dk, dv, _device_int32(cu_seqlens_q, q.device),
-                           _device_int32(cu_seqlens_k, q.device), max_q, max_k, softmax_scale, mask, window_left,
-                           window_right, softcap, deterministic, schedule_id, sm_margin)
+                           _device_int32(cu_seqlens_k, q.device), None, None, max_q, max_k, softmax_scale, mask,
+                           window_left, window_right, softcap, deterministic, schedule_id, sm_margin)
         return dq, dk, dv
     for sq, sk, count, seqlen_q, seqlen_k in _runs(cq, ck):
         q_b = _batched(q, sq, count, seqlen_q)
@@ -514,35 +540,58 @@ def _varlen_bwd_cuda(ext, dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, c
     return dq, dk, dv
 
 
-# Inside a CUDA graph capture: the packed-sequence kernels with the caller's max_seqlen bounds, no host copy of
-# cu_seqlens, its check on the GPU afterwards (dash_attn.device_seqlens: invalid values turn every result into NaN).
-def _captured_band(mask, window_left, window_right):
+# Unplanned calls (inside a CUDA graph capture, or given seqused_q/k): the packed-sequence kernels with bounds for the
+# longest sequences (the caller's max_seqlen inside a capture, else the longest rows in use), cu_seqlens and seqused
+# checked on the GPU afterwards (dash_attn.device_seqlens: invalid values turn every result into NaN). Rows past
+# seqused are not the kernels' to write: they start as zeros (lse -inf).
+def _unplanned_band(mask, window_left, window_right):
     return None if mask == MaskKind.FULL else (window_left, window_right)
 
 
-def _varlen_fwd_captured(ext, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, mask,
-                         window_left, window_right, softcap):
-    out = _out_like(q, v)
+def _unplanned_bounds(host, mask, window_left, window_right, max_seqlen_q, max_seqlen_k):
+    """The bounds of an unplanned call: the caller's inside a capture (host None), else the longest rows in use, whose
+    bands must lie inside the longest ones' (the packed kernels are the only ones that skip rows)."""
+    if host is None:
+        return max_seqlen_q, max_seqlen_k
+    lens_q, lens_k = _used_lengths(host[0], host[2]), _used_lengths(host[1], host[3])
+    if not _bands_inside(lens_q, lens_k, mask, window_left, window_right):
+        raise ValueError("with seqused_q/seqused_k the packed-sequence kernels run the call, which need each sequence's "
+                         "causal or window band inside the longest sequences' band (their diagonals seqused_k - "
+                         "seqused_q equal, for instance): this call's bands differ")
+    return max(lens_q, default=0), max(lens_k, default=0)
+
+
+def _device_seqs(q, *tensors):
+    return [None if t is None else _device_int32(t, q.device) for t in tensors]
+
+
+def _varlen_fwd_unplanned(ext, q, k, v, seqs, bounds, softmax_scale, mask, window_left, window_right, softcap):
+    """seqs: cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k (the last two may be None); bounds: max_q, max_k."""
+    cu_q, cu_k, used_q, used_k = _device_seqs(q, *seqs)
+    some_unused = used_q is not None or used_k is not None
+    out = q.new_zeros(*q.shape[:-1], v.shape[-1]) if some_unused else _out_like(q, v)
     lse = torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device)
-    max_q, max_k = device_seqlens.capped_bounds(q.shape[0], k.shape[0], max_seqlen_q, max_seqlen_k)
-    cu_q, cu_k = _device_int32(cu_seqlens_q, q.device), _device_int32(cu_seqlens_k, q.device)
+    if some_unused:
+        lse.fill_(float("-inf"))
+    max_q, max_k = device_seqlens.capped_bounds(q.shape[0], k.shape[0], *bounds)
     with _device_guard(q.device):
         if max_k == 0:  # no keys: every row is fully masked
             out.zero_()
             lse.fill_(float("-inf"))
         elif max_q > 0 and cu_q.shape[0] > 1:
-            ext.varlen_fwd(q, k, v, out, lse, cu_q, cu_k, max_q, max_k, softmax_scale, mask, window_left, window_right,
-                           softcap)
-        device_seqlens.flag_invalid(ext, cu_q, cu_k, q.shape[0], k.shape[0], max_q, max_k,
-                                    _captured_band(mask, window_left, window_right), out, lse)
+            ext.varlen_fwd(q, k, v, out, lse, cu_q, cu_k, used_q, used_k, max_q, max_k, softmax_scale, mask,
+                           window_left, window_right, softcap)
+        device_seqlens.flag_invalid(ext, cu_q, cu_k, used_q, used_k, q.shape[0], k.shape[0], max_q, max_k,
+                                    _unplanned_band(mask, window_left, window_right), out, lse)
     return out, lse
 
 
-def _varlen_bwd_captured(ext, dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                         softmax_scale, mask, window_left, window_right, softcap, deterministic, schedule, sm_margin):
-    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    max_q, max_k = device_seqlens.capped_bounds(q.shape[0], k.shape[0], max_seqlen_q, max_seqlen_k)
-    cu_q, cu_k = _device_int32(cu_seqlens_q, q.device), _device_int32(cu_seqlens_k, q.device)
+def _varlen_bwd_unplanned(ext, dout, q, k, v, out, lse, seqs, bounds, softmax_scale, mask, window_left, window_right,
+                          softcap, deterministic, schedule, sm_margin):
+    cu_q, cu_k, used_q, used_k = _device_seqs(q, *seqs)
+    some_unused = used_q is not None or used_k is not None
+    dq, dk, dv = ((torch.zeros_like if some_unused else torch.empty_like)(t) for t in (q, k, v))
+    max_q, max_k = device_seqlens.capped_bounds(q.shape[0], k.shape[0], *bounds)
     with _device_guard(q.device):
         if max_q == 0 or max_k == 0 or cu_q.shape[0] == 1:  # no query sees a key
             dq.zero_()
@@ -552,30 +601,35 @@ def _varlen_bwd_captured(ext, dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_
             schedule_id = _resolve_schedule_for(schedule, q.device, cu_q.shape[0] - 1, max_q, max_k, q.shape[1],
                                                 k.shape[1], q.shape[-1], mask, window_left, window_right,
                                                 deterministic, sm_margin)
-            ext.varlen_bwd(dout, q, k, v, out, lse, dq, dk, dv, cu_q, cu_k, max_q, max_k, softmax_scale, mask,
-                           window_left, window_right, softcap, deterministic, schedule_id, sm_margin)
-        device_seqlens.flag_invalid(ext, cu_q, cu_k, q.shape[0], k.shape[0], max_q, max_k,
-                                    _captured_band(mask, window_left, window_right), dq, dk, dv)
+            ext.varlen_bwd(dout, q, k, v, out, lse, dq, dk, dv, cu_q, cu_k, used_q, used_k, max_q, max_k,
+                           softmax_scale, mask, window_left, window_right, softcap, deterministic, schedule_id,
+                           sm_margin)
+        device_seqlens.flag_invalid(ext, cu_q, cu_k, used_q, used_k, q.shape[0], k.shape[0], max_q, max_k,
+                                    _unplanned_band(mask, window_left, window_right), dq, dk, dv)
     return dq, dk, dv
 
 
 def _varlen_fwd_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
-                     cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float, mask: int,
-                     window_left: int, window_right: int, softcap: float, deterministic: bool, schedule: str,
+                     cu_seqlens_k: torch.Tensor, seqused_q: Optional[torch.Tensor], seqused_k: Optional[torch.Tensor],
+                     max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float, mask: int, window_left: int,
+                     window_right: int, softcap: float, deterministic: bool, schedule: str,
                      sm_margin: int) -> Tuple[torch.Tensor, torch.Tensor]:
     mask, window_left, window_right = _effective_mask(mask, window_left, window_right, max_seqlen_q, max_seqlen_k)
-    ext, cq, ck = _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softcap)
-    if ext is not None and cq is None:
-        return _varlen_fwd_captured(ext, q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                    softmax_scale, mask, window_left, window_right, softcap)
+    seqs = (cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k)
+    ext, host = _check_varlen(q, k, v, *seqs, max_seqlen_q, max_seqlen_k, softcap)
+    if ext is not None and (host is None or seqused_q is not None or seqused_k is not None):
+        bounds = _unplanned_bounds(host, mask, window_left, window_right, max_seqlen_q, max_seqlen_k)
+        return _varlen_fwd_unplanned(ext, q, k, v, seqs, bounds, softmax_scale, mask, window_left, window_right,
+                                     softcap)
     if ext is not None:
-        return _varlen_fwd_cuda(ext, q, k, v, cu_seqlens_q, cu_seqlens_k, cq, ck, softmax_scale, mask, window_left,
-                                window_right, softcap)
+        return _varlen_fwd_cuda(ext, q, k, v, cu_seqlens_q, cu_seqlens_k, host[0], host[1], softmax_scale, mask,
+                                window_left, window_right, softcap)
     out = _out_like(q, v)
     lse = torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device)
     ref_out, ref_lse = attention_ref_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, False,
                                             (window_left, window_right), softcap, return_lse=True,
-                                            compute_dtype=_reference_dtype(q.dtype))
+                                            compute_dtype=_reference_dtype(q.dtype), seqused_q=seqused_q,
+                                            seqused_k=seqused_k)
     out.copy_(ref_out)
     lse.copy_(ref_lse)
     return out, lse
@@ -585,31 +639,35 @@ _varlen_fwd = torch.library.custom_op("dash_attn::varlen_fwd", mutates_args=())(
 
 
 @_varlen_fwd.register_fake
-def _varlen_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, mask,
-                     window_left, window_right, softcap, deterministic, schedule, sm_margin):
+def _varlen_fwd_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k,
+                     softmax_scale, mask, window_left, window_right, softcap, deterministic, schedule, sm_margin):
     return _out_like(q, v), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
 
 
 def _varlen_bwd_impl(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, out: torch.Tensor,
-                     lse: torch.Tensor, cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, max_seqlen_q: int,
+                     lse: torch.Tensor, cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
+                     seqused_q: Optional[torch.Tensor], seqused_k: Optional[torch.Tensor], max_seqlen_q: int,
                      max_seqlen_k: int, softmax_scale: float, mask: int, window_left: int, window_right: int,
                      softcap: float, deterministic: bool, schedule: str,
                      sm_margin: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     mask, window_left, window_right = _effective_mask(mask, window_left, window_right, max_seqlen_q, max_seqlen_k)
-    ext, cq, ck = _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softcap)
-    if ext is not None and cq is None:
-        return _varlen_bwd_captured(ext, dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
-                                    max_seqlen_k, softmax_scale, mask, window_left, window_right, softcap,
-                                    deterministic, schedule, sm_margin)
+    seqs = (cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k)
+    ext, host = _check_varlen(q, k, v, *seqs, max_seqlen_q, max_seqlen_k, softcap)
+    if ext is not None and (host is None or seqused_q is not None or seqused_k is not None):
+        bounds = _unplanned_bounds(host, mask, window_left, window_right, max_seqlen_q, max_seqlen_k)
+        return _varlen_bwd_unplanned(ext, dout, q, k, v, out, lse, seqs, bounds, softmax_scale, mask, window_left,
+                                     window_right, softcap, deterministic, schedule, sm_margin)
     if ext is not None:
-        return _varlen_bwd_cuda(ext, dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, cq, ck, softmax_scale, mask,
-                                window_left, window_right, softcap, deterministic, schedule, sm_margin)
+        return _varlen_bwd_cuda(ext, dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, host[0], host[1],
+                                softmax_scale, mask, window_left, window_right, softcap, deterministic, schedule,
+                                sm_margin)
     window = (window_left, window_right)
     compute_dtype = _reference_dtype(q.dtype)
+    used = dict(seqused_q=seqused_q, seqused_k=seqused_k)
     ref_out, ref_lse = attention_ref_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, False, window,
-                                            softcap, return_lse=True, compute_dtype=compute_dtype)
+                                            softcap, return_lse=True, compute_dtype=compute_dtype, **used)
     grads = attention_bwd_ref_varlen(dout, q, k, v, ref_out, ref_lse, cu_seqlens_q, cu_seqlens_k, softmax_scale,
-                                     False, window, softcap, compute_dtype)
+                                     False, window, softcap, compute_dtype, **used)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     for dst, src in zip((dq, dk, dv), grads):
         dst.copy_(src)
@@ -620,23 +678,28 @@ _varlen_bwd = torch.library.custom_op("dash_attn::varlen_bwd", mutates_args=())(
 
 
 @_varlen_bwd.register_fake
-def _varlen_bwd_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale,
-                     mask, window_left, window_right, softcap, deterministic, schedule, sm_margin):
+def _varlen_bwd_fake(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q,
+                     max_seqlen_k, softmax_scale, mask, window_left, window_right, softcap, deterministic, schedule,
+                     sm_margin):
     return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
 
+_VARLEN_SEQ_INPUTS = 4  # cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k: after q, k, v, before the scalars
+
+
 def _varlen_fwd_setup_context(ctx, inputs, output):
-    q, k, v, cu_seqlens_q, cu_seqlens_k, *params = inputs
+    q, k, v = inputs[:3]
+    seqs, params = inputs[3:3 + _VARLEN_SEQ_INPUTS], inputs[3 + _VARLEN_SEQ_INPUTS:]
     out, lse = output
-    ctx.save_for_backward(q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k)
+    ctx.save_for_backward(q, k, v, out, lse, *seqs)
     ctx.params = params
     ctx.mark_non_differentiable(lse)
 
 
 def _varlen_fwd_backward(ctx, dout, dlse, bwd=_varlen_bwd):
-    q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k = ctx.saved_tensors
-    dq, dk, dv = bwd(_last_dim_contiguous(dout), q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, *ctx.params)
-    return (dq, dk, dv, None, None) + (None,) * len(ctx.params)
+    q, k, v, out, lse, *seqs = ctx.saved_tensors
+    dq, dk, dv = bwd(_last_dim_contiguous(dout), q, k, v, out, lse, *seqs, *ctx.params)
+    return (dq, dk, dv) + (None,) * (_VARLEN_SEQ_INPUTS + len(ctx.params))
 
 
 _varlen_fwd.register_autograd(_varlen_fwd_backward, setup_context=_varlen_fwd_setup_context)

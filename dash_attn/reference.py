@@ -124,34 +124,37 @@ def attention_ref(q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1
     return out, lse
 
 
-def _sequence_slices(cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor):
+def _sequence_slices(cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, seqused_q=None, seqused_k=None):
+    """Each sequence's rows: [cu_seqlens[b], cu_seqlens[b + 1]), or its first seqused[b] of them."""
     starts_q = cu_seqlens_q.tolist()
     starts_k = cu_seqlens_k.tolist()
+    used_q = seqused_q.tolist() if seqused_q is not None else None
+    used_k = seqused_k.tolist() if seqused_k is not None else None
     for b in range(len(starts_q) - 1):
-        yield slice(starts_q[b], starts_q[b + 1]), slice(starts_k[b], starts_k[b + 1])
+        end_q = starts_q[b + 1] if used_q is None else starts_q[b] + used_q[b]
+        end_k = starts_k[b + 1] if used_k is None else starts_k[b] + used_k[b]
+        yield slice(starts_q[b], end_q), slice(starts_k[b], end_k)
 
 
 def attention_ref_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale=None, causal=False, window_size=(-1, -1),
-                         softcap=0.0, upcast=True, return_lse=False, compute_dtype=None):
+                         softcap=0.0, upcast=True, return_lse=False, compute_dtype=None, seqused_q=None,
+                         seqused_k=None):
     """Varlen forward: q (total_q, nheads, d), k/v (total_k, nheads_k, d); each sequence masked on its own.
+    seqused_q/k (batch,): the rows of each sequence in use (from its first); the others see nothing and are seen by
+    nothing (out 0, lse -inf).
 
     Returns out (total_q, nheads, d) and, with return_lse, lse (nheads, total_q).
     """
     if softmax_scale is None:
         softmax_scale = _default_scale(q.shape[-1])
-    outs, lses = [], []
-    for sq, sk in _sequence_slices(cu_seqlens_q, cu_seqlens_k):
+    out = q.new_zeros(q.shape[0], q.shape[1], v.shape[-1])
+    lse = torch.full((q.shape[1], q.shape[0]), float("-inf"), dtype=_compute_dtype(q.dtype, upcast, compute_dtype),
+                     device=q.device)
+    for sq, sk in _sequence_slices(cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k):
         out_b, lse_b = attention_ref(q[sq].unsqueeze(0), k[sk].unsqueeze(0), v[sk].unsqueeze(0), softmax_scale,
                                      causal, window_size, softcap, upcast, True, compute_dtype)
-        outs.append(out_b.squeeze(0))
-        lses.append(lse_b.squeeze(0))
-    if outs:
-        out = torch.cat(outs, dim=0)
-        lse = torch.cat(lses, dim=1)
-    else:
-        dtype = _compute_dtype(q.dtype, upcast, compute_dtype)
-        out = q.new_zeros(0, q.shape[1], v.shape[-1])
-        lse = torch.zeros(q.shape[1], 0, dtype=dtype, device=q.device)
+        out[sq] = out_b.squeeze(0)
+        lse[:, sq] = lse_b.squeeze(0)
     return (out, lse) if return_lse else out
 
 
@@ -192,14 +195,16 @@ def attention_bwd_ref(dout, q, k, v, out, lse, softmax_scale=None, causal=False,
 
 
 def attention_bwd_ref_varlen(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, softmax_scale=None, causal=False,
-                             window_size=(-1, -1), softcap=0.0, compute_dtype=torch.float32):
-    """Varlen form of attention_bwd_ref; lse is (nheads, total_q). Returns dq, dk, dv in compute_dtype."""
+                             window_size=(-1, -1), softcap=0.0, compute_dtype=torch.float32, seqused_q=None,
+                             seqused_k=None):
+    """Varlen form of attention_bwd_ref; lse is (nheads, total_q). Returns dq, dk, dv in compute_dtype (0 on the rows
+    past seqused)."""
     if softmax_scale is None:
         softmax_scale = _default_scale(q.shape[-1])
     dq = torch.zeros(q.shape, dtype=compute_dtype, device=q.device)
     dk = torch.zeros(k.shape, dtype=compute_dtype, device=k.device)
     dv = torch.zeros(v.shape, dtype=compute_dtype, device=v.device)
-    for sq, sk in _sequence_slices(cu_seqlens_q, cu_seqlens_k):
+    for sq, sk in _sequence_slices(cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k):
         grads = attention_bwd_ref(dout[sq].unsqueeze(0), q[sq].unsqueeze(0), k[sk].unsqueeze(0), v[sk].unsqueeze(0),
                                   out[sq].unsqueeze(0), lse[:, sq].unsqueeze(0), softmax_scale, causal, window_size,
                                   softcap, compute_dtype)

@@ -8,7 +8,7 @@ Shape/dtype checks here only read metadata so they also run on the fake tensors 
 from __future__ import annotations
 
 import math
-from typing import Sequence, Tuple
+from typing import Optional, Sequence, Tuple
 
 import torch
 
@@ -210,9 +210,26 @@ def check_cu_seqlens_meta(q: torch.Tensor, cu_seqlens_q: torch.Tensor, cu_seqlen
             raise ValueError(f"{name} must be an int >= 0 (the longest sequence), got {value!r}")
 
 
-def check_cu_seqlens_values(name: str, values: Sequence[int], total: int, max_seqlen: int, max_name: str) -> None:
-    """Contents of cu_seqlens (a host copy): starts at 0, non-decreasing, ends at the packed length, max_seqlen large
-    enough."""
+def check_seqused_meta(q: torch.Tensor, cu_seqlens_q: torch.Tensor, seqused_q, seqused_k) -> None:
+    """Metadata of FlashAttention-3's seqused_q/k: None, or int32 (batch,) tensors on q's device or the CPU."""
+    batch = cu_seqlens_q.shape[0] - 1
+    for name, used in (("seqused_q", seqused_q), ("seqused_k", seqused_k)):
+        if used is None:
+            continue
+        if not isinstance(used, torch.Tensor):
+            raise ValueError(f"{name} must be None or a torch.Tensor of int32, got {type(used).__name__}")
+        if used.dtype != torch.int32:
+            raise ValueError(f"{name} must have dtype torch.int32, got {used.dtype}: pass {name}.to(torch.int32)")
+        if used.dim() != 1 or used.shape[0] != batch:
+            raise ValueError(f"{name} must be 1-D of length batch = {batch}, got shape {tuple(used.shape)}")
+        if used.device != q.device and used.device.type != "cpu":
+            raise ValueError(f"{name} must be on the device of q ({q.device}) or on the CPU, got {used.device}")
+
+
+def check_cu_seqlens_values(name: str, values: Sequence[int], total: int, max_seqlen: int, max_name: str,
+                            used: Optional[Sequence[int]] = None, used_name: str = "seqused") -> None:
+    """Contents of cu_seqlens (a host copy): starts at 0, non-decreasing, ends at the packed length; seqused (a host
+    copy, may be None) within each sequence's length; max_seqlen at least the longest sequence's rows in use."""
     if values[0] != 0:
         raise ValueError(f"{name} must start at 0, got {values[0]}")
     lengths = [b - a for a, b in zip(values[:-1], values[1:])]
@@ -220,6 +237,12 @@ def check_cu_seqlens_values(name: str, values: Sequence[int], total: int, max_se
         raise ValueError(f"{name} must be non-decreasing (prefix sums of sequence lengths), got {values}")
     if values[-1] != total:
         raise ValueError(f"{name}[-1] must equal the packed length {total} of the tensor, got {values[-1]}")
+    if used is not None:
+        for b, (n_used, n) in enumerate(zip(used, lengths)):
+            if not 0 <= n_used <= n:
+                raise ValueError(f"{used_name}[{b}]={n_used} must lie in [0, {n}], the length of sequence {b} in "
+                                 f"{name}")
+        lengths = used
     longest = max(lengths, default=0)
     if max_seqlen < longest:
         raise ValueError(f"{max_name}={max_seqlen} is smaller than the longest sequence ({longest}) in {name}: "
@@ -266,18 +289,23 @@ def check_cuda_features(headdim: int, supported_head_dims: Sequence[int], softca
                            "(DASH_ATTN_SOFTCAP=0): rebuild without it, or use softcap=0.0")
 
 
-def check_captured_varlen(q: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
-                          packed_built: bool, kernel_head_dims: Sequence[int]) -> None:
-    """A varlen call inside a CUDA graph capture cannot read cu_seqlens on the host, so it runs the packed-sequence
-    kernels unplanned (dash_attn.device_seqlens): refuse what those kernels cannot take, before the launch."""
-    for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
-        if cu.device != q.device:
+def check_unplanned_varlen(q: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
+                           seqused_q, seqused_k, packed_built: bool, kernel_head_dims: Sequence[int],
+                           capturing: bool) -> None:
+    """A varlen call inside a CUDA graph capture (which cannot read cu_seqlens on the host) or given seqused_q/k (whose
+    rows past seqused no per-sequence view can skip) runs the packed-sequence kernels unplanned
+    (dash_attn.device_seqlens): refuse what those kernels cannot take, before the launch."""
+    why = "inside a CUDA graph capture" if capturing else "with seqused_q/seqused_k"
+    for name, t in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k), ("seqused_q", seqused_q),
+                    ("seqused_k", seqused_k)):
+        if capturing and t is not None and t.device != q.device:
             raise RuntimeError(f"flash_attn_varlen_func inside a CUDA graph capture needs {name} on q's device "
-                               f"({q.device}), got {cu.device}: the captured kernels read it there at every replay")
+                               f"({q.device}), got {t.device}: the captured kernels read it there at every replay")
     if not packed_built:
-        raise RuntimeError("flash_attn_varlen_func inside a CUDA graph capture runs the packed-sequence kernels, "
-                           "which this build skipped (DASH_ATTN_PACKED=0): rebuild without it")
+        raise RuntimeError(f"flash_attn_varlen_func {why} runs the packed-sequence kernels, which this build skipped "
+                           "(DASH_ATTN_PACKED=0): rebuild without it")
     if q.shape[-1] != v.shape[-1] or q.shape[-1] not in kernel_head_dims:
-        raise RuntimeError(f"flash_attn_varlen_func inside a CUDA graph capture runs the packed-sequence kernels, "
-                           f"which take head dims {sorted(kernel_head_dims)} with v's equal to q's, got q/k "
-                           f"{q.shape[-1]} and v {v.shape[-1]}: pad the head dims, or call it outside the capture")
+        raise RuntimeError(f"flash_attn_varlen_func {why} runs the packed-sequence kernels, which take head dims "
+                           f"{sorted(kernel_head_dims)} with v's equal to q's, got q/k {q.shape[-1]} and v "
+                           f"{v.shape[-1]}: pad the head dims"
+                           + (", or call it outside the capture" if capturing else ""))

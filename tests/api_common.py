@@ -1,5 +1,9 @@
-"""Inputs shared by the CPU-side API tests (test_api.py, test_api_cuda_path.py)."""
+"""Inputs and the recording stand-in extension shared by the CPU-side API tests (test_api.py,
+test_api_cuda_path.py, test_api_unplanned_varlen.py)."""
+import types
+
 import torch
+
 
 
 def qkv(batch=2, seqlen_q=9, seqlen_k=9, nheads=4, nheads_k=2, headdim=16, dtype=torch.float32, seed=0,
@@ -21,3 +25,35 @@ def varlen_inputs(lens_q=(3, 0, 6), lens_k=(4, 2, 5), nheads=4, nheads_k=2, head
     k = torch.randn(sum(lens_k), nheads_k, headdim, generator=gen, dtype=dtype).requires_grad_(requires_grad)
     v = torch.randn(sum(lens_k), nheads_k, headdim, generator=gen, dtype=dtype).requires_grad_(requires_grad)
     return q, k, v, cu(lens_q), cu(lens_k), max(lens_q), max(lens_k)
+
+
+class FakeExtension(types.SimpleNamespace):
+    def __init__(self, softcap=True, packed=True):
+        super().__init__(calls=[], softcap=softcap, packed=packed)
+
+    def packed_built(self):
+        return self.packed
+
+    def varlen_fwd(self, *args):
+        self.calls.append(("varlen_fwd", args))
+
+    def varlen_bwd(self, *args):
+        self.calls.append(("varlen_bwd", args))
+
+    def supported_head_dims(self):
+        return [64, 128]
+
+    def softcap_built(self):
+        return self.softcap
+
+    def bwd_tile_shape(self, headdim, mask):
+        return (64, 128)
+
+    def num_sms(self, index):
+        return 132
+
+    def fwd(self, *args):
+        self.calls.append(("fwd", args))
+
+    def bwd(self, *args):
+        self.calls.append(("bwd", args))

@@ -1,4 +1,5 @@
-"""Shared pytest wiring: GPU tests carry the `gpu` marker and skip cleanly without an sm90 GPU and built kernels."""
+"""Shared pytest wiring: GPU tests carry the `gpu` marker and skip cleanly without an sm90 GPU and built kernels; the
+`fake_cuda` fixture of the CPU-side API tests."""
 import pytest
 
 
@@ -27,3 +28,24 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture
+def fake_cuda(monkeypatch):
+    """Routes the CUDA launch helpers to a recording stand-in so their argument order can be checked on the CPU."""
+    import torch
+    from api_common import FakeExtension
+    from dash_attn import interface, validation
+
+    ext = FakeExtension()
+    monkeypatch.setattr(interface, "_extension", lambda: ext)
+    monkeypatch.setattr(validation, "check_cuda_device", lambda device: None)
+    monkeypatch.setattr(interface, "_device_guard", lambda device: torch.no_grad())
+    monkeypatch.setattr(interface, "_l2_bytes", lambda device_index: 60 * 2**20)
+    for cached in (interface._supported_head_dims, interface._num_sms, interface._bwd_tile_shape,
+                   interface._choose_schedule, interface._softcap_built):
+        cached.cache_clear()
+    yield ext
+    for cached in (interface._supported_head_dims, interface._num_sms, interface._bwd_tile_shape,
+                   interface._choose_schedule, interface._softcap_built):
+        cached.cache_clear()

@@ -40,7 +40,8 @@ def test_signatures_follow_flash_attention_3():
     assert dense == ["q", "k", "v", "softmax_scale", "causal", "window_size", "softcap", "deterministic", "schedule",
                      "sm_margin", "return_attn_probs", "fa3_options"]
     varlen = list(inspect.signature(dash_attn.flash_attn_varlen_func).parameters)
-    assert varlen == ["q", "k", "v", "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k"] + dense[3:]
+    assert varlen == ["q", "k", "v", "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k", "seqused_q",
+                      "seqused_k"] + dense[3:]
     defaults = {name: p.default for name, p in inspect.signature(dash_attn.flash_attn_func).parameters.items()}
     assert defaults["window_size"] == (-1, -1) and defaults["deterministic"] is None and defaults["schedule"] == "auto"
 

@@ -1,6 +1,6 @@
 """CUDA plumbing of the public API, exercised on the CPU: device and feature checks, and the launch helpers routed to
 a recording stand-in extension (argument order, head dims between the kernels, the varlen paths and their choice,
-the auto schedule, the host copies of cu_seqlens, varlen calls inside a CUDA graph capture)."""
+the auto schedule, the host copies of cu_seqlens). Unplanned varlen calls: test_api_unplanned_varlen.py."""
 import sys
 import types
 
@@ -47,55 +47,6 @@ def test_cuda_dtypes_exclude_full_precision():
     # meta stands in for a non-CPU device: only fp16/bf16 are kernel dtypes.
     with pytest.raises(ValueError, match="float16"):
         validation.check_qkv(q, k, v, varlen=False)
-
-
-class _FakeExtension(types.SimpleNamespace):
-    def __init__(self, softcap=True, packed=True):
-        super().__init__(calls=[], softcap=softcap, packed=packed)
-
-    def packed_built(self):
-        return self.packed
-
-    def varlen_fwd(self, *args):
-        self.calls.append(("varlen_fwd", args))
-
-    def varlen_bwd(self, *args):
-        self.calls.append(("varlen_bwd", args))
-
-    def supported_head_dims(self):
-        return [64, 128]
-
-    def softcap_built(self):
-        return self.softcap
-
-    def bwd_tile_shape(self, headdim, mask):
-        return (64, 128)
-
-    def num_sms(self, index):
-        return 132
-
-    def fwd(self, *args):
-        self.calls.append(("fwd", args))
-
-    def bwd(self, *args):
-        self.calls.append(("bwd", args))
-
-
-@pytest.fixture
-def fake_cuda(monkeypatch):
-    """Routes the CUDA launch helpers to a recording stand-in so their argument order can be checked on the CPU."""
-    ext = _FakeExtension()
-    monkeypatch.setattr(interface, "_extension", lambda: ext)
-    monkeypatch.setattr(validation, "check_cuda_device", lambda device: None)
-    monkeypatch.setattr(interface, "_device_guard", lambda device: torch.no_grad())
-    monkeypatch.setattr(interface, "_l2_bytes", lambda device_index: 60 * 2**20)
-    for cached in (interface._supported_head_dims, interface._num_sms, interface._bwd_tile_shape,
-                   interface._choose_schedule, interface._softcap_built):
-        cached.cache_clear()
-    yield ext
-    for cached in (interface._supported_head_dims, interface._num_sms, interface._bwd_tile_shape,
-                   interface._choose_schedule, interface._softcap_built):
-        cached.cache_clear()
 
 
 def _bf16_inputs(headdim=64):
@@ -200,14 +151,14 @@ def test_varlen_cuda_path_runs_the_packed_kernels_once(fake_cuda, mask, window):
     ((name, args),) = fake_cuda.calls
     assert name == "varlen_fwd" and args[:5] == (q, k, v, out, lse)
     assert args[5].dtype == torch.int32 and torch.equal(args[5], cu_q) and torch.equal(args[6], cu_k)
-    assert args[7:] == (6, 8, 0.125, mask) + window + (0.0,)
+    assert args[7:] == (None, None, 6, 8, 0.125, mask) + window + (0.0,)
     fake_cuda.calls.clear()
     dout = torch.randn_like(q)
     dq, dk, dv = interface._varlen_bwd_cuda(fake_cuda, dout, q, k, v, out, lse, cu_q, cu_k, cq, ck, 0.125, mask,
                                             *window, 0.0, True, "shift", 3)
     ((name, args),) = fake_cuda.calls
     assert name == "varlen_bwd" and args[:9] == (dout, q, k, v, out, lse, dq, dk, dv)
-    assert args[11:] == (6, 8, 0.125, mask) + window + (0.0, True, interface.SCHEDULE_IDS["shift"], 3)
+    assert args[11:] == (None, None, 6, 8, 0.125, mask) + window + (0.0, True, interface.SCHEDULE_IDS["shift"], 3)
 
 
 # (lens_q, lens_k, q/k head dim, v head dim, mask, extension has the packed kernels)
@@ -320,111 +271,12 @@ def test_launch_value_head_dim_below_the_kernel_goes_through_full_rows(fake_cuda
 
 def test_host_copies_of_cu_seqlens_are_reused_until_the_tensors_change():
     cu_q, cu_k = cu((3, 0, 6)), cu((4, 2, 5))
-    first = interface._host_cu_seqlens(cu_q, cu_k)
-    assert first == ([0, 3, 3, 9], [0, 4, 6, 11])
-    assert interface._host_cu_seqlens(cu_q, cu_k)[0] is first[0]  # the same copies, no new read
+    first = interface._host_lists(cu_q, cu_k, None, None)
+    assert first == [[0, 3, 3, 9], [0, 4, 6, 11], None, None]
+    assert interface._host_lists(cu_q, cu_k, None, None)[0] is first[0]  # the same copies, no new read
     cu_k[1:] += 1  # an in-place change bumps the version counter
-    assert interface._host_cu_seqlens(cu_q, cu_k) == ([0, 3, 3, 9], [0, 5, 7, 12])
+    assert interface._host_lists(cu_q, cu_k, None, None) == [[0, 3, 3, 9], [0, 5, 7, 12], None, None]
     other = cu_q.clone()
-    assert interface._host_cu_seqlens(other, cu_k)[0] is not first[0]
-
-
-# ----------------------------------------------------------------------------------------------------------------------
-# Varlen calls inside a CUDA graph capture: no host copy, the packed kernels with the caller's bounds, a GPU-side check
-# ----------------------------------------------------------------------------------------------------------------------
-
-@pytest.mark.parametrize("case, message", [("cu_on_cpu", "on q's device"), ("not_built", "DASH_ATTN_PACKED=0"),
-                                           ("head_dim_96", "head dims"), ("v_head_dim", "head dims")])
-def test_captured_varlen_refuses_what_the_packed_kernels_cannot_take(case, message):
-    q, k, v, cu_q, cu_k, _, _ = (t.to("meta") if isinstance(t, torch.Tensor) else t
-                                 for t in varlen_inputs(headdim=96 if case == "head_dim_96" else 64))
-    if case == "cu_on_cpu":
-        cu_k = torch.zeros(cu_k.shape, dtype=torch.int32)
-    if case == "v_head_dim":
-        v = v.new_empty(*v.shape[:-1], 128)
-    with pytest.raises(RuntimeError, match=message):
-        validation.check_captured_varlen(q, v, cu_q, cu_k, case != "not_built", [64, 128, 256])
-
-
-def test_captured_varlen_reads_nothing_on_the_host(fake_cuda, monkeypatch):
-    monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
-    monkeypatch.setattr(interface, "_host_cu_seqlens", lambda *args: pytest.fail("host copy inside a capture"))
-    q, k, v, cu_q, cu_k, max_q, max_k = (t.to("meta") if isinstance(t, torch.Tensor) else t
-                                         for t in varlen_inputs(headdim=64, dtype=torch.bfloat16))
-    assert interface._check_varlen(q, k, v, cu_q, cu_k, max_q, max_k, 0.0) == (fake_cuda, None, None)
-
-
-def _writing_fake(fake_cuda):
-    """The recording stand-in, plus plausible results (the GPU-side check must leave them alone)."""
-    def fwd(*args):
-        fake_cuda.calls.append(("varlen_fwd", args))
-        args[3].fill_(1.0)
-        args[4].fill_(0.5)
-
-    def bwd(*args):
-        fake_cuda.calls.append(("varlen_bwd", args))
-        for grad in args[6:9]:
-            grad.fill_(2.0)
-
-    fake_cuda.varlen_fwd, fake_cuda.varlen_bwd = fwd, bwd
-    return fake_cuda
-
-
-def _captured_call(ext, lens_q, lens_k, bounds, mask=0, window=(-1, -1), cu_edit=None):
-    q, k, v, cu_q, cu_k, _, _ = varlen_inputs(lens_q, lens_k, headdim=64, dtype=torch.bfloat16)
-    if cu_edit is not None:
-        cu_edit(cu_q, cu_k)
-    out, lse = interface._varlen_fwd_captured(ext, q, k, v, cu_q, cu_k, *bounds, 0.125, mask, *window, 0.0)
-    grads = interface._varlen_bwd_captured(ext, torch.randn_like(out), q, k, v, out, lse, cu_q, cu_k, *bounds, 0.125,
-                                           mask, *window, 0.0, True, "shift", 0)
-    return (out, lse) + grads
-
-
-def test_captured_varlen_runs_the_packed_kernels_with_capped_bounds(fake_cuda):
-    # max_seqlen bounds above the packed lengths are capped at them; the batch is cu_seqlens' length - 1.
-    results = _captured_call(_writing_fake(fake_cuda), (3, 0, 6), (4, 2, 5), (100, 7))
-    (fwd_name, fwd_args), (bwd_name, bwd_args) = fake_cuda.calls
-    assert fwd_name == "varlen_fwd" and fwd_args[7:9] == (9, 7)
-    assert bwd_name == "varlen_bwd" and bwd_args[11:13] == (9, 7)
-    assert bwd_args[-2] == interface.SCHEDULE_IDS["shift"]
-    assert not any(r.isnan().any() for r in results)
-
-
-def _set(index, value, which=0):
-    def edit(cu_q, cu_k):
-        (cu_q, cu_k)[which][index] = value
-    return edit
-
-
-_INVALID = {
-    "first_not_zero": dict(cu_edit=_set(0, 1)),
-    "last_not_total": dict(cu_edit=_set(-1, 7, which=1)),
-    "decreasing": dict(cu_edit=_set(1, 5)),
-    "longer_than_bound": dict(bounds=(5, 5)),
-    # lens (3, 6) / (4, 6): the first sequence's causal diagonal (+1) lies right of the longest ones' (0)
-    "diagonal_right_of_the_batch": dict(lens_q=(3, 6), lens_k=(4, 6), bounds=(6, 6), mask=1, window=(-1, 0)),
-    # window (2, 0) on lens (4, 6) / (3, 6): diagonal -1, left of the longest ones' (0), against a left bound
-    "window_band_left_of_the_batch": dict(lens_q=(4, 6), lens_k=(3, 6), bounds=(6, 6), mask=2, window=(2, 0)),
-}
-
-
-@pytest.mark.parametrize("case", list(_INVALID))
-def test_captured_varlen_turns_every_result_to_nan_on_invalid_cu_seqlens(fake_cuda, case):
-    args = dict(lens_q=(3, 0, 6), lens_k=(4, 2, 5), bounds=(6, 5))
-    args.update(_INVALID[case])
-    lens_q, lens_k, bounds = args.pop("lens_q"), args.pop("lens_k"), args.pop("bounds")
-    results = _captured_call(_writing_fake(fake_cuda), lens_q, lens_k, bounds, **args)
-    assert all(r.isnan().all() for r in results)
-
-
-def test_captured_varlen_accepts_bands_inside_the_batch(fake_cuda):
-    # Shared cu_seqlens put every diagonal on the batch's: causal and windows are valid.
-    for mask, window in ((1, (-1, 0)), (2, (2, 1))):
-        results = _captured_call(_writing_fake(fake_cuda), (3, 6, 1), (3, 6, 1), (6, 6), mask, window)
-        assert not any(r.isnan().any() for r in results)
-
-
-def test_captured_varlen_without_keys_launches_nothing(fake_cuda):
-    out, lse, dq, dk, dv = _captured_call(_writing_fake(fake_cuda), (3, 2), (0, 0), (3, 0))
-    assert fake_cuda.calls == []
-    assert not out.any() and torch.isneginf(lse).all() and not dq.any()
+    assert interface._host_lists(other, cu_k, None, None)[0] is not first[0]
+    used = torch.tensor([2, 0, 6], dtype=torch.int32)
+    assert interface._host_lists(other, cu_k, used, None) == [[0, 3, 3, 9], [0, 5, 7, 12], [2, 0, 6], None]

@@ -151,8 +151,10 @@ def test_opcheck_bwd():
 def test_opcheck_varlen():
     cu = torch.tensor([0, 2, 6], dtype=torch.int32)
     q, k, v = (torch.randn(6, 2, 8, requires_grad=True) for _ in range(3))
-    args = (cu, cu, 4, 4, 0.3, 1, -1, 0, 0.0, False, "auto", 0)
-    torch.library.opcheck(interface._varlen_fwd, (q, k, v) + args)
-    out, lse = interface._varlen_fwd(q.detach(), k.detach(), v.detach(), *args)
-    torch.library.opcheck(interface._varlen_bwd, (torch.randn_like(out), q.detach(), k.detach(), v.detach(), out,
-                                                  lse) + args)
+    used = torch.tensor([2, 3], dtype=torch.int32)
+    for seqused in ((None, None), (used, None), (used, used)):
+        args = (cu, cu) + seqused + (4, 4, 0.3, 1, -1, 0, 0.0, False, "auto", 0)
+        torch.library.opcheck(interface._varlen_fwd, (q, k, v) + args)
+        out, lse = interface._varlen_fwd(q.detach(), k.detach(), v.detach(), *args)
+        torch.library.opcheck(interface._varlen_bwd, (torch.randn_like(out), q.detach(), k.detach(), v.detach(), out,
+                                                      lse) + args)

@@ -168,9 +168,10 @@ def test_the_gpu_check_follows_the_reference_rule():
     for _ in range(400):
         (cu_q, cu_k), (total_q, total_k), (max_q, max_k), band = _random_case(rng)
         cpu = [torch.tensor(cu, dtype=torch.int32) for cu in (cu_q, cu_k)]
-        expected = bool(device_seqlens.seqlens_ok(*cpu, total_q, total_k, max_q, max_k, band))
+        expected = bool(device_seqlens.seqlens_ok(*cpu, None, None, total_q, total_k, max_q, max_k, band))
         left, right = band if band is not None else (-1, -1)
-        ok = ext.packed_seqlens_ok(*(t.cuda() for t in cpu), total_q, total_k, max_q, max_k, left >= 0, right >= 0)
+        ok = ext.packed_seqlens_ok(*(t.cuda() for t in cpu), None, None, total_q, total_k, max_q, max_k, left >= 0,
+                                   right >= 0)
         assert bool(ok.item()) == expected, (cu_q, cu_k, total_q, total_k, max_q, max_k, band)
         verdicts.append(expected)
     assert 50 < sum(verdicts) < 350, "the random cases must mix valid and invalid cu_seqlens"
@@ -191,7 +192,7 @@ def test_torch_compile_with_cuda_graphs_runs_the_captured_path(monkeypatch):
     # mode="reduce-overhead" records the compiled step in a CUDA graph (cudagraph trees) and replays it with the
     # inputs of each call copied in: the varlen op must take the captured path there, and each call's lengths.
     captured = []
-    for name in ("_varlen_fwd_captured", "_varlen_bwd_captured"):
+    for name in ("_varlen_fwd_unplanned", "_varlen_bwd_unplanned"):
         original = getattr(interface, name)
         monkeypatch.setattr(interface, name, lambda *a, _f=original, _n=name: captured.append(_n) or _f(*a))
     torch._dynamo.reset()
@@ -208,5 +209,5 @@ def test_torch_compile_with_cuda_graphs_runs_the_captured_path(monkeypatch):
         out.backward(inputs[3])
         torch.cuda.synchronize()
         _assert_matches_reference([out.detach().clone(), lse.clone()] + [t.grad for t in leaves], cu, inputs, True)
-    assert "_varlen_fwd_captured" in captured and "_varlen_bwd_captured" in captured
+    assert "_varlen_fwd_unplanned" in captured and "_varlen_bwd_unplanned" in captured
     torch._dynamo.reset()

@@ -81,8 +81,9 @@ void check_tensors(Layout layout, const at::Tensor& q,
   }
 }
 
-// cu_seqlens_q/k: int32 prefix sums on q's device, batch + 1 entries each. Their values are the caller's to check
-// (dash_attn/validation.py does, on a host copy).
+// cu_seqlens_q/k: int32 prefix sums on q's device, batch + 1 entries each. Their values are the caller's to check:
+// dash_attn/validation.py does, on a host copy, or, inside a CUDA graph capture, packed_seqlens_ok on the GPU (the
+// kernels clamp every sequence to the packed rows either way: common/packed_seqs.h).
 // cu_seqlens_q/k: contiguous int32 (batch + 1,) tensors of one length (at least min_entries) on `like`'s device.
 void check_cu_seqlens(const at::Tensor& cu_q, const at::Tensor& cu_k, const at::Tensor& like, int64_t min_entries) {
   for (const at::Tensor* t : {&cu_q, &cu_k}) {
@@ -96,7 +97,21 @@ void check_cu_seqlens(const at::Tensor& cu_q, const at::Tensor& cu_k, const at::
   TORCH_CHECK_VALUE(cu_q.size(0) == cu_k.size(0), "dash_attn: cu_seqlens_q and cu_seqlens_k differ in length");
 }
 
-dash::PackedSeqs packed_seqs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cu_q, const at::Tensor& cu_k) {
+// seqused_q/k (optional): contiguous int32 (batch,) tensors on `like`'s device; null when absent.
+using OptTensor = std::optional<at::Tensor>;
+
+const int32_t* seqused_data(const OptTensor& used, const char* name, const at::Tensor& cu, const at::Tensor& like) {
+  if (!used.has_value()) return nullptr;
+  TORCH_CHECK_VALUE(used->is_cuda() && used->get_device() == like.get_device(), "dash_attn: ", name,
+                    " must be on q's device");
+  TORCH_CHECK_VALUE(used->scalar_type() == at::kInt && used->dim() == 1 && used->is_contiguous() &&
+                        used->size(0) == cu.size(0) - 1,
+                    "dash_attn: ", name, " must be a contiguous int32 (batch,) tensor");
+  return used->data_ptr<int32_t>();
+}
+
+dash::PackedSeqs packed_seqs(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cu_q, const at::Tensor& cu_k,
+                             const OptTensor& seqused_q, const OptTensor& seqused_k) {
   TORCH_CHECK(packed_built(), "dash_attn: this extension was built without the packed-sequence kernels");
   check_cu_seqlens(cu_q, cu_k, q, 2);
   dash::PackedSeqs packed;
@@ -104,6 +119,8 @@ dash::PackedSeqs packed_seqs(const at::Tensor& q, const at::Tensor& k, const at:
   packed.cu_seqlens_k = cu_k.data_ptr<int32_t>();
   packed.total_q = static_cast<int32_t>(q.size(0));
   packed.total_k = static_cast<int32_t>(k.size(0));
+  packed.seqused_q = seqused_data(seqused_q, "seqused_q", cu_q, q);
+  packed.seqused_k = seqused_data(seqused_k, "seqused_k", cu_k, q);
   return packed;
 }
 
@@ -294,24 +311,24 @@ void check_packed_lse(const at::Tensor& lse, const at::Tensor& q) {
 // total_q), the shape and the sequences.
 template <class Params>
 void set_packed_call(Params& p, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& lse,
-                     const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k, int64_t max_seqlen_q,
-                     int64_t max_seqlen_k, double softmax_scale, int64_t mask, int64_t window_left,
-                     int64_t window_right, double softcap) {
+                     const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k, const OptTensor& seqused_q,
+                     const OptTensor& seqused_k, int64_t max_seqlen_q, int64_t max_seqlen_k, double softmax_scale,
+                     int64_t mask, int64_t window_left, int64_t window_right, double softcap) {
   check_device(q);
   check_packed_lse(lse, q);
   p.shape = make_packed_shape(q, k, v, cu_seqlens_q, max_seqlen_q, max_seqlen_k, softmax_scale, mask, window_left,
                               window_right, softcap);
-  p.packed = packed_seqs(q, k, cu_seqlens_q, cu_seqlens_k);
+  p.packed = packed_seqs(q, k, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k);
 }
 
 void varlen_fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& out, at::Tensor& lse,
-                const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k, int64_t max_seqlen_q,
-                int64_t max_seqlen_k, double softmax_scale, int64_t mask, int64_t window_left,
-                int64_t window_right, double softcap) {
+                const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k, const OptTensor& seqused_q,
+                const OptTensor& seqused_k, int64_t max_seqlen_q, int64_t max_seqlen_k, double softmax_scale,
+                int64_t mask, int64_t window_left, int64_t window_right, double softcap) {
   check_tensors(Layout::kPacked, q, {{"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}});
   dash::FwdParams p;
-  set_packed_call(p, q, k, v, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, mask,
-                  window_left, window_right, softcap);
+  set_packed_call(p, q, k, v, lse, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k,
+                  softmax_scale, mask, window_left, window_right, softcap);
   c10::cuda::CUDAGuard guard(q.device());
   set_fwd_tensors(p, q, k, v, out, lse, packed_strides_of);
   run_fwd(p, "packed forward");
@@ -319,14 +336,15 @@ void varlen_fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, a
 
 void varlen_bwd(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                 const at::Tensor& out, const at::Tensor& lse, at::Tensor& dq, at::Tensor& dk, at::Tensor& dv,
-                const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k, int64_t max_seqlen_q,
-                int64_t max_seqlen_k, double softmax_scale, int64_t mask, int64_t window_left, int64_t window_right,
-                double softcap, bool deterministic, int64_t schedule, int64_t sm_margin) {
+                const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k, const OptTensor& seqused_q,
+                const OptTensor& seqused_k, int64_t max_seqlen_q, int64_t max_seqlen_k, double softmax_scale,
+                int64_t mask, int64_t window_left, int64_t window_right, double softcap, bool deterministic,
+                int64_t schedule, int64_t sm_margin) {
   check_tensors(Layout::kPacked, q, {{"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}, {"dout", &dout}, {"dq", &dq},
                                     {"dk", &dk}, {"dv", &dv}});
   dash::BwdParams p;
-  set_packed_call(p, q, k, v, lse, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale, mask,
-                  window_left, window_right, softcap);
+  set_packed_call(p, q, k, v, lse, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k,
+                  softmax_scale, mask, window_left, window_right, softcap);
   check_schedule_args(schedule, sm_margin);
   c10::cuda::CUDAGuard guard(q.device());
   set_bwd_tensors(p, dout, q, k, v, out, lse, dq, dk, dv, packed_strides_of);
@@ -335,8 +353,9 @@ void varlen_bwd(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k
 
 // A device flag (int32 scalar, 1 = valid) for cu_seqlens_q/k of a packed call the host did not check: the kernels
 // and the rule of common/seqlens_check.h. left/right_bounded: the mask's band has that bound.
-at::Tensor packed_seqlens_ok(const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k, int64_t total_q,
-                             int64_t total_k, int64_t max_q, int64_t max_k, bool left_bounded, bool right_bounded) {
+at::Tensor packed_seqlens_ok(const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k, const OptTensor& seqused_q,
+                             const OptTensor& seqused_k, int64_t total_q, int64_t total_k, int64_t max_q,
+                             int64_t max_k, bool left_bounded, bool right_bounded) {
   TORCH_CHECK_VALUE(cu_seqlens_q.is_cuda(), "dash_attn: cu_seqlens_q must be a CUDA tensor");
   check_cu_seqlens(cu_seqlens_q, cu_seqlens_k, cu_seqlens_q, 1);
   for (int64_t value : {total_q, total_k, max_q, max_k}) {
@@ -347,6 +366,8 @@ at::Tensor packed_seqlens_ok(const at::Tensor& cu_seqlens_q, const at::Tensor& c
   dash::SeqlensCheck check;
   check.cu_seqlens_q = cu_seqlens_q.data_ptr<int32_t>();
   check.cu_seqlens_k = cu_seqlens_k.data_ptr<int32_t>();
+  check.seqused_q = seqused_data(seqused_q, "seqused_q", cu_seqlens_q, cu_seqlens_q);
+  check.seqused_k = seqused_data(seqused_k, "seqused_k", cu_seqlens_k, cu_seqlens_q);
   check.batch = static_cast<int32_t>(cu_seqlens_q.size(0) - 1);
   check.total_q = static_cast<int32_t>(total_q);
   check.total_k = static_cast<int32_t>(total_k);

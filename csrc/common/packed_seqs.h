@@ -27,17 +27,20 @@ struct SeqLens {
 // cu_seqlens is read as [first, end) clamped to the packed tensor's rows: a call whose prefix sums the host never saw
 // (a captured CUDA graph replays whatever they hold) cannot make a kernel read or write outside its tensors. Valid
 // prefix sums pass unchanged; the Python layer flags invalid ones in the results (NaN), since a kernel cannot raise.
-CUTLASS_DEVICE void clamped_rows(const int32_t* cu_seqlens, int batch, int32_t total, int32_t& first, int32_t& len) {
+// seqused (may be null) shortens the sequence to its rows in use, clamped the same way.
+CUTLASS_DEVICE void clamped_rows(const int32_t* cu_seqlens, const int32_t* seqused, int batch, int32_t total,
+                                 int32_t& first, int32_t& len) {
   first = min(max(__ldg(cu_seqlens + batch), 0), total);
   len = min(max(__ldg(cu_seqlens + batch + 1), first), total) - first;
+  if (seqused != nullptr) len = min(len, max(__ldg(seqused + batch), 0));
 }
 
 template <SeqLayout kLayout>
 CUTLASS_DEVICE SeqRows seq_rows(PackedSeqs const& packed, int batch, int seqlen_q, int seqlen_k) {
   if constexpr (kLayout == SeqLayout::kPacked) {
     SeqRows rows;
-    clamped_rows(packed.cu_seqlens_q, batch, packed.total_q, rows.first_q, rows.len_q);
-    clamped_rows(packed.cu_seqlens_k, batch, packed.total_k, rows.first_k, rows.len_k);
+    clamped_rows(packed.cu_seqlens_q, packed.seqused_q, batch, packed.total_q, rows.first_q, rows.len_q);
+    clamped_rows(packed.cu_seqlens_k, packed.seqused_k, batch, packed.total_k, rows.first_k, rows.len_k);
     return rows;
   } else {
     return {0, seqlen_q, 0, seqlen_k};

@@ -73,11 +73,15 @@ inline int32_t value_head_dim(const AttnShape& s) { return s.headdim_v > 0 ? s.h
 // cu_seqlens[b + 1]) of each, AttnShape::batch counts the sequences, AttnShape::seqlen_q/k are the longest ones (the
 // kernels tile and schedule as for a batch of that size and skip the tiles past each sequence's end), the batch
 // strides are unused and lse is (nheads, total_q). cu_seqlens_* are device int32 arrays of batch + 1 prefix sums.
+// seqused_q/k (optional, FlashAttention-3's varlen arguments): device int32 arrays of batch entries, the rows of each
+// sequence in use, from its first row; the rows past them are left as they are (the Python layer zeroes them).
 struct PackedSeqs {
   const int32_t* cu_seqlens_q = nullptr;
   const int32_t* cu_seqlens_k = nullptr;
   int32_t total_q = 0;
   int32_t total_k = 0;
+  const int32_t* seqused_q = nullptr;  // after the fields above, which keep their offsets
+  const int32_t* seqused_k = nullptr;
 };
 
 // How a call's sequences are laid out, a compile-time variant of every kernel: kBatched (batch, seqlen, heads, d)

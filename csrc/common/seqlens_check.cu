@@ -19,9 +19,18 @@ __global__ void __launch_bounds__(kCheckThreads) check_seqlens_kernel(const Seql
   }
   const int64_t diagonal = int64_t(c.max_k) - c.max_q;
   for (int b = threadIdx.x; b < c.batch; b += kCheckThreads) {
-    const int64_t len_q = int64_t(c.cu_seqlens_q[b + 1]) - c.cu_seqlens_q[b];
-    const int64_t len_k = int64_t(c.cu_seqlens_k[b + 1]) - c.cu_seqlens_k[b];
-    bad |= len_q < 0 || len_q > c.max_q || len_k < 0 || len_k > c.max_k;
+    int64_t len_q = int64_t(c.cu_seqlens_q[b + 1]) - c.cu_seqlens_q[b];
+    int64_t len_k = int64_t(c.cu_seqlens_k[b + 1]) - c.cu_seqlens_k[b];
+    bad |= len_q < 0 || len_k < 0;
+    if (c.seqused_q != nullptr) {
+      bad |= c.seqused_q[b] < 0 || c.seqused_q[b] > len_q;
+      len_q = c.seqused_q[b];
+    }
+    if (c.seqused_k != nullptr) {
+      bad |= c.seqused_k[b] < 0 || c.seqused_k[b] > len_k;
+      len_k = c.seqused_k[b];
+    }
+    bad |= len_q > c.max_q || len_k > c.max_k;
     bad |= c.right_bounded && len_k - len_q > diagonal;
     bad |= c.left_bounded && len_k - len_q < diagonal;
   }

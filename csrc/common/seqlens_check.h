@@ -12,6 +12,10 @@ namespace dash {
 struct SeqlensCheck {
   const int32_t* cu_seqlens_q = nullptr;  // batch + 1 entries each
   const int32_t* cu_seqlens_k = nullptr;
+  // Optional (null: every row in use): batch entries each, within [0, the sequence's length]; the length limits and
+  // the band rule below apply to the rows in use.
+  const int32_t* seqused_q = nullptr;
+  const int32_t* seqused_k = nullptr;
   int32_t batch = 0;
   int32_t total_q = 0, total_k = 0;  // rows of the packed tensors
   int32_t max_q = 0, max_k = 0;      // the lengths the kernels tile for

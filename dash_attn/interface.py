@@ -352,12 +352,11 @@ _last_host_copies = None
 def _host_lists(*tensors: Optional[torch.Tensor]) -> List[Optional[List[int]]]:
     """Host lists of int tensors (None stays None), read in one copy where they share a device."""
     global _last_host_copies
-    key = tuple((t, t._version) if t is not None else None for t in tensors)
+    versions = tuple(None if t is None else t._version for t in tensors)
     last = _last_host_copies
-    if last is not None and len(last[0]) == len(key) and all(
-            (a is None and b is None) or (a is not None and b is not None and a[0] is b[0] and a[1] == b[1])
-            for a, b in zip(last[0], key)):
-        return last[1]
+    if last is not None and len(last[0]) == len(tensors) and all(a is b for a, b in zip(last[0], tensors)) \
+            and last[1] == versions:
+        return last[2]
     present = [t for t in tensors if t is not None]
     if present and all(t.device == present[0].device for t in present):
         flat = torch.cat(present).tolist()
@@ -369,7 +368,7 @@ def _host_lists(*tensors: Optional[torch.Tensor]) -> List[Optional[List[int]]]:
         lists = [t.tolist() for t in present]
     found = iter(lists)
     copies = [next(found) if t is not None else None for t in tensors]
-    _last_host_copies = (key, copies)
+    _last_host_copies = (tensors, versions, copies)
     return copies
 
 
@@ -565,8 +564,10 @@ def _device_seqs(q, *tensors):
     return [None if t is None else _device_int32(t, q.device) for t in tensors]
 
 
-def _varlen_fwd_unplanned(ext, q, k, v, seqs, bounds, softmax_scale, mask, window_left, window_right, softcap):
-    """seqs: cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k (the last two may be None); bounds: max_q, max_k."""
+def _varlen_fwd_unplanned(ext, q, k, v, seqs, bounds, softmax_scale, mask, window_left, window_right, softcap,
+                          checked_on_host=False):
+    """seqs: cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k (the last two may be None); bounds: max_q, max_k.
+    checked_on_host: the values passed _check_varlen's host checks, so the GPU check would only repeat them."""
     cu_q, cu_k, used_q, used_k = _device_seqs(q, *seqs)
     some_unused = used_q is not None or used_k is not None
     out = q.new_zeros(*q.shape[:-1], v.shape[-1]) if some_unused else _out_like(q, v)
@@ -581,13 +582,14 @@ def _varlen_fwd_unplanned(ext, q, k, v, seqs, bounds, softmax_scale, mask, windo
         elif max_q > 0 and cu_q.shape[0] > 1:
             ext.varlen_fwd(q, k, v, out, lse, cu_q, cu_k, used_q, used_k, max_q, max_k, softmax_scale, mask,
                            window_left, window_right, softcap)
-        device_seqlens.flag_invalid(ext, cu_q, cu_k, used_q, used_k, q.shape[0], k.shape[0], max_q, max_k,
-                                    _unplanned_band(mask, window_left, window_right), out, lse)
+        if not checked_on_host:
+            device_seqlens.flag_invalid(ext, cu_q, cu_k, used_q, used_k, q.shape[0], k.shape[0], max_q, max_k,
+                                        _unplanned_band(mask, window_left, window_right), out, lse)
     return out, lse
 
 
 def _varlen_bwd_unplanned(ext, dout, q, k, v, out, lse, seqs, bounds, softmax_scale, mask, window_left, window_right,
-                          softcap, deterministic, schedule, sm_margin):
+                          softcap, deterministic, schedule, sm_margin, checked_on_host=False):
     cu_q, cu_k, used_q, used_k = _device_seqs(q, *seqs)
     some_unused = used_q is not None or used_k is not None
     dq, dk, dv = ((torch.zeros_like if some_unused else torch.empty_like)(t) for t in (q, k, v))
@@ -604,8 +606,9 @@ def _varlen_bwd_unplanned(ext, dout, q, k, v, out, lse, seqs, bounds, softmax_sc
             ext.varlen_bwd(dout, q, k, v, out, lse, dq, dk, dv, cu_q, cu_k, used_q, used_k, max_q, max_k,
                            softmax_scale, mask, window_left, window_right, softcap, deterministic, schedule_id,
                            sm_margin)
-        device_seqlens.flag_invalid(ext, cu_q, cu_k, used_q, used_k, q.shape[0], k.shape[0], max_q, max_k,
-                                    _unplanned_band(mask, window_left, window_right), dq, dk, dv)
+        if not checked_on_host:
+            device_seqlens.flag_invalid(ext, cu_q, cu_k, used_q, used_k, q.shape[0], k.shape[0], max_q, max_k,
+                                        _unplanned_band(mask, window_left, window_right), dq, dk, dv)
     return dq, dk, dv
 
 
@@ -620,7 +623,7 @@ def _varlen_fwd_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     if ext is not None and (host is None or seqused_q is not None or seqused_k is not None):
         bounds = _unplanned_bounds(host, mask, window_left, window_right, max_seqlen_q, max_seqlen_k)
         return _varlen_fwd_unplanned(ext, q, k, v, seqs, bounds, softmax_scale, mask, window_left, window_right,
-                                     softcap)
+                                     softcap, checked_on_host=host is not None)
     if ext is not None:
         return _varlen_fwd_cuda(ext, q, k, v, cu_seqlens_q, cu_seqlens_k, host[0], host[1], softmax_scale, mask,
                                 window_left, window_right, softcap)
@@ -656,7 +659,8 @@ def _varlen_bwd_impl(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
     if ext is not None and (host is None or seqused_q is not None or seqused_k is not None):
         bounds = _unplanned_bounds(host, mask, window_left, window_right, max_seqlen_q, max_seqlen_k)
         return _varlen_bwd_unplanned(ext, dout, q, k, v, out, lse, seqs, bounds, softmax_scale, mask, window_left,
-                                     window_right, softcap, deterministic, schedule, sm_margin)
+                                     window_right, softcap, deterministic, schedule, sm_margin,
+                                     checked_on_host=host is not None)
     if ext is not None:
         return _varlen_bwd_cuda(ext, dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, host[0], host[1],
                                 softmax_scale, mask, window_left, window_right, softcap, deterministic, schedule,

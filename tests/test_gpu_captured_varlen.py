@@ -194,7 +194,8 @@ def test_torch_compile_with_cuda_graphs_runs_the_captured_path(monkeypatch):
     captured = []
     for name in ("_varlen_fwd_unplanned", "_varlen_bwd_unplanned"):
         original = getattr(interface, name)
-        monkeypatch.setattr(interface, name, lambda *a, _f=original, _n=name: captured.append(_n) or _f(*a))
+        monkeypatch.setattr(interface, name,
+                            lambda *a, _f=original, _n=name, **kw: captured.append(_n) or _f(*a, **kw))
     torch._dynamo.reset()
 
     def forward(q, k, v, cu):

@@ -42,8 +42,10 @@ struct BwdSharedStorage : BwdPtSlot<T> {
   alignas(1024) cute::array_aligned<Element, cute::cosize_v<typename T::SmemLayoutK> + T::kSmemGapElems, 1024> v;
   alignas(1024) cute::array_aligned<Element, cute::cosize_v<typename T::SmemLayoutdSt>, 1024> dst;
   alignas(1024) cute::array_aligned<float, T::kDqElems, 1024> dq[T::kDqBuffers];
-  alignas(128) float lse[T::kStages][T::kBlockM];
-  alignas(128) float dsum[T::kStages][T::kBlockM];
+  alignas(128) float lse[T::kStages][T::kSmemStatRows];
+  alignas(128) float dsum[T::kStages][T::kSmemStatRows];
+  // RowStats::kGemmInit: the stage's GemmStatLines (16-byte aligned, as a WGMMA operand needs).
+  alignas(128) cutlass::bfloat16_t gemm_stats[T::kStages][T::kGemmStats ? T::kGemmStatBytes / 2 : 1];
   VisitRecord rec[T::kStages];  // travels with the Q/dO stage
   VisitRecord dq_rec[T::kDqBuffers];  // travels with the staged partial dQ
   alignas(8) uint64_t q_full[T::kStages];
@@ -85,6 +87,9 @@ struct BwdKernelParams {
   typename T::TmaStoreKV tma_dv;
   float softcap_pre_tanh;  // ScoreMod::kSoftcap only: softmax_scale / softcap
   PackedSeqs packed;       // SeqLayout::kPacked only
+  // RowStats::kGemmInit only: GemmStatLines (batch, nheads, seqlen_q_rounded / 2). Last, so that the other kernels keep
+  // their parameter offsets.
+  const cutlass::bfloat16_t* gemm_stats;
 };
 
 using Barrier = cutlass::arch::ClusterBarrier;

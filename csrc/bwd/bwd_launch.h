@@ -137,7 +137,8 @@ void launch_bwd(const BwdParams& params, cudaStream_t stream, int32_t stages) {
                        s.seqlen_q, ws.seqlen_q_rounded, s.nheads, ws.num_m_blocks, value_head_dim(s),
                        params.packed, views.gemm_stats, 1.f / (score_scales(s).softmax * float(M_LOG2E))};
   if ((stages & BwdStage::kPreprocess) && ws.num_m_blocks > 0) {
-    bwd_preprocess_kernel<kHeadDim, T::kBlockM, Element, kLayout><<<tile_grid, kPreprocessThreads, 0, stream>>>(pre);
+    bwd_preprocess_kernel<kHeadDim, T::kBlockM, Element, kLayout, T::kGemmStats>
+        <<<tile_grid, kPreprocessThreads, 0, stream>>>(pre);
   }
 
   if (stages & BwdStage::kMain) {

@@ -32,8 +32,8 @@ struct PreprocessParams {
   int32_t headdim;  // of o and dout (value_head_dim); may be below kHeadDim (common/head_dims.h)
   // SeqLayout::kPacked: o and dout rows of sequence `batch` from its first row, lse (nheads, total_q).
   PackedSeqs packed;
-  // RowStats::kGemmInit kernels: GemmStatLines (batch, nheads, seqlen_q_rounded / 2), and 1 / the main kernel's
-  // scale_log2; null for the others.
+  // kGemmStats (the main kernel's RowStats::kGemmInit): GemmStatLines (batch, nheads, seqlen_q_rounded / 2), and 1 /
+  // the main kernel's scale_log2.
   cutlass::bfloat16_t* gemm_stats;
   float inv_scale_log2;
 };
@@ -49,7 +49,7 @@ CUTLASS_DEVICE void split_into_parts(float x, cutlass::bfloat16_t* parts) {
 
 constexpr int kPreprocessThreads = 256;
 
-template <int kHeadDim, int kBlockM, class Element, SeqLayout kLayout = SeqLayout::kBatched>
+template <int kHeadDim, int kBlockM, class Element, SeqLayout kLayout = SeqLayout::kBatched, bool kGemmStats = false>
 __global__ void __launch_bounds__(kPreprocessThreads) bwd_preprocess_kernel(const PreprocessParams p) {
   constexpr bool kPacked = kLayout == SeqLayout::kPacked;
   constexpr int kVec = 16 / sizeof(Element);                 // elements per 16-byte load
@@ -90,7 +90,7 @@ __global__ void __launch_bounds__(kPreprocessThreads) bwd_preprocess_kernel(cons
       }
       p.lse_log2[idx] = lse2;
       p.dsum[idx] = row < seqlen_q ? dot : 0.f;
-      if (p.gemm_stats != nullptr) {
+      if constexpr (kGemmStats) {
         // Row r of the tile goes to line r % (kBlockM / 2), in its first half for r < kBlockM / 2 (GemmStatLines).
         alignas(8) cutlass::bfloat16_t parts[2 * kGemmStatParts];
         split_into_parts(lse2 == INFINITY ? -kNoKeyScore : -lse2 * p.inv_scale_log2, parts);

@@ -31,8 +31,19 @@ struct BwdPtSlot<T, false> {
   CUTLASS_DEVICE typename T::Element* pt_data() { return nullptr; }
 };
 
+// RowStats::kGemmInit: each stage's GemmStatLines, at the front of the storage. The stats WGMMA's descriptor reads a
+// stage's lines for both 8-wide k halves (bwd_fragments.h); compute-sanitizer counts its footprint as the 2 KB a
+// canonical 16-wide tile would span from the stage's start, so the last stage's second kilobyte must be the start of
+// Q (loaded before any stats WGMMA runs: finite values whatever reads them). Absent elsewhere (empty base).
+template <class T, bool kPresent = T::kGemmStats>
+struct BwdStatSlot {
+  alignas(1024) cutlass::bfloat16_t gemm_stats[T::kStages][T::kGemmStatBytes / 2];
+};
 template <class T>
-struct BwdSharedStorage : BwdPtSlot<T> {
+struct BwdStatSlot<T, false> {};
+
+template <class T>
+struct BwdSharedStorage : BwdStatSlot<T>, BwdPtSlot<T> {
   using Element = typename T::Element;
   // 1024-byte alignment: the 128-byte swizzle pattern repeats every 1024 bytes and TMA/WGMMA assume it starts there.
   alignas(1024) cute::array_aligned<Element, cute::cosize_v<typename T::SmemLayoutQ>, 1024> q;
@@ -44,8 +55,6 @@ struct BwdSharedStorage : BwdPtSlot<T> {
   alignas(1024) cute::array_aligned<float, T::kDqElems, 1024> dq[T::kDqBuffers];
   alignas(128) float lse[T::kStages][T::kSmemStatRows];
   alignas(128) float dsum[T::kStages][T::kSmemStatRows];
-  // RowStats::kGemmInit: the stage's GemmStatLines (16-byte aligned, as a WGMMA operand needs).
-  alignas(128) cutlass::bfloat16_t gemm_stats[T::kStages][T::kGemmStats ? T::kGemmStatBytes / 2 : 1];
   VisitRecord rec[T::kStages];  // travels with the Q/dO stage
   VisitRecord dq_rec[T::kDqBuffers];  // travels with the staged partial dQ
   alignas(8) uint64_t q_full[T::kStages];

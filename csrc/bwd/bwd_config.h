@@ -136,10 +136,13 @@ struct BwdConfig<128> {
   // Causal with the LSE shuffled a step ahead (H200, 2026-11-30, two runs of 4 alternations against kShuffle):
   // descending 0.92-0.97 of the time at 4k-16k, non-det and shift_causal 0.983-1.02; at full masks it spilled 36 bytes
   // (not run).
+  // kGemmInit (H200, 2026-12-01, against these): full, 4 alternations at 4k/8k/16k, deterministic (shift and
+  // shift_causal) 0.972-0.981 of the time, non-deterministic 0.997 / 1.019 / 0.994 (spills 4 -> 52 bytes); causal, 3
+  // alternations at 2k/16k, 0.997-1.004 (36/40 bytes), so causal keeps the shuffles.
   static constexpr RowStats row_stats(MaskKind mask) {
     return mask == MaskKind::kWindow   ? RowStats::kSharedMemory
            : mask == MaskKind::kCausal ? RowStats::kShuffleAhead
-                                       : RowStats::kShuffle;
+                                       : RowStats::kGemmInit;
   }
   static constexpr OperandPartition operand_partition(MaskKind mask) {
     return mask == MaskKind::kFull ? OperandPartition::kPerThread : OperandPartition::kPerWarpGroup;

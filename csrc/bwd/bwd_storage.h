@@ -32,9 +32,9 @@ struct BwdPtSlot<T, false> {
 };
 
 // RowStats::kGemmInit: each stage's GemmStatLines, at the front of the storage. The stats WGMMA's descriptor reads a
-// stage's lines for both 8-wide k halves (bwd_fragments.h); compute-sanitizer counts its footprint as the 2 KB a
-// canonical 16-wide tile would span from the stage's start, so the last stage's second kilobyte must be the start of
-// Q (loaded before any stats WGMMA runs: finite values whatever reads them). Absent elsewhere (empty base).
+// stage's lines for both 8-wide k halves (bwd_fragments.h); compute-sanitizer counts its footprint as the twice as
+// many bytes a canonical 16-wide tile would span from the stage's start, so what follows the last stage must be Q
+// (loaded before any stats WGMMA runs: finite values whatever reads them). Absent elsewhere (empty base).
 template <class T, bool kPresent = T::kGemmStats>
 struct BwdStatSlot {
   alignas(1024) cutlass::bfloat16_t gemm_stats[T::kStages][T::kGemmStatBytes / 2];

@@ -146,7 +146,6 @@ struct BwdTraits {
   // the stats WGMMAs; the shared-memory LSE/D arrays then keep one element.
   static constexpr uint32_t kGemmStatBytes = kGemmStats ? kBlockM * kGemmStatRowBytes : 0;
   static constexpr int kSmemStatRows = kGemmStats ? 1 : kBlockM;
-  static_assert(kGemmStatBytes % 1024 == 0, "a stage's GemmStatLines fill whole kilobytes (BwdStatSlot)");
   // Partial dQ tile, fp32, in the consumers' register order (see bwd_dq_writer.h).
   static constexpr int kDqElems = kBlockM * kHeadDim;
   static constexpr uint32_t kDqBytes = kDqElems * sizeof(float);

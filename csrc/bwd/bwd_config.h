@@ -144,6 +144,7 @@ struct BwdConfig<128> {
            : mask == MaskKind::kCausal ? RowStats::kShuffleAhead
                                        : RowStats::kGemmInit;
   }
+  static constexpr RowStats kGemmInitFallback = RowStats::kShuffle;  // soft-capped full masks: as measured before
   static constexpr OperandPartition operand_partition(MaskKind mask) {
     return mask == MaskKind::kFull ? OperandPartition::kPerThread : OperandPartition::kPerWarpGroup;
   }
@@ -202,6 +203,7 @@ struct BwdConfig<64> {
   static constexpr RowStats row_stats(MaskKind mask) {
     return mask == MaskKind::kWindow ? RowStats::kSharedMemory : RowStats::kGemmInit;
   }
+  static constexpr RowStats kGemmInitFallback = RowStats::kSharedMemory;  // soft-capped and packed causal kernels
   static constexpr OperandPartition operand_partition(MaskKind) { return OperandPartition::kPerWarpGroup; }
   // dV after dS (H200, 3 alternations against kAfterP): full 0.94-0.96 of the time at 1k-16k with spills 8/16 -> 0
   // bytes; causal 1.00-1.03 with one step body (4 -> 48/72 bytes). With two step bodies see masked_steps.

@@ -46,15 +46,22 @@ struct BwdTraits {
   static constexpr bool kDvFromRegs = Cfg::kDkvA != DkvOperandA::kSharedMemory;
   static constexpr bool kDkFromRegs = Cfg::kDkvA == DkvOperandA::kRegisters;
   static constexpr bool kOperandsPerWarpGroup = Cfg::operand_partition(kMask) == OperandPartition::kPerWarpGroup;
-  static constexpr bool kShuffleStats =
-      Cfg::row_stats(kMask) == RowStats::kShuffle || Cfg::row_stats(kMask) == RowStats::kShuffleAhead;
-  static constexpr bool kLseAhead = Cfg::row_stats(kMask) == RowStats::kShuffleAhead;
-  static_assert(!kShuffleStats || Cfg::SdPSplit::kAlongN == 1, "shuffled statistics need a warpgroup per query row");
-  // Soft-capped kernels of a kGemmInit config read the statistics from shared memory (see RowStats), and so do the
-  // packed-sequence causal ones: with the stats WGMMAs' selection registers ptxas spilled 196/288 bytes there (hdim
-  // 64, 48/88 with shared memory; not timed).
+  // Soft-capped kernels of a kGemmInit config read the statistics the config's kGemmInitFallback way (soft-capping
+  // applies tanh before LSE), and so do the packed-sequence causal ones: with the stats WGMMAs' selection registers
+  // ptxas spilled 196/288 bytes there (hdim 64, 48/88 with shared memory; not timed).
   static constexpr bool kGemmStats = Cfg::row_stats(kMask) == RowStats::kGemmInit && !kSoftcap &&
                                      !(kLayout_ == SeqLayout::kPacked && kMask_ == MaskKind::kCausal);
+  static constexpr RowStats row_stats_kind() {
+    if constexpr (Cfg::row_stats(kMask) == RowStats::kGemmInit && !kGemmStats) {
+      return Cfg::kGemmInitFallback;
+    } else {
+      return Cfg::row_stats(kMask);
+    }
+  }
+  static constexpr RowStats kRowStats = row_stats_kind();
+  static constexpr bool kShuffleStats = kRowStats == RowStats::kShuffle || kRowStats == RowStats::kShuffleAhead;
+  static constexpr bool kLseAhead = kRowStats == RowStats::kShuffleAhead;
+  static_assert(!kShuffleStats || Cfg::SdPSplit::kAlongN == 1, "shuffled statistics need a warpgroup per query row");
   static_assert(!kGemmStats || Cfg::SdPSplit::kAlongN == 1, "the stats WGMMA spans a warpgroup's whole query extent");
   static_assert(!kDvFromRegs || (Cfg::SdPSplit::kAlongN == 1 && Cfg::dKVSplit::kAlongN == 1 &&
                                   Cfg::SdPSplit::kAlongM == Cfg::dKVSplit::kAlongM),

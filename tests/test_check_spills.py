@@ -32,12 +32,11 @@ def test_allowances_pass_up_to_their_budget_and_fail_above():
     assert result.returncode == 1 and "allowed: 76" in result.stdout
     assert run(BWD128.format(2), 16, 20, 20).returncode == 0
     assert run(BWD128.format(2), 24, 32, 36).returncode == 1
-    # hdim 64 full carries 104 bytes (80-byte frame), hdim 128 full 52 (48-byte frame), since their statistics go
-    # through the tensor cores.
+    # hdim 64 full carries 104 bytes (80-byte frame); hdim 128 full 8 (8-byte frame) since its shuffled row statistics.
     assert run(BWD64.format(0), 80, 88, 104).returncode == 0
     assert run(BWD64.format(0), 80, 88, 108).returncode == 1
-    assert run(BWD128.format(0), 48, 52, 52).returncode == 0
-    assert run(BWD128.format(0), 48, 56, 52).returncode == 1
+    assert run(BWD128.format(0), 8, 8, 8).returncode == 0
+    assert run(BWD128.format(0), 16, 12, 12).returncode == 1
 
 
 def test_spill_free_kernels_have_no_allowance():

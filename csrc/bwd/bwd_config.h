@@ -24,7 +24,7 @@ struct BwdTileConfig {
   int32_t block_n;
   int32_t stages;    // depth of the Q/dO/LSE/D pipeline
   int32_t dq_parts;  // semaphores per dQ tile (BwdConfig::kDqParts)
-  bool gemm_stats;   // RowStats::kGemmInit on some mask: the workspace holds the statistics' bf16 parts
+  bool gemm_stats;   // RowStats::kGemmInit on some mask: the workspace holds LSE's bf16 parts
 };
 
 // (warpgroups along M, warpgroups along N) of one GEMM; the product is the number of consumer warpgroups.
@@ -62,13 +62,14 @@ enum class OperandPartition { kPerThread, kPerWarpGroup };
 // GEMMs are issued. kShuffleAhead: as kShuffle, but the LSE of step t+1 is loaded and shuffled at the end of step t
 // (its stage is usually full by then), so the shuffles never wait behind the step's own GEMM traffic; its 16
 // registers stay live across the step boundary.
-// kGemmInit: the statistics enter through the tensor cores. The preprocess writes each query row's -LSE_log2 /
-// scale_log2 and -D as two bf16 parts each (their sum is the value to 16 significant bits; GemmStatLines), the producer
-// loads a Q tile's lines as a 16-wide K-major WGMMA operand, and extra WGMMAs, whose register A operand is 1 on the two
-// parts of one statistic and 0 elsewhere, start the S^T accumulators at -LSE_log2 / scale_log2 and the dP^T ones at -D:
-// P = exp2(acc * scale_log2) and dS = P * acc need no per-column value at all. The cost is a 16-deep k-block on each
-// of the two GEMMs. Needs each warpgroup's S^T slice to span the whole query extent (SdPSplit::kAlongN == 1) and plain
-// scores (soft-capping applies tanh before LSE; those kernels fall back to kSharedMemory).
+// kGemmInit: LSE enters through the tensor cores. The preprocess writes each query row's -LSE_log2 / scale_log2 as
+// two bf16 parts (their sum is the value to 16 significant bits; GemmStatLines), the producer loads a Q tile's lines as
+// a 16-wide K-major WGMMA operand, and extra WGMMAs, whose register A operand is 1 on the two parts of one row and 0
+// elsewhere, start the S^T accumulators at -LSE_log2 / scale_log2: P = exp2(acc * scale_log2) needs no per-column
+// value. D stays an fp32 value read from shared memory: dS = P * (dP - D) cancels exactly where one key dominates
+// (dP = D), and D in two bf16 parts left dQ errors of 1.5-4.3e-5 instead of 0 there (a single key, 2026-12-01). The
+// cost is a 16-deep k-block on the S GEMM. Needs each warpgroup's S^T slice to span the whole query extent
+// (SdPSplit::kAlongN == 1) and plain scores (soft-capping applies tanh before LSE; see kGemmInitFallback).
 enum class RowStats { kSharedMemory, kShuffle, kShuffleAhead, kGemmInit };
 
 // When the register-sourced dV GEMM (A = P^T) is issued. kAfterP: as soon as P is computed, so that it runs while dS
@@ -138,13 +139,14 @@ struct BwdConfig<128> {
   // (not run).
   // kGemmInit (H200, 2026-12-01, against these): full, 4 alternations at 4k/8k/16k, deterministic (shift and
   // shift_causal) 0.972-0.981 of the time, non-deterministic 0.997 / 1.019 / 0.994 (spills 4 -> 52 bytes); causal, 3
-  // alternations at 2k/16k, 0.997-1.004 (36/40 bytes), so causal keeps the shuffles.
+  // alternations at 2k/16k, 0.997-1.004. Not kept: with D in two bf16 parts (16 bits) the exact cancellation of a
+  // single key (dP = D, so dS = 0) left dQ errors of 1.5-2.8e-5 against the tests' 1e-5 floor (seqlen 1 x 1, 18
+  // tests); the shuffles carry D in fp32.
   static constexpr RowStats row_stats(MaskKind mask) {
     return mask == MaskKind::kWindow   ? RowStats::kSharedMemory
            : mask == MaskKind::kCausal ? RowStats::kShuffleAhead
-                                       : RowStats::kGemmInit;
+                                       : RowStats::kShuffle;
   }
-  static constexpr RowStats kGemmInitFallback = RowStats::kShuffle;  // soft-capped full masks: as measured before
   static constexpr OperandPartition operand_partition(MaskKind mask) {
     return mask == MaskKind::kFull ? OperandPartition::kPerThread : OperandPartition::kPerWarpGroup;
   }
@@ -197,9 +199,11 @@ struct BwdConfig<64> {
   // two step bodies (spill-free) causal 1.01-1.02 and full 0.98-1.02 of the time of shared memory. H200, 2026-12-01,
   // speed-only builds against shared memory (3 alternations, 4k / 16k): without any statistics loads 0.93-0.96 /
   // 0.91-0.92 of the time; the same plus one more shared-memory k-block on the S and dP GEMMs 0.97-1.01 / 0.96-0.97.
-  // kGemmInit against shared memory (H200, 2026-12-01, 3 alternations, 2k / 4k / 16k, non-det and shift_causal):
-  // causal 0.953-0.957 / 0.962-0.969 / 0.946-0.947, full 0.985-0.987 / 0.969-0.971 / 0.962-0.968. Windows (1024, 0)
-  // measured 1.04 at 4k (the selection registers made them spill 72 -> 156 bytes), so they keep shared memory.
+  // LSE and D both through the tensor cores against shared memory (H200, 2026-12-01, 3 alternations, 2k / 4k / 16k,
+  // non-det and shift_causal): causal 0.953-0.957 / 0.962-0.969 / 0.946-0.947, full 0.985-0.987 / 0.969-0.971 /
+  // 0.962-0.968, but D's cancellation failed the single-key test (see RowStats::kGemmInit), so kGemmInit carries LSE
+  // only. Windows (1024, 0) measured 1.04 at 4k (the selection registers made them spill 72 -> 156 bytes), so they
+  // keep shared memory.
   static constexpr RowStats row_stats(MaskKind mask) {
     return mask == MaskKind::kWindow ? RowStats::kSharedMemory : RowStats::kGemmInit;
   }
@@ -292,14 +296,15 @@ inline BwdTileConfig bwd_tile_config(int32_t headdim) {
   }
 }
 
-// The statistics as RowStats::kGemmInit reads them (GemmStatLines): -LSE_log2 / scale_log2 and -D of each query row as
-// two bf16 parts (the rounding of the value, then of the rest), 16 significant bits: the exponent of P is off by at
-// most |LSE_log2| * 2^-17, below bf16's rounding of P itself for any LSE_log2 under 64. A Q tile's rows r and
-// r + kBlockM / 2 share a 16-byte line (LSE parts of r, D parts of r, then the same of r + kBlockM / 2), so a tile is
-// kBlockM / 2 lines. Rows without a key and padded rows take -kNoKeyScore, a finite stand-in for -inf: the WGMMA
+// LSE as RowStats::kGemmInit reads it (GemmStatLines): -LSE_log2 / scale_log2 of each query row as two bf16 parts (the
+// rounding of the value, then of the rest), 16 significant bits: the exponent of P is off by at most
+// |LSE_log2| * 2^-17, below bf16's rounding of P itself for any LSE_log2 under 64, and P only scales (no cancellation
+// follows). A Q tile's rows r, r + kBlockM / 4, r + kBlockM / 2 and r + 3 kBlockM / 4 share a 16-byte line, so a tile
+// is kBlockM / 4 lines. Rows without a key and padded rows take -kNoKeyScore, a finite stand-in for -inf: the WGMMA
 // multiplies the other parts of the line by 0, and 0 * inf would be NaN.
 constexpr int kGemmStatParts = 2;
-constexpr size_t kGemmStatRowBytes = 2 * kGemmStatParts * 2;  // per query row; two rows to a line
+constexpr int kGemmStatRowsPerLine = 4;
+constexpr size_t kGemmStatRowBytes = kGemmStatParts * 2;
 constexpr float kNoKeyScore = 1e30f;
 
 // Workspace of one backward call (dash_bwd_workspace_bytes), byte offsets from the workspace base, each region
@@ -307,7 +312,7 @@ constexpr float kNoKeyScore = 1e30f;
 //   dq_accum   fp32 (batch, nheads, seqlen_q rounded up to kBlockM, d), tiles in the dQ writer's permuted order
 //   lse_log2   fp32 (batch, nheads, seqlen_q_rounded)
 //   dsum       fp32 (batch, nheads, seqlen_q_rounded)   D = rowsum(dO * O)
-//   gemm_stats bf16 (batch, nheads, seqlen_q_rounded, 4)  GemmStatLines (RowStats::kGemmInit configs only)
+//   gemm_stats bf16 (batch, nheads, seqlen_q_rounded, 2)  GemmStatLines (RowStats::kGemmInit configs only)
 //   semaphores int32 (batch, nheads, num_m_blocks, dq_parts)  completed dQ adds per Q tile part (both modes)
 // Index of a Q tile in the per-tile regions (dq_accum tiles, semaphores): the preprocess, the dQ writer and the
 // postprocess all address a tile through it.

@@ -202,15 +202,14 @@ CUTLASS_DEVICE void consumer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<
       Tensor tSrS = partition_fragment_C(mma_sdp, Shape<BN, BM>{});
       Tensor tdPrdP = partition_fragment_C(mma_sdp, Shape<BN, BM>{});
       if constexpr (T::kGemmStats) {
-        // S^T - LSE_log2 / scale_log2 and dP^T - D, the statistics added by the tensor cores (RowStats::kGemmInit).
-        const uint64_t desc = GemmStats::descriptor(ss.gemm_stats[stage]);
-        wgmma_gemm_from_stats<T::kBlockM>(mma_sdp, tSrK, tSrQ(_, _, _, stage), tSrS, gemm_stats, 0, desc);
-        wgmma_gemm_from_stats<T::kBlockM>(mma_sdp, tSrV, tSrdO(_, _, _, stage), tdPrdP, gemm_stats, 1, desc);
+        // S^T - LSE_log2 / scale_log2, LSE added by the tensor cores (RowStats::kGemmInit).
+        wgmma_gemm_from_stats<T::kBlockM>(mma_sdp, tSrK, tSrQ(_, _, _, stage), tSrS, gemm_stats,
+                                          GemmStats::descriptor(ss.gemm_stats[stage]));
       } else {
         wgmma_gemm<true, -1>(mma_sdp, tSrK, tSrQ(_, _, _, stage), tSrS);
         if constexpr (!T::kLseAhead) shuffle_lse(lse_lanes);  // ptxas issues them among the S WGMMAs
-        wgmma_gemm<true, -1>(mma_sdp, tSrV, tSrdO(_, _, _, stage), tdPrdP);
       }
+      wgmma_gemm<true, -1>(mma_sdp, tSrV, tSrdO(_, _, _, stage), tdPrdP);
       // A previous dK GEMM still running (see unreleased_stage; none in today's configs) is done once at most the two
       // groups just issued are pending: release its stage now, not after S, so the producer's next loads start one S
       // GEMM earlier. The wait is unconditional; a wait inside a data-dependent branch would make ptxas serialise the
@@ -338,10 +337,7 @@ CUTLASS_DEVICE void consumer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<
       // register copy of D made them spill.
       float const* dsum = ss.dsum[stage] + tScS.m0();
       const int ds_buf = ds_count++ % T::kDsBuffers;
-      if constexpr (T::kGemmStats) {
-        CUTLASS_PRAGMA_UNROLL
-        for (int i = 0; i < size(tSrS); ++i) tdPrdP(i) = tSrS(i) * tdPrdP(i);  // the accumulator holds dP - D
-      } else if constexpr (T::kShuffleStats) {
+      if constexpr (T::kShuffleStats) {
         Cols::for_each_column(dsum_lanes, tScS, [&](int j, float d) { tdPrdP(j) = tSrS(j) * (tdPrdP(j) - d); });
       } else {
         CUTLASS_PRAGMA_UNROLL

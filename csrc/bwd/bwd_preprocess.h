@@ -5,7 +5,7 @@
 // 16 heads x d 128: 134 MB, 0.044 instead of 0.074 ms of preprocess).
 // Padded rows (>= seqlen_q) and rows that saw no key in the forward (LSE = -inf) get LSE_log2 = +inf and D = 0, so
 // the main loop's exp2(S*scale*log2e - LSE_log2) is exactly 0 for them without a branch. Kernels of RowStats::kGemmInit
-// also get each row's GemmStatRow (bwd_config.h), where such rows take -kNoKeyScore instead of -inf.
+// also get each row's LSE parts (GemmStatLines, bwd_config.h), where such rows take -kNoKeyScore instead of -inf.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -32,7 +32,7 @@ struct PreprocessParams {
   int32_t headdim;  // of o and dout (value_head_dim); may be below kHeadDim (common/head_dims.h)
   // SeqLayout::kPacked: o and dout rows of sequence `batch` from its first row, lse (nheads, total_q).
   PackedSeqs packed;
-  // kGemmStats (the main kernel's RowStats::kGemmInit): GemmStatLines (batch, nheads, seqlen_q_rounded / 2), and 1 /
+  // kGemmStats (the main kernel's RowStats::kGemmInit): GemmStatLines (batch, nheads, seqlen_q_rounded / 4), and 1 /
   // the main kernel's scale_log2.
   cutlass::bfloat16_t* gemm_stats;
   float inv_scale_log2;
@@ -91,13 +91,13 @@ __global__ void __launch_bounds__(kPreprocessThreads) bwd_preprocess_kernel(cons
       p.lse_log2[idx] = lse2;
       p.dsum[idx] = row < seqlen_q ? dot : 0.f;
       if constexpr (kGemmStats) {
-        // Row r of the tile goes to line r % (kBlockM / 2), in its first half for r < kBlockM / 2 (GemmStatLines).
-        alignas(8) cutlass::bfloat16_t parts[2 * kGemmStatParts];
+        // Row r of the tile goes to line r % (kBlockM / 4), slot pair r / (kBlockM / 4) (GemmStatLines).
+        alignas(4) cutlass::bfloat16_t parts[kGemmStatParts];
         split_into_parts(lse2 == INFINITY ? -kNoKeyScore : -lse2 * p.inv_scale_log2, parts);
-        split_into_parts(row < seqlen_q ? -dot : 0.f, parts + kGemmStatParts);
-        constexpr int kHalf = kBlockM / 2;
-        const int64_t line = (bh * p.seqlen_q_rounded + int64_t(m_block) * kBlockM) / 2 + r % kHalf;
-        reinterpret_cast<uint2*>(p.gemm_stats)[2 * line + r / kHalf] = *reinterpret_cast<const uint2*>(parts);
+        constexpr int kLines = kBlockM / kGemmStatRowsPerLine;
+        const int64_t line = (bh * p.seqlen_q_rounded + int64_t(m_block) * kBlockM) / kGemmStatRowsPerLine + r % kLines;
+        reinterpret_cast<uint32_t*>(p.gemm_stats)[kGemmStatRowsPerLine * line + r / kLines] =
+            *reinterpret_cast<const uint32_t*>(parts);
       }
     }
   }

@@ -53,8 +53,8 @@ struct BwdSharedStorage : BwdStatSlot<T>, BwdPtSlot<T> {
   alignas(1024) cute::array_aligned<Element, cute::cosize_v<typename T::SmemLayoutK> + T::kSmemGapElems, 1024> v;
   alignas(1024) cute::array_aligned<Element, cute::cosize_v<typename T::SmemLayoutdSt>, 1024> dst;
   alignas(1024) cute::array_aligned<float, T::kDqElems, 1024> dq[T::kDqBuffers];
-  alignas(128) float lse[T::kStages][T::kSmemStatRows];
-  alignas(128) float dsum[T::kStages][T::kSmemStatRows];
+  alignas(128) float lse[T::kStages][T::kSmemLseRows];
+  alignas(128) float dsum[T::kStages][T::kBlockM];
   VisitRecord rec[T::kStages];  // travels with the Q/dO stage
   VisitRecord dq_rec[T::kDqBuffers];  // travels with the staged partial dQ
   alignas(8) uint64_t q_full[T::kStages];
@@ -96,7 +96,7 @@ struct BwdKernelParams {
   typename T::TmaStoreKV tma_dv;
   float softcap_pre_tanh;  // ScoreMod::kSoftcap only: softmax_scale / softcap
   PackedSeqs packed;       // SeqLayout::kPacked only
-  // RowStats::kGemmInit only: GemmStatLines (batch, nheads, seqlen_q_rounded / 2). Last, so that the other kernels keep
+  // RowStats::kGemmInit only: GemmStatLines (batch, nheads, seqlen_q_rounded / 4). Last, so that the other kernels keep
   // their parameter offsets.
   const cutlass::bfloat16_t* gemm_stats;
 };

@@ -149,10 +149,10 @@ struct BwdTraits {
   static constexpr uint32_t kKBytes = kBlockN * kHeadDim * sizeof(Element);
   static constexpr int kSmemGapElems = Cfg::kSmemGapAfterV / sizeof(Element);
   static constexpr uint32_t kRowStatBytes = kBlockM * sizeof(float);
-  // RowStats::kGemmInit: the Q tile's GemmStatLines, also the B operand (kBlockM / 2 x 16, K-major, no swizzle) of
-  // the stats WGMMAs; the shared-memory LSE/D arrays then keep one element.
+  // RowStats::kGemmInit: the Q tile's GemmStatLines, also the B operand (kBlockM / 4 x 16, K-major, no swizzle) of
+  // the stats WGMMAs; the shared-memory LSE array then keeps one element (D keeps its fp32 array).
   static constexpr uint32_t kGemmStatBytes = kGemmStats ? kBlockM * kGemmStatRowBytes : 0;
-  static constexpr int kSmemStatRows = kGemmStats ? 1 : kBlockM;
+  static constexpr int kSmemLseRows = kGemmStats ? 1 : kBlockM;
   // Partial dQ tile, fp32, in the consumers' register order (see bwd_dq_writer.h).
   static constexpr int kDqElems = kBlockM * kHeadDim;
   static constexpr uint32_t kDqBytes = kDqElems * sizeof(float);

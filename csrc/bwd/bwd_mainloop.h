@@ -131,7 +131,6 @@ CUTLASS_DEVICE void consumer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<
       shuffle_lse(lanes);
     }
   };
-  [[maybe_unused]] const GemmStats gemm_stats(tid % 32);
   shuffle_lse_ahead(0);
   for (uint32_t q_count = 0;; ++q_count) {
     const RingPos qpos = ring_pos<T::kStages>(q_count);
@@ -201,14 +200,8 @@ CUTLASS_DEVICE void consumer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<
       if constexpr (T::kShuffleStats) dsum_lanes.load(ss.dsum[stage], tid % 32);
       Tensor tSrS = partition_fragment_C(mma_sdp, Shape<BN, BM>{});
       Tensor tdPrdP = partition_fragment_C(mma_sdp, Shape<BN, BM>{});
-      if constexpr (T::kGemmStats) {
-        // S^T - LSE_log2 / scale_log2, LSE added by the tensor cores (RowStats::kGemmInit).
-        wgmma_gemm_from_stats<T::kBlockM>(mma_sdp, tSrK, tSrQ(_, _, _, stage), tSrS, gemm_stats,
-                                          GemmStats::descriptor(ss.gemm_stats[stage]));
-      } else {
-        wgmma_gemm<true, -1>(mma_sdp, tSrK, tSrQ(_, _, _, stage), tSrS);
-        if constexpr (!T::kLseAhead) shuffle_lse(lse_lanes);  // ptxas issues them among the S WGMMAs
-      }
+      wgmma_gemm<true, -1>(mma_sdp, tSrK, tSrQ(_, _, _, stage), tSrS);
+      if constexpr (!T::kLseAhead) shuffle_lse(lse_lanes);  // ptxas issues them among the S WGMMAs
       wgmma_gemm<true, -1>(mma_sdp, tSrV, tSrdO(_, _, _, stage), tdPrdP);
       // A previous dK GEMM still running (see unreleased_stage; none in today's configs) is done once at most the two
       // groups just issued are pending: release its stage now, not after S, so the producer's next loads start one S
@@ -228,7 +221,7 @@ CUTLASS_DEVICE void consumer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<
       // With few query columns per thread (hdim 128: 16) LSE goes to registers once per column; with many (hdim 64:
       // 32) that array would not fit next to the larger S/dP fragments, so it is read per element from shared memory.
       // Shuffled statistics have them in lse_cols already.
-      constexpr bool kLseInRegs = !T::kGemmStats && (T::kShuffleStats || Cols::kCols <= 16);
+      constexpr bool kLseInRegs = T::kShuffleStats || Cols::kCols <= 16;
       float const* lse_smem = ss.lse[stage] + tScS.m0();
       if constexpr (kLseInRegs && !T::kShuffleStats) Cols::load(lse_cols, lse_smem, tScS);
       warpgroup_fence_operand(tSrS);
@@ -250,14 +243,6 @@ CUTLASS_DEVICE void consumer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<
         }
       };
       auto lse_of = [&](int i) { return kLseInRegs ? lse_cols[Cols::slot(i)] : lse_smem[get<1>(tScS.offset(i))]; };
-      // The exponent of P: with RowStats::kGemmInit the accumulator holds the score less LSE_log2 / scale_log2.
-      auto exponent = [&](int i, float x) {
-        if constexpr (T::kGemmStats) {
-          return x * p.scale_log2;
-        } else {
-          return fmaf(x, p.scale_log2, -lse_of(i));
-        }
-      };
       // Whether the element at offset d from this thread's first one (see AccCoords) is masked, given the tile's limits.
       auto is_masked = [&](auto d, int rows, int diag) {
         const int thr_rows = rows - tScS.n0();
@@ -288,11 +273,11 @@ CUTLASS_DEVICE void consumer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<
           CUTLASS_PRAGMA_UNROLL
           for (int i = 0; i < size(tSrS); ++i) {
             const float x = score(i);  // also where masked: dS multiplies the 0 of P by its 1 - t^2
-            tSrS(i) = is_masked(tScS.offset(i), rows, diag) ? 0.f : exp2f(exponent(i, x));
+            tSrS(i) = is_masked(tScS.offset(i), rows, diag) ? 0.f : exp2f(fmaf(x, p.scale_log2, -lse_of(i)));
           }
         } else {
           CUTLASS_PRAGMA_UNROLL
-          for (int i = 0; i < size(tSrS); ++i) tSrS(i) = exp2f(exponent(i, score(i)));
+          for (int i = 0; i < size(tSrS); ++i) tSrS(i) = exp2f(fmaf(score(i), p.scale_log2, -lse_of(i)));
         }
       } else {
         CUTLASS_PRAGMA_UNROLL
@@ -300,7 +285,7 @@ CUTLASS_DEVICE void consumer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<
           bool masked = false;
           if (need_mask) masked = is_masked(tScS.offset(i), kv_rows, diagonal);
           const float x = score(i);
-          tSrS(i) = masked ? 0.f : exp2f(exponent(i, x));
+          tSrS(i) = masked ? 0.f : exp2f(fmaf(x, p.scale_log2, -lse_of(i)));
         }
       }
 

@@ -4,8 +4,7 @@
 // tiles without contributing KV tiles. That saves writing the whole accumulator once per call (H200, 16k tokens x
 // 16 heads x d 128: 134 MB, 0.044 instead of 0.074 ms of preprocess).
 // Padded rows (>= seqlen_q) and rows that saw no key in the forward (LSE = -inf) get LSE_log2 = +inf and D = 0, so
-// the main loop's exp2(S*scale*log2e - LSE_log2) is exactly 0 for them without a branch. Kernels of RowStats::kGemmInit
-// also get each row's LSE parts (GemmStatLines, bwd_config.h), where such rows take -kNoKeyScore instead of -inf.
+// the main loop's exp2(S*scale*log2e - LSE_log2) is exactly 0 for them without a branch.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -32,24 +31,11 @@ struct PreprocessParams {
   int32_t headdim;  // of o and dout (value_head_dim); may be below kHeadDim (common/head_dims.h)
   // SeqLayout::kPacked: o and dout rows of sequence `batch` from its first row, lse (nheads, total_q).
   PackedSeqs packed;
-  // kGemmStats (the main kernel's RowStats::kGemmInit): GemmStatLines (batch, nheads, seqlen_q_rounded / 4), and 1 /
-  // the main kernel's scale_log2.
-  cutlass::bfloat16_t* gemm_stats;
-  float inv_scale_log2;
 };
-
-// x as kGemmStatParts bf16 parts, each the rounding of what the previous ones left.
-CUTLASS_DEVICE void split_into_parts(float x, cutlass::bfloat16_t* parts) {
-#pragma unroll
-  for (int i = 0; i < kGemmStatParts; ++i) {
-    parts[i] = cutlass::bfloat16_t(x);
-    x -= float(parts[i]);
-  }
-}
 
 constexpr int kPreprocessThreads = 256;
 
-template <int kHeadDim, int kBlockM, class Element, SeqLayout kLayout = SeqLayout::kBatched, bool kGemmStats = false>
+template <int kHeadDim, int kBlockM, class Element, SeqLayout kLayout = SeqLayout::kBatched>
 __global__ void __launch_bounds__(kPreprocessThreads) bwd_preprocess_kernel(const PreprocessParams p) {
   constexpr bool kPacked = kLayout == SeqLayout::kPacked;
   constexpr int kVec = 16 / sizeof(Element);                 // elements per 16-byte load
@@ -90,15 +76,6 @@ __global__ void __launch_bounds__(kPreprocessThreads) bwd_preprocess_kernel(cons
       }
       p.lse_log2[idx] = lse2;
       p.dsum[idx] = row < seqlen_q ? dot : 0.f;
-      if constexpr (kGemmStats) {
-        // Row r of the tile goes to line r % (kBlockM / 4), slot pair r / (kBlockM / 4) (GemmStatLines).
-        alignas(4) cutlass::bfloat16_t parts[kGemmStatParts];
-        split_into_parts(lse2 == INFINITY ? -kNoKeyScore : -lse2 * p.inv_scale_log2, parts);
-        constexpr int kLines = kBlockM / kGemmStatRowsPerLine;
-        const int64_t line = (bh * p.seqlen_q_rounded + int64_t(m_block) * kBlockM) / kGemmStatRowsPerLine + r % kLines;
-        reinterpret_cast<uint32_t*>(p.gemm_stats)[kGemmStatRowsPerLine * line + r / kLines] =
-            *reinterpret_cast<const uint32_t*>(parts);
-      }
     }
   }
 

@@ -398,11 +398,18 @@ def _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max
         if capturing:
             return ext, None
     host = _host_lists(cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k)
-    for side, total, max_seqlen in (("q", q.shape[0], max_seqlen_q), ("k", k.shape[0], max_seqlen_k)):
-        cu, used = host[0 if side == "q" else 1], host[2 if side == "q" else 3]
+    cq, ck, used_q, used_k = host
+    for side, cu, used, total, max_seqlen in (("q", cq, used_q, q.shape[0], max_seqlen_q),
+                                              ("k", ck, used_k, k.shape[0], max_seqlen_k)):
         validation.check_cu_seqlens_values(f"cu_seqlens_{side}", cu, total, max_seqlen, f"max_seqlen_{side}",
                                            used, f"seqused_{side}")
     return ext, host
+
+
+def _runs_unplanned(ext, host, seqused_q, seqused_k) -> bool:
+    """Whether a checked varlen call takes the unplanned packed path: on CUDA, inside a capture (no host copies) or
+    given seqused_q/k."""
+    return ext is not None and (host is None or seqused_q is not None or seqused_k is not None)
 
 
 def _runs(cq: List[int], ck: List[int]):
@@ -569,17 +576,15 @@ def _varlen_fwd_unplanned(ext, q, k, v, seqs, bounds, softmax_scale, mask, windo
     """seqs: cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k (the last two may be None); bounds: max_q, max_k.
     checked_on_host: the values passed _check_varlen's host checks, so the GPU check would only repeat them."""
     cu_q, cu_k, used_q, used_k = _device_seqs(q, *seqs)
-    some_unused = used_q is not None or used_k is not None
-    out = q.new_zeros(*q.shape[:-1], v.shape[-1]) if some_unused else _out_like(q, v)
-    lse = torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device)
-    if some_unused:
-        lse.fill_(float("-inf"))
     max_q, max_k = device_seqlens.capped_bounds(q.shape[0], k.shape[0], *bounds)
+    # Rows the kernel leaves alone (past seqused, or every row when there are no keys) start as out 0, lse -inf.
+    untouched_rows = used_q is not None or used_k is not None or max_k == 0
+    out = q.new_zeros(*q.shape[:-1], v.shape[-1]) if untouched_rows else _out_like(q, v)
+    lse = torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device)
+    if untouched_rows:
+        lse.fill_(float("-inf"))
     with _device_guard(q.device):
-        if max_k == 0:  # no keys: every row is fully masked
-            out.zero_()
-            lse.fill_(float("-inf"))
-        elif max_q > 0 and cu_q.shape[0] > 1:
+        if max_k > 0 and max_q > 0 and cu_q.shape[0] > 1:
             ext.varlen_fwd(q, k, v, out, lse, cu_q, cu_k, used_q, used_k, max_q, max_k, softmax_scale, mask,
                            window_left, window_right, softcap)
         if not checked_on_host:
@@ -591,15 +596,13 @@ def _varlen_fwd_unplanned(ext, q, k, v, seqs, bounds, softmax_scale, mask, windo
 def _varlen_bwd_unplanned(ext, dout, q, k, v, out, lse, seqs, bounds, softmax_scale, mask, window_left, window_right,
                           softcap, deterministic, schedule, sm_margin, checked_on_host=False):
     cu_q, cu_k, used_q, used_k = _device_seqs(q, *seqs)
-    some_unused = used_q is not None or used_k is not None
-    dq, dk, dv = ((torch.zeros_like if some_unused else torch.empty_like)(t) for t in (q, k, v))
     max_q, max_k = device_seqlens.capped_bounds(q.shape[0], k.shape[0], *bounds)
+    no_key_seen = max_q == 0 or max_k == 0 or cu_q.shape[0] == 1
+    # Gradients the kernel does not write (rows past seqused, or all of them when no query sees a key) start as 0.
+    untouched_rows = used_q is not None or used_k is not None or no_key_seen
+    dq, dk, dv = ((torch.zeros_like if untouched_rows else torch.empty_like)(t) for t in (q, k, v))
     with _device_guard(q.device):
-        if max_q == 0 or max_k == 0 or cu_q.shape[0] == 1:  # no query sees a key
-            dq.zero_()
-            dk.zero_()
-            dv.zero_()
-        else:
+        if not no_key_seen:
             schedule_id = _resolve_schedule_for(schedule, q.device, cu_q.shape[0] - 1, max_q, max_k, q.shape[1],
                                                 k.shape[1], q.shape[-1], mask, window_left, window_right,
                                                 deterministic, sm_margin)
@@ -620,7 +623,7 @@ def _varlen_fwd_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     mask, window_left, window_right = _effective_mask(mask, window_left, window_right, max_seqlen_q, max_seqlen_k)
     seqs = (cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k)
     ext, host = _check_varlen(q, k, v, *seqs, max_seqlen_q, max_seqlen_k, softcap)
-    if ext is not None and (host is None or seqused_q is not None or seqused_k is not None):
+    if _runs_unplanned(ext, host, seqused_q, seqused_k):
         bounds = _unplanned_bounds(host, mask, window_left, window_right, max_seqlen_q, max_seqlen_k)
         return _varlen_fwd_unplanned(ext, q, k, v, seqs, bounds, softmax_scale, mask, window_left, window_right,
                                      softcap, checked_on_host=host is not None)
@@ -656,7 +659,7 @@ def _varlen_bwd_impl(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
     mask, window_left, window_right = _effective_mask(mask, window_left, window_right, max_seqlen_q, max_seqlen_k)
     seqs = (cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k)
     ext, host = _check_varlen(q, k, v, *seqs, max_seqlen_q, max_seqlen_k, softcap)
-    if ext is not None and (host is None or seqused_q is not None or seqused_k is not None):
+    if _runs_unplanned(ext, host, seqused_q, seqused_k):
         bounds = _unplanned_bounds(host, mask, window_left, window_right, max_seqlen_q, max_seqlen_k)
         return _varlen_bwd_unplanned(ext, dout, q, k, v, out, lse, seqs, bounds, softmax_scale, mask, window_left,
                                      window_right, softcap, deterministic, schedule, sm_margin,

@@ -5,7 +5,6 @@ import types
 import torch
 
 
-
 def qkv(batch=2, seqlen_q=9, seqlen_k=9, nheads=4, nheads_k=2, headdim=16, dtype=torch.float32, seed=0,
          requires_grad=False):
     gen = torch.Generator().manual_seed(seed)

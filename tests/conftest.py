@@ -42,10 +42,11 @@ def fake_cuda(monkeypatch):
     monkeypatch.setattr(validation, "check_cuda_device", lambda device: None)
     monkeypatch.setattr(interface, "_device_guard", lambda device: torch.no_grad())
     monkeypatch.setattr(interface, "_l2_bytes", lambda device_index: 60 * 2**20)
-    for cached in (interface._supported_head_dims, interface._num_sms, interface._bwd_tile_shape,
-                   interface._choose_schedule, interface._softcap_built):
-        cached.cache_clear()
+    # The cached queries of the extension: cleared before (stand-in answers) and after (the real extension's).
+    cached = (interface._supported_head_dims, interface._num_sms, interface._bwd_tile_shape,
+              interface._choose_schedule, interface._softcap_built)
+    for query in cached:
+        query.cache_clear()
     yield ext
-    for cached in (interface._supported_head_dims, interface._num_sms, interface._bwd_tile_shape,
-                   interface._choose_schedule, interface._softcap_built):
-        cached.cache_clear()
+    for query in cached:
+        query.cache_clear()

@@ -81,10 +81,10 @@ void check_tensors(Layout layout, const at::Tensor& q,
   }
 }
 
-// cu_seqlens_q/k: int32 prefix sums on q's device, batch + 1 entries each. Their values are the caller's to check:
-// dash_attn/validation.py does, on a host copy, or, inside a CUDA graph capture, packed_seqlens_ok on the GPU (the
-// kernels clamp every sequence to the packed rows either way: common/packed_seqs.h).
-// cu_seqlens_q/k: contiguous int32 (batch + 1,) tensors of one length (at least min_entries) on `like`'s device.
+// cu_seqlens_q/k: contiguous int32 (batch + 1,) prefix sums of one length (at least min_entries) on `like`'s device.
+// Their values are the caller's to check: dash_attn/validation.py does, on a host copy, or, inside a CUDA graph
+// capture, packed_seqlens_ok on the GPU (the kernels clamp every sequence to the packed rows either way:
+// common/packed_seqs.h).
 void check_cu_seqlens(const at::Tensor& cu_q, const at::Tensor& cu_k, const at::Tensor& like, int64_t min_entries) {
   for (const at::Tensor* t : {&cu_q, &cu_k}) {
     const char* name = t == &cu_q ? "cu_seqlens_q" : "cu_seqlens_k";

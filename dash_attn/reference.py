@@ -22,6 +22,7 @@ __all__ = [
     "attention_ref_varlen",
     "attention_bwd_ref",
     "attention_bwd_ref_varlen",
+    "row_statistic_error_bound",
 ]
 
 
@@ -158,6 +159,23 @@ def attention_ref_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale=None
     return (out, lse) if return_lse else out
 
 
+def _bwd_terms(dout, q, k, v, out, lse, softmax_scale, causal, window_size, softcap, dtype):
+    """The operands of the backward formulas in `dtype`: scores, P, D (b, h, sq), dO, Q and K/V expanded to every
+    query head."""
+    nheads = q.shape[2]
+    left, right = _window_bounds(causal, window_size)
+    qc, kc, vc = q.to(dtype), k.to(dtype), v.to(dtype)
+    doc, oc, lsec = dout.to(dtype), out.to(dtype), lse.to(dtype)
+    kx, vx = _expand_kv_heads(kc, nheads), _expand_kv_heads(vc, nheads)
+    scores = _scores(qc, kx, softmax_scale, softcap)
+    visible = visibility_mask(q.shape[1], k.shape[1], left, right, device=q.device)
+    # Rows with lse = -inf saw no key: P must be 0 there, not exp(-inf + inf).
+    lse_safe = torch.where(torch.isneginf(lsec), torch.full_like(lsec, float("inf")), lsec)
+    probs = torch.exp(scores - lse_safe.unsqueeze(-1)).masked_fill(~visible, 0.0)
+    delta = (doc * oc).sum(dim=-1).transpose(1, 2)  # (b, h, sq)
+    return scores, probs, delta, doc, qc, kx, vx
+
+
 def attention_bwd_ref(dout, q, k, v, out, lse, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
                       compute_dtype=torch.float32):
     """Explicit backward with the FlashAttention formulas, given the forward's out and lse.
@@ -167,23 +185,11 @@ def attention_bwd_ref(dout, q, k, v, out, lse, softmax_scale=None, causal=False,
     where dS' = dS * (1 - tanh^2) when softcap is on (the derivative of softcap * tanh(x / softcap)).
     GQA: dK/dV are summed over the query heads that share a key/value head. Returns dq, dk, dv in compute_dtype.
     """
-    batch, seqlen_q, nheads, headdim = q.shape
-    seqlen_k, nheads_k = k.shape[1], k.shape[2]
+    nheads_k = k.shape[2]
     if softmax_scale is None:
-        softmax_scale = _default_scale(headdim)
-    dtype = compute_dtype
-    left, right = _window_bounds(causal, window_size)
-    qc, kc, vc = q.to(dtype), k.to(dtype), v.to(dtype)
-    doc, oc, lsec = dout.to(dtype), out.to(dtype), lse.to(dtype)
-    kx, vx = _expand_kv_heads(kc, nheads), _expand_kv_heads(vc, nheads)
-
-    scores = _scores(qc, kx, softmax_scale, softcap)
-    visible = visibility_mask(seqlen_q, seqlen_k, left, right, device=q.device)
-    # Rows with lse = -inf saw no key: P must be 0 there, not exp(-inf + inf).
-    lse_safe = torch.where(torch.isneginf(lsec), torch.full_like(lsec, float("inf")), lsec)
-    probs = torch.exp(scores - lse_safe.unsqueeze(-1)).masked_fill(~visible, 0.0)
-
-    delta = (doc * oc).sum(dim=-1).transpose(1, 2)  # (b, h, sq)
+        softmax_scale = _default_scale(q.shape[-1])
+    scores, probs, delta, doc, qc, kx, vx = _bwd_terms(dout, q, k, v, out, lse, softmax_scale, causal, window_size,
+                                                       softcap, compute_dtype)
     dprobs = torch.einsum("bqhd,bkhd->bhqk", doc, vx)
     dscores = probs * (dprobs - delta.unsqueeze(-1))
     if softcap > 0.0:
@@ -192,6 +198,23 @@ def attention_bwd_ref(dout, q, k, v, out, lse, softmax_scale=None, causal=False,
     dq = torch.einsum("bhqk,bkhd->bqhd", dscores, kx) * softmax_scale
     dk = torch.einsum("bhqk,bqhd->bkhd", dscores, qc) * softmax_scale
     return dq, _reduce_kv_heads(dk, nheads_k), _reduce_kv_heads(dv, nheads_k)
+
+
+def row_statistic_error_bound(dout, q, k, v, out, lse, softmax_scale=None, causal=False, window_size=(-1, -1),
+                              softcap=0.0, rel=2.0**-16, compute_dtype=torch.float32):
+    """Largest error of dq and dk (elementwise bounds, in compute_dtype) when D = rowsum(dO * O) is carried to relative
+    precision `rel`: dS = P * (dP - D) then errs by at most P * |D| * rel, so dQ by scale * (P |D| rel) |K| and dK by
+    scale * (P |D| rel)^T |Q| (soft-capping's factor 1 - tanh^2 only shrinks them). Where one key cancels exactly (dS = 0) this is the whole error of such a kernel, and a
+    PyTorch baseline that forms D as sum(P * dP) has none, so the bound is the floor such cases are checked against."""
+    nheads_k = k.shape[2]
+    if softmax_scale is None:
+        softmax_scale = _default_scale(q.shape[-1])
+    _, probs, delta, _, qc, kx, _ = _bwd_terms(dout, q, k, v, out, lse, softmax_scale, causal, window_size, softcap,
+                                               compute_dtype)
+    err_ds = probs * delta.abs().unsqueeze(-1) * rel
+    dq = torch.einsum("bhqk,bkhd->bqhd", err_ds, kx.abs()) * softmax_scale
+    dk = torch.einsum("bhqk,bqhd->bkhd", err_ds, qc.abs()) * softmax_scale
+    return dq, _reduce_kv_heads(dk, nheads_k)
 
 
 def attention_bwd_ref_varlen(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, softmax_scale=None, causal=False,

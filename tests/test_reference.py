@@ -6,7 +6,7 @@ import torch
 import torch.nn.functional as F
 
 from dash_attn.reference import (attention_bwd_ref, attention_bwd_ref_varlen, attention_ref, attention_ref_varlen,
-                                 visibility_mask)
+                                 row_statistic_error_bound, visibility_mask)
 
 
 def _qkv(batch, seqlen_q, seqlen_k, nheads, nheads_k, headdim, dtype=torch.float64, seed=0, requires_grad=False):
@@ -173,6 +173,24 @@ def test_explicit_backward_matches_autograd(seqlen_q, seqlen_k, nheads, nheads_k
     for g, e in zip(got, expected):
         assert g.dtype == torch.float64 and g.shape == e.shape
         torch.testing.assert_close(g, e, rtol=1e-10, atol=1e-10)
+
+
+@pytest.mark.parametrize("seqlen_q, seqlen_k, causal", [(1, 1, False), (7, 1, False), (9, 13, True), (13, 9, False)])
+def test_row_statistic_bound_covers_a_rounded_d(seqlen_q, seqlen_k, causal):
+    """out only enters the backward through D = rowsum(dO * O): scaling it by 1 + rel is D off by rel |D|, and the
+    gradients must move by no more than the bound, which is reached exactly where each query sees one key."""
+    q, k, v = _qkv(2, seqlen_q, seqlen_k, 4, 2, 16)
+    dout = torch.randn(q.shape, dtype=q.dtype, generator=torch.Generator().manual_seed(1))
+    out, lse = attention_ref(q, k, v, 0.3, causal, return_lse=True)
+    rel = 2.0**-10
+    exact = attention_bwd_ref(dout, q, k, v, out, lse, 0.3, causal, compute_dtype=torch.float64)
+    off = attention_bwd_ref(dout, q, k, v, out * (1 + rel), lse, 0.3, causal, compute_dtype=torch.float64)
+    bounds = row_statistic_error_bound(dout, q, k, v, out, lse, 0.3, causal, rel=rel, compute_dtype=torch.float64)
+    for e, o, b in zip(exact, off, bounds):
+        assert b.dtype == torch.float64 and b.shape == e.shape
+        assert ((o - e).abs() <= b * (1 + 1e-9) + 1e-15).all()
+    if seqlen_k == 1:
+        torch.testing.assert_close((off[0] - exact[0]).abs(), bounds[0], rtol=1e-9, atol=1e-15)
 
 
 def _cu(lengths):

@@ -24,6 +24,7 @@ struct BwdTileConfig {
   int32_t block_n;
   int32_t stages;    // depth of the Q/dO/LSE/D pipeline
   int32_t dq_parts;  // semaphores per dQ tile (BwdConfig::kDqParts)
+  bool gemm_stats;   // RowStats::kGemmInit on some mask: the workspace holds the statistics' bf16 parts
 };
 
 // (warpgroups along M, warpgroups along N) of one GEMM; the product is the number of consumer warpgroups.
@@ -61,7 +62,14 @@ enum class OperandPartition { kPerThread, kPerWarpGroup };
 // GEMMs are issued. kShuffleAhead: as kShuffle, but the LSE of step t+1 is loaded and shuffled at the end of step t
 // (its stage is usually full by then), so the shuffles never wait behind the step's own GEMM traffic; its 16
 // registers stay live across the step boundary.
-enum class RowStats { kSharedMemory, kShuffle, kShuffleAhead };
+// kGemmInit: the statistics enter through the tensor cores. The preprocess writes each query row's -LSE_log2 /
+// scale_log2 and -D as two bf16 parts each (their sum is the value to 16 significant bits; GemmStatLines), the producer
+// loads a Q tile's lines as a 16-wide K-major WGMMA operand, and extra WGMMAs, whose register A operand is 1 on the two
+// parts of one statistic and 0 elsewhere, start the S^T accumulators at -LSE_log2 / scale_log2 and the dP^T ones at -D:
+// P = exp2(acc * scale_log2) and dS = P * acc need no per-column value at all. The cost is a 16-deep k-block on each
+// of the two GEMMs. Needs each warpgroup's S^T slice to span the whole query extent (SdPSplit::kAlongN == 1) and plain
+// scores (soft-capping applies tanh before LSE; those kernels fall back to kSharedMemory).
+enum class RowStats { kSharedMemory, kShuffle, kShuffleAhead, kGemmInit };
 
 // When the register-sourced dV GEMM (A = P^T) is issued. kAfterP: as soon as P is computed, so that it runs while dS
 // is computed; the bf16 P^T is then live next to the fp32 P and dP. kAfterDs (FA3's order): after the dP wait, dS
@@ -128,11 +136,15 @@ struct BwdConfig<128> {
   // Causal with the LSE shuffled a step ahead (H200, 2026-11-30, two runs of 4 alternations against kShuffle):
   // descending 0.92-0.97 of the time at 4k-16k, non-det and shift_causal 0.983-1.02; at full masks it spilled 36 bytes
   // (not run).
+  // kGemmInit (H200, 2026-12-01, against these): full, 4 alternations at 4k/8k/16k, deterministic (shift and
+  // shift_causal) 0.972-0.981 of the time, non-deterministic 0.997 / 1.019 / 0.994 (spills 4 -> 52 bytes); causal, 3
+  // alternations at 2k/16k, 0.997-1.004 (36/40 bytes), so causal keeps the shuffles.
   static constexpr RowStats row_stats(MaskKind mask) {
     return mask == MaskKind::kWindow   ? RowStats::kSharedMemory
            : mask == MaskKind::kCausal ? RowStats::kShuffleAhead
-                                       : RowStats::kShuffle;
+                                       : RowStats::kGemmInit;
   }
+  static constexpr RowStats kGemmInitFallback = RowStats::kShuffle;  // soft-capped full masks: as measured before
   static constexpr OperandPartition operand_partition(MaskKind mask) {
     return mask == MaskKind::kFull ? OperandPartition::kPerThread : OperandPartition::kPerWarpGroup;
   }
@@ -179,13 +191,19 @@ struct BwdConfig<64> {
   using dKVSplit = WarpGroupSplit<2, 1>;
   using dQSplit = WarpGroupSplit<2, 1>;  // dQ (128 x 64): each warpgroup owns 64 query rows
   static constexpr DkvOperandA kDkvA = DkvOperandA::kRegisters;
-  // Shuffled statistics measured 1.02-1.04 (full, no spills) and 1.06-1.31 (causal, 20-44 bytes of spills) of the time;
-  // with two step bodies (spill-free) causal 1.01-1.02 and full 0.98-1.02 of the time of shared memory.
-  // These loads are 508 of the step's ~3370 shared-memory wavefronts at causal 16k (ncu, 2026-12-01). Tried, not kept
-  // (H200, 2026-12-01, benchmarks/RESULTS.md): LSE and D added to the S^T / dP^T accumulators by extra register-A
-  // WGMMAs over bf16 parts of each row's statistics: 0.946-0.987 of the time, but D in two bf16 parts (16 bits) broke
-  // the exact cancellation of a single key (dQ 1.5-4.3e-5 instead of 0); LSE alone that way: 1.016-1.037.
-  static constexpr RowStats row_stats(MaskKind) { return RowStats::kSharedMemory; }
+  // A thread holds 32 query columns of S^T, so reading LSE and D from shared memory cost 32 8-byte loads a step (ncu,
+  // causal 16k: 508 of the step's ~3370 shared-memory wavefronts, 18%, on the pipe that bounds the step). Shuffled
+  // statistics measured 1.02-1.04 (full, no spills) and 1.06-1.31 (causal, 20-44 bytes of spills) of the time; with
+  // two step bodies (spill-free) causal 1.01-1.02 and full 0.98-1.02 of the time of shared memory. H200, 2026-12-01,
+  // speed-only builds against shared memory (3 alternations, 4k / 16k): without any statistics loads 0.93-0.96 /
+  // 0.91-0.92 of the time; the same plus one more shared-memory k-block on the S and dP GEMMs 0.97-1.01 / 0.96-0.97.
+  // kGemmInit against shared memory (H200, 2026-12-01, 3 alternations, 2k / 4k / 16k, non-det and shift_causal):
+  // causal 0.953-0.957 / 0.962-0.969 / 0.946-0.947, full 0.985-0.987 / 0.969-0.971 / 0.962-0.968. Windows (1024, 0)
+  // measured 1.04 at 4k (the selection registers made them spill 72 -> 156 bytes), so they keep shared memory.
+  static constexpr RowStats row_stats(MaskKind mask) {
+    return mask == MaskKind::kWindow ? RowStats::kSharedMemory : RowStats::kGemmInit;
+  }
+  static constexpr RowStats kGemmInitFallback = RowStats::kSharedMemory;  // soft-capped and packed causal kernels
   static constexpr OperandPartition operand_partition(MaskKind) { return OperandPartition::kPerWarpGroup; }
   // dV after dS (H200, 3 alternations against kAfterP): full 0.94-0.96 of the time at 1k-16k with spills 8/16 -> 0
   // bytes; causal 1.00-1.03 with one step body (4 -> 48/72 bytes). With two step bodies see masked_steps.
@@ -252,24 +270,52 @@ inline bool aligned16(const void* ptr, const TensorStrides& strides) {
   return reinterpret_cast<uintptr_t>(ptr) % 16 == 0 && strides_multiple_of(strides, kElemsPer16Bytes);
 }
 
+// Whether a config reads the statistics through the tensor cores on some mask (RowStats::kGemmInit).
+template <class Cfg>
+constexpr bool uses_gemm_stats() {
+  return Cfg::row_stats(MaskKind::kFull) == RowStats::kGemmInit ||
+         Cfg::row_stats(MaskKind::kCausal) == RowStats::kGemmInit ||
+         Cfg::row_stats(MaskKind::kWindow) == RowStats::kGemmInit;
+}
+
 // Run-time view of the same table, for the host (workspace sizing, dash_bwd_tile_shape).
+template <class Cfg>
+constexpr BwdTileConfig tile_config_of() {
+  return {Cfg::kBlockM, Cfg::kBlockN, Cfg::kStages, Cfg::kDqParts, uses_gemm_stats<Cfg>()};
+}
 inline BwdTileConfig bwd_tile_config(int32_t headdim) {
   switch (headdim) {
-    case 64:
-      return {BwdConfig<64>::kBlockM, BwdConfig<64>::kBlockN, BwdConfig<64>::kStages, BwdConfig<64>::kDqParts};
-    case 128:
-      return {BwdConfig<128>::kBlockM, BwdConfig<128>::kBlockN, BwdConfig<128>::kStages, BwdConfig<128>::kDqParts};
-    case 256:
-      return {BwdConfig<256>::kBlockM, BwdConfig<256>::kBlockN, BwdConfig<256>::kStages, BwdConfig<256>::kDqParts};
-    default: return {0, 0, 0, 0};
+    case 64: return tile_config_of<BwdConfig<64>>();
+    case 128: return tile_config_of<BwdConfig<128>>();
+    case 256: return tile_config_of<BwdConfig<256>>();
+    default: return {0, 0, 0, 0, false};
   }
 }
+
+// The statistics as RowStats::kGemmInit reads them (GemmStatLines): -LSE_log2 / scale_log2 and -D of each query row as
+// two bf16 parts (the rounding of the value, then of the rest), 16 significant bits: the exponent of P is off by at
+// most |LSE_log2| * 2^-17, below bf16's rounding of P itself for any LSE_log2 under 64. A Q tile's rows r and
+// r + kBlockM / 2 share a 16-byte line (LSE parts of r, D parts of r, then the same of r + kBlockM / 2), so a tile is
+// kBlockM / 2 lines. Rows without a key and padded rows take -kNoKeyScore, a finite stand-in for -inf: the WGMMA
+// multiplies the other parts of the line by 0, and 0 * inf would be NaN.
+// D's 16 bits leave dS = P (dP - D) off by up to P |D| 2^-17, far below bf16's rounding of dS except where dP - D
+// cancels exactly (one key per query: dS = 0, and dQ came out at 1.5-4.3e-5 instead of 0 with unit-scale inputs;
+// FA3-style fp32 D is not exact there either, its dP and D being the same sum in two orders). The tests bound that
+// error (dash_attn/reference.py, row_statistic_error_bound). bf16 parts keep it relative at every scale, so
+// gradients scale exactly with dO. Tried (2026-12-01): D as two fp16 parts scaled per Q tile (22 bits) needs the
+// tile's scale in the WGMMA's A registers each step; with a bf16 fallback for tiles outside fp16's range ptxas
+// serialised the WGMMAs (1.17-1.22x the time), and without one typical training gradients (|D| ~ 1e-8) fall below
+// the fp16 range's 22-bit window anyway.
+constexpr int kGemmStatParts = 2;
+constexpr size_t kGemmStatRowBytes = 2 * kGemmStatParts * 2;  // per query row; two rows to a line
+constexpr float kNoKeyScore = 1e30f;
 
 // Workspace of one backward call (dash_bwd_workspace_bytes), byte offsets from the workspace base, each region
 // 128-byte aligned:
 //   dq_accum   fp32 (batch, nheads, seqlen_q rounded up to kBlockM, d), tiles in the dQ writer's permuted order
 //   lse_log2   fp32 (batch, nheads, seqlen_q_rounded)
 //   dsum       fp32 (batch, nheads, seqlen_q_rounded)   D = rowsum(dO * O)
+//   gemm_stats bf16 (batch, nheads, seqlen_q_rounded, 4)  GemmStatLines (RowStats::kGemmInit configs only)
 //   semaphores int32 (batch, nheads, num_m_blocks, dq_parts)  completed dQ adds per Q tile part (both modes)
 // Index of a Q tile in the per-tile regions (dq_accum tiles, semaphores): the preprocess, the dQ writer and the
 // postprocess all address a tile through it.
@@ -286,7 +332,7 @@ __host__ __device__ inline Sem* tile_semaphores(Sem* semaphores, int64_t tile_in
 struct BwdWorkspaceLayout {
   int32_t num_m_blocks = 0;
   int32_t seqlen_q_rounded = 0;
-  size_t dq_accum = 0, lse_log2 = 0, dsum = 0, semaphores = 0, total = 0;
+  size_t dq_accum = 0, lse_log2 = 0, dsum = 0, gemm_stats = 0, semaphores = 0, total = 0;
 };
 
 // kernel_headdim: the head dim of the kernel that runs the call (common/head_dims.h); its dQ tiles are that wide.
@@ -305,6 +351,8 @@ inline BwdWorkspaceLayout bwd_workspace_layout(const AttnShape& s, int32_t kerne
   off = align(off + bh * w.seqlen_q_rounded * sizeof(float));
   w.dsum = off;
   off = align(off + bh * w.seqlen_q_rounded * sizeof(float));
+  w.gemm_stats = off;
+  if (cfg.gemm_stats) off = align(off + bh * w.seqlen_q_rounded * kGemmStatRowBytes);
   w.semaphores = off;
   off = align(off + bh * w.num_m_blocks * size_t(cfg.dq_parts) * sizeof(int32_t));
   w.total = off;

@@ -39,6 +39,65 @@ CUTLASS_DEVICE void wgmma_gemm(TiledMma& tiled_mma, TA const& tCrA, TB const& tC
   wgmma_gemm<kWait>(tiled_mma, tCrA, tCrB, tCrC, kZeroInit);
 }
 
+// RowStats::kGemmInit (bwd_config.h): the WGMMAs that start a warpgroup's S^T or dP^T accumulators (64 x kBlockM) at
+// one statistic of each query column, one WGMMA per half of the columns. B is the stage's GemmStatLines (kBlockM / 2
+// lines of 16 bytes, a K-major operand without swizzle): line j holds the parts of LSE and D of columns j and
+// j + kBlockM / 2 in k-slots 0-1, 2-3, 4-5, 6-7. A (64 x 16, registers) is 1 on the two slots of the wanted statistic
+// and half, so every row of the product is that column's sum of parts. In the register layout of a 16-wide k-block,
+// slots 2q and 2q + 1 are held by the lanes with lane % 4 == q in their first two registers; the other two registers
+// hold slots 8-15, which are 0, so the descriptor reads the same 16 bytes for both 8-wide halves (leading byte offset
+// 0) and touches no other memory.
+struct GemmStats {
+  uint32_t ones;  // two bf16 1.0
+  int slot_pair;  // lane % 4: the k-slots 2 * slot_pair and 2 * slot_pair + 1 of each register A operand
+
+  CUTLASS_DEVICE explicit GemmStats(int lane) : ones(0x3F803F80u), slot_pair(lane % 4) {}
+
+  // The A registers selecting statistic `stat` (0: LSE, 1: D) of column half `half`: LSE of the first half on lanes
+  // with slot pair 0, D on 1, LSE of the second half on 2, D on 3.
+  CUTLASS_DEVICE void a_regs(int stat, int half, uint32_t (&a)[4]) const {
+    a[0] = a[1] = slot_pair == stat + 2 * half ? ones : 0u;
+    a[2] = a[3] = 0u;
+  }
+
+  CUTLASS_DEVICE static uint64_t descriptor(cutlass::bfloat16_t const* lines) {
+    cute::GmmaDescriptor desc;
+    desc.bitfield.start_address_ = static_cast<uint16_t>(cute::cast_smem_ptr_to_uint(lines) >> 4);
+    desc.bitfield.leading_byte_offset_ = 0;
+    desc.bitfield.stride_byte_offset_ = 8;  // 16-byte units: 8 lines of 16 bytes between 8-line groups
+    desc.bitfield.base_offset_ = 0;
+    desc.bitfield.layout_type_ = static_cast<uint8_t>(GMMA::LayoutType::INTERLEAVE);
+    return desc.desc_;
+  }
+};
+
+// Issue one GEMM as wgmma_gemm does, its accumulator first overwritten with statistic `stat` by the GemmStats WGMMAs
+// (in the same commit group, so that the accumulator's only writers between the fences are WGMMAs).
+template <int kBlockM, class TiledMma, class TA, class TB, class TC>
+CUTLASS_DEVICE void wgmma_gemm_from_stats(TiledMma& tiled_mma, TA const& tCrA, TB const& tCrB, TC& tCrC,
+                                          GemmStats const& stats, int stat, uint64_t desc_stats) {
+  using StatsOp = decltype(GMMA::rs_op_selector<cutlass::bfloat16_t, cutlass::bfloat16_t, float,
+                                                Shape<_64, Int<kBlockM / 2>, _16>, GMMA::Major::K, GMMA::Major::K>());
+  constexpr int kHalfAcc = std::extent_v<typename StatsOp::CRegisters>;
+  static_assert(decltype(size(tCrC))::value == 2 * kHalfAcc, "one warpgroup's 64 x kBlockM accumulator");
+  warpgroup_fence_operand(tCrC);
+  warpgroup_arrive();
+  GMMA::ScaleOut overwrite = GMMA::ScaleOut::Zero;
+  CUTLASS_PRAGMA_UNROLL
+  for (int half = 0; half < 2; ++half) {
+    // The accumulator's registers run over 8-column groups, so each half of the columns is a contiguous half of them.
+    Tensor acc = make_tensor(tCrC.data() + half * kHalfAcc, make_layout(Int<kHalfAcc>{}));
+    uint32_t a[4];
+    stats.a_regs(stat, half, a);
+    cute::detail::explode(StatsOp::fma, a, make_int_sequence<4>{}, &desc_stats, make_int_sequence<1>{}, acc,
+                          make_int_sequence<kHalfAcc>{}, &overwrite, make_int_sequence<1>{});
+  }
+  tiled_mma.accumulate_ = GMMA::ScaleOut::One;
+  CUTLASS_PRAGMA_UNROLL
+  for (int k = 0; k < size<2>(tCrA); ++k) cute::gemm(tiled_mma, tCrA(_, _, k), tCrB(_, _, k), tCrC);
+  warpgroup_commit_batch();
+}
+
 // The (fp32 -> Element) accumulator fragment of one WGMMA, ((2, 2, N/8), M, N), viewed as the register A operand
 // ((2, 2, 2), M, K/16) of a GEMM that reduces over this one's N: the third value mode splits into the 8-column half
 // within a 16-wide k-block and the k-block index.

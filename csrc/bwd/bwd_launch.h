@@ -31,6 +31,7 @@ struct BwdWorkspaceViews {
   float* dsum;
   float* dq_accum;
   int32_t* semaphores;
+  cutlass::bfloat16_t* gemm_stats;  // RowStats::kGemmInit kernels only, else null
 };
 
 // The schedule's view of this launch: the kernel's tile sizes and mask, and the persistent grid size.
@@ -100,7 +101,8 @@ void launch_bwd_main(const BwdParams& params, const BwdWorkspaceLayout& ws, cons
       {},
       {},
       score_scales(s).pre_tanh,
-      params.packed};
+      params.packed,
+      views.gemm_stats};
   if constexpr (T::kStagedEpilogue) {
     // dash_bwd_stages has checked that dk and dv are 16-byte aligned (base and strides), as TMA needs.
     auto mdK = make_qkv(params.dk, rows_k, s.headdim, s.nheads_k, batch, params.dk_stride);
@@ -124,7 +126,8 @@ void launch_bwd(const BwdParams& params, cudaStream_t stream, int32_t stages) {
   char* base = static_cast<char*>(params.workspace);
   const BwdWorkspaceViews views{reinterpret_cast<float*>(base + ws.lse_log2), reinterpret_cast<float*>(base + ws.dsum),
                                 reinterpret_cast<float*>(base + ws.dq_accum),
-                                reinterpret_cast<int32_t*>(base + ws.semaphores)};
+                                reinterpret_cast<int32_t*>(base + ws.semaphores),
+                                T::kGemmStats ? reinterpret_cast<cutlass::bfloat16_t*>(base + ws.gemm_stats) : nullptr};
   const dim3 tile_grid(ws.num_m_blocks, s.nheads, s.batch);
 
   PreprocessParams pre{params.o, params.dout, params.lse,
@@ -132,9 +135,10 @@ void launch_bwd(const BwdParams& params, cudaStream_t stream, int32_t stages) {
                        params.do_stride.row, params.do_stride.head, params.do_stride.batch,
                        views.lse_log2, views.dsum, views.semaphores,
                        s.seqlen_q, ws.seqlen_q_rounded, s.nheads, ws.num_m_blocks, value_head_dim(s),
-                       params.packed};
+                       params.packed, views.gemm_stats, 1.f / (score_scales(s).softmax * float(M_LOG2E))};
   if ((stages & BwdStage::kPreprocess) && ws.num_m_blocks > 0) {
-    bwd_preprocess_kernel<kHeadDim, T::kBlockM, Element, kLayout><<<tile_grid, kPreprocessThreads, 0, stream>>>(pre);
+    bwd_preprocess_kernel<kHeadDim, T::kBlockM, Element, kLayout, T::kGemmStats>
+        <<<tile_grid, kPreprocessThreads, 0, stream>>>(pre);
   }
 
   if (stages & BwdStage::kMain) {

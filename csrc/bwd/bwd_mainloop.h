@@ -131,6 +131,7 @@ CUTLASS_DEVICE void consumer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<
       shuffle_lse(lanes);
     }
   };
+  [[maybe_unused]] const GemmStats gemm_stats(tid % 32);
   shuffle_lse_ahead(0);
   for (uint32_t q_count = 0;; ++q_count) {
     const RingPos qpos = ring_pos<T::kStages>(q_count);
@@ -200,9 +201,16 @@ CUTLASS_DEVICE void consumer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<
       if constexpr (T::kShuffleStats) dsum_lanes.load(ss.dsum[stage], tid % 32);
       Tensor tSrS = partition_fragment_C(mma_sdp, Shape<BN, BM>{});
       Tensor tdPrdP = partition_fragment_C(mma_sdp, Shape<BN, BM>{});
-      wgmma_gemm<true, -1>(mma_sdp, tSrK, tSrQ(_, _, _, stage), tSrS);
-      if constexpr (!T::kLseAhead) shuffle_lse(lse_lanes);  // ptxas issues them among the S WGMMAs
-      wgmma_gemm<true, -1>(mma_sdp, tSrV, tSrdO(_, _, _, stage), tdPrdP);
+      if constexpr (T::kGemmStats) {
+        // S^T - LSE_log2 / scale_log2 and dP^T - D, the statistics added by the tensor cores (RowStats::kGemmInit).
+        const uint64_t desc = GemmStats::descriptor(ss.gemm_stats[stage]);
+        wgmma_gemm_from_stats<T::kBlockM>(mma_sdp, tSrK, tSrQ(_, _, _, stage), tSrS, gemm_stats, 0, desc);
+        wgmma_gemm_from_stats<T::kBlockM>(mma_sdp, tSrV, tSrdO(_, _, _, stage), tdPrdP, gemm_stats, 1, desc);
+      } else {
+        wgmma_gemm<true, -1>(mma_sdp, tSrK, tSrQ(_, _, _, stage), tSrS);
+        if constexpr (!T::kLseAhead) shuffle_lse(lse_lanes);  // ptxas issues them among the S WGMMAs
+        wgmma_gemm<true, -1>(mma_sdp, tSrV, tSrdO(_, _, _, stage), tdPrdP);
+      }
       // A previous dK GEMM still running (see unreleased_stage; none in today's configs) is done once at most the two
       // groups just issued are pending: release its stage now, not after S, so the producer's next loads start one S
       // GEMM earlier. The wait is unconditional; a wait inside a data-dependent branch would make ptxas serialise the
@@ -221,7 +229,7 @@ CUTLASS_DEVICE void consumer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<
       // With few query columns per thread (hdim 128: 16) LSE goes to registers once per column; with many (hdim 64:
       // 32) that array would not fit next to the larger S/dP fragments, so it is read per element from shared memory.
       // Shuffled statistics have them in lse_cols already.
-      constexpr bool kLseInRegs = T::kShuffleStats || Cols::kCols <= 16;
+      constexpr bool kLseInRegs = !T::kGemmStats && (T::kShuffleStats || Cols::kCols <= 16);
       float const* lse_smem = ss.lse[stage] + tScS.m0();
       if constexpr (kLseInRegs && !T::kShuffleStats) Cols::load(lse_cols, lse_smem, tScS);
       warpgroup_fence_operand(tSrS);
@@ -243,6 +251,14 @@ CUTLASS_DEVICE void consumer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<
         }
       };
       auto lse_of = [&](int i) { return kLseInRegs ? lse_cols[Cols::slot(i)] : lse_smem[get<1>(tScS.offset(i))]; };
+      // The exponent of P: with RowStats::kGemmInit the accumulator holds the score less LSE_log2 / scale_log2.
+      auto exponent = [&](int i, float x) {
+        if constexpr (T::kGemmStats) {
+          return x * p.scale_log2;
+        } else {
+          return fmaf(x, p.scale_log2, -lse_of(i));
+        }
+      };
       // Whether the element at offset d from this thread's first one (see AccCoords) is masked, given the tile's limits.
       auto is_masked = [&](auto d, int rows, int diag) {
         const int thr_rows = rows - tScS.n0();
@@ -273,11 +289,11 @@ CUTLASS_DEVICE void consumer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<
           CUTLASS_PRAGMA_UNROLL
           for (int i = 0; i < size(tSrS); ++i) {
             const float x = score(i);  // also where masked: dS multiplies the 0 of P by its 1 - t^2
-            tSrS(i) = is_masked(tScS.offset(i), rows, diag) ? 0.f : exp2f(fmaf(x, p.scale_log2, -lse_of(i)));
+            tSrS(i) = is_masked(tScS.offset(i), rows, diag) ? 0.f : exp2f(exponent(i, x));
           }
         } else {
           CUTLASS_PRAGMA_UNROLL
-          for (int i = 0; i < size(tSrS); ++i) tSrS(i) = exp2f(fmaf(score(i), p.scale_log2, -lse_of(i)));
+          for (int i = 0; i < size(tSrS); ++i) tSrS(i) = exp2f(exponent(i, score(i)));
         }
       } else {
         CUTLASS_PRAGMA_UNROLL
@@ -285,7 +301,7 @@ CUTLASS_DEVICE void consumer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<
           bool masked = false;
           if (need_mask) masked = is_masked(tScS.offset(i), kv_rows, diagonal);
           const float x = score(i);
-          tSrS(i) = masked ? 0.f : exp2f(fmaf(x, p.scale_log2, -lse_of(i)));
+          tSrS(i) = masked ? 0.f : exp2f(exponent(i, x));
         }
       }
 
@@ -322,7 +338,10 @@ CUTLASS_DEVICE void consumer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<
       // register copy of D made them spill.
       float const* dsum = ss.dsum[stage] + tScS.m0();
       const int ds_buf = ds_count++ % T::kDsBuffers;
-      if constexpr (T::kShuffleStats) {
+      if constexpr (T::kGemmStats) {
+        CUTLASS_PRAGMA_UNROLL
+        for (int i = 0; i < size(tSrS); ++i) tdPrdP(i) = tSrS(i) * tdPrdP(i);  // the accumulator holds dP - D
+      } else if constexpr (T::kShuffleStats) {
         Cols::for_each_column(dsum_lanes, tScS, [&](int j, float d) { tdPrdP(j) = tSrS(j) * (tdPrdP(j) - d); });
       } else {
         CUTLASS_PRAGMA_UNROLL

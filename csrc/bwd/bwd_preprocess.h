@@ -4,7 +4,8 @@
 // tiles without contributing KV tiles. That saves writing the whole accumulator once per call (H200, 16k tokens x
 // 16 heads x d 128: 134 MB, 0.044 instead of 0.074 ms of preprocess).
 // Padded rows (>= seqlen_q) and rows that saw no key in the forward (LSE = -inf) get LSE_log2 = +inf and D = 0, so
-// the main loop's exp2(S*scale*log2e - LSE_log2) is exactly 0 for them without a branch.
+// the main loop's exp2(S*scale*log2e - LSE_log2) is exactly 0 for them without a branch. Kernels of RowStats::kGemmInit
+// also get each row's GemmStatRow (bwd_config.h), where such rows take -kNoKeyScore instead of -inf.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -31,11 +32,24 @@ struct PreprocessParams {
   int32_t headdim;  // of o and dout (value_head_dim); may be below kHeadDim (common/head_dims.h)
   // SeqLayout::kPacked: o and dout rows of sequence `batch` from its first row, lse (nheads, total_q).
   PackedSeqs packed;
+  // kGemmStats (the main kernel's RowStats::kGemmInit): GemmStatLines (batch, nheads, seqlen_q_rounded / 2), and 1 /
+  // the main kernel's scale_log2.
+  cutlass::bfloat16_t* gemm_stats;
+  float inv_scale_log2;
 };
+
+// x as kGemmStatParts bf16 parts, each the rounding of what the previous ones left.
+CUTLASS_DEVICE void split_into_parts(float x, cutlass::bfloat16_t* parts) {
+#pragma unroll
+  for (int i = 0; i < kGemmStatParts; ++i) {
+    parts[i] = cutlass::bfloat16_t(x);
+    x -= float(parts[i]);
+  }
+}
 
 constexpr int kPreprocessThreads = 256;
 
-template <int kHeadDim, int kBlockM, class Element, SeqLayout kLayout = SeqLayout::kBatched>
+template <int kHeadDim, int kBlockM, class Element, SeqLayout kLayout = SeqLayout::kBatched, bool kGemmStats = false>
 __global__ void __launch_bounds__(kPreprocessThreads) bwd_preprocess_kernel(const PreprocessParams p) {
   constexpr bool kPacked = kLayout == SeqLayout::kPacked;
   constexpr int kVec = 16 / sizeof(Element);                 // elements per 16-byte load
@@ -76,6 +90,15 @@ __global__ void __launch_bounds__(kPreprocessThreads) bwd_preprocess_kernel(cons
       }
       p.lse_log2[idx] = lse2;
       p.dsum[idx] = row < seqlen_q ? dot : 0.f;
+      if constexpr (kGemmStats) {
+        // Row r of the tile goes to line r % (kBlockM / 2), in its first half for r < kBlockM / 2 (GemmStatLines).
+        alignas(8) cutlass::bfloat16_t parts[2 * kGemmStatParts];
+        split_into_parts(lse2 == INFINITY ? -kNoKeyScore : -lse2 * p.inv_scale_log2, parts);
+        split_into_parts(row < seqlen_q ? -dot : 0.f, parts + kGemmStatParts);
+        constexpr int kHalf = kBlockM / 2;
+        const int64_t line = (bh * p.seqlen_q_rounded + int64_t(m_block) * kBlockM) / 2 + r % kHalf;
+        reinterpret_cast<uint2*>(p.gemm_stats)[2 * line + r / kHalf] = *reinterpret_cast<const uint2*>(parts);
+      }
     }
   }
 

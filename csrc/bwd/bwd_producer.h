@@ -158,7 +158,7 @@ CUTLASS_DEVICE void producer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<
         const int32_t flags = (t == first_t ? VisitRecord::kFirst : 0) | (t == last_t ? VisitRecord::kLast : 0);
         const int stage = next_stage(
             VisitRecord{tile.batch, tile.head_k, tile.n_block, head, m_block, wait_target, flags},
-            2 * T::kQBytes + 2 * T::kRowStatBytes);
+            2 * T::kQBytes + (T::kGemmStats ? T::kGemmStatBytes : 2 * T::kRowStatBytes));
         using QTileShape = Shape<typename T::BM, typename T::HD>;
         Tensor gQ = local_tile(sequence_of<T::kLayout>(mQ, head, tile.batch, row_q), QTileShape{},
                                make_coord(m_block, _0{}));
@@ -174,8 +174,13 @@ CUTLASS_DEVICE void producer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<
         copy(p.tma_do.with(ss.q_full[stage], 0, TMA::CacheHintSm90::EVICT_LAST), tOgO, tOsO);
         const int64_t row0 = (int64_t(tile.batch) * get<2>(p.shape_q) + head) * p.seqlen_q_rounded +
                              int64_t(m_block) * T::kBlockM;
-        SM90_BULK_COPY_G2S::copy(p.lse_log2 + row0, &ss.q_full[stage], ss.lse[stage], T::kRowStatBytes);
-        SM90_BULK_COPY_G2S::copy(p.dsum + row0, &ss.q_full[stage], ss.dsum[stage], T::kRowStatBytes);
+        if constexpr (T::kGemmStats) {
+          SM90_BULK_COPY_G2S::copy(p.gemm_stats + row0 * (kGemmStatRowBytes / 2), &ss.q_full[stage],
+                                   ss.gemm_stats[stage], T::kGemmStatBytes);
+        } else {
+          SM90_BULK_COPY_G2S::copy(p.lse_log2 + row0, &ss.q_full[stage], ss.lse[stage], T::kRowStatBytes);
+          SM90_BULK_COPY_G2S::copy(p.dsum + row0, &ss.q_full[stage], ss.dsum[stage], T::kRowStatBytes);
+        }
       }
       __syncwarp();
     }

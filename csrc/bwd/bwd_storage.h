@@ -31,8 +31,19 @@ struct BwdPtSlot<T, false> {
   CUTLASS_DEVICE typename T::Element* pt_data() { return nullptr; }
 };
 
+// RowStats::kGemmInit: each stage's GemmStatLines, at the front of the storage. The stats WGMMA's descriptor reads a
+// stage's lines for both 8-wide k halves (bwd_fragments.h); compute-sanitizer counts its footprint as the twice as
+// many bytes a canonical 16-wide tile would span from the stage's start, so what follows the last stage must be Q
+// (loaded before any stats WGMMA runs: finite values whatever reads them). Absent elsewhere (empty base).
+template <class T, bool kPresent = T::kGemmStats>
+struct BwdStatSlot {
+  alignas(1024) cutlass::bfloat16_t gemm_stats[T::kStages][T::kGemmStatBytes / 2];
+};
 template <class T>
-struct BwdSharedStorage : BwdPtSlot<T> {
+struct BwdStatSlot<T, false> {};
+
+template <class T>
+struct BwdSharedStorage : BwdStatSlot<T>, BwdPtSlot<T> {
   using Element = typename T::Element;
   // 1024-byte alignment: the 128-byte swizzle pattern repeats every 1024 bytes and TMA/WGMMA assume it starts there.
   alignas(1024) cute::array_aligned<Element, cute::cosize_v<typename T::SmemLayoutQ>, 1024> q;
@@ -42,8 +53,8 @@ struct BwdSharedStorage : BwdPtSlot<T> {
   alignas(1024) cute::array_aligned<Element, cute::cosize_v<typename T::SmemLayoutK> + T::kSmemGapElems, 1024> v;
   alignas(1024) cute::array_aligned<Element, cute::cosize_v<typename T::SmemLayoutdSt>, 1024> dst;
   alignas(1024) cute::array_aligned<float, T::kDqElems, 1024> dq[T::kDqBuffers];
-  alignas(128) float lse[T::kStages][T::kBlockM];
-  alignas(128) float dsum[T::kStages][T::kBlockM];
+  alignas(128) float lse[T::kStages][T::kSmemStatRows];
+  alignas(128) float dsum[T::kStages][T::kSmemStatRows];
   VisitRecord rec[T::kStages];  // travels with the Q/dO stage
   VisitRecord dq_rec[T::kDqBuffers];  // travels with the staged partial dQ
   alignas(8) uint64_t q_full[T::kStages];
@@ -85,6 +96,9 @@ struct BwdKernelParams {
   typename T::TmaStoreKV tma_dv;
   float softcap_pre_tanh;  // ScoreMod::kSoftcap only: softmax_scale / softcap
   PackedSeqs packed;       // SeqLayout::kPacked only
+  // RowStats::kGemmInit only: GemmStatLines (batch, nheads, seqlen_q_rounded / 2). Last, so that the other kernels keep
+  // their parameter offsets.
+  const cutlass::bfloat16_t* gemm_stats;
 };
 
 using Barrier = cutlass::arch::ClusterBarrier;

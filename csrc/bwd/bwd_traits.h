@@ -46,9 +46,23 @@ struct BwdTraits {
   static constexpr bool kDvFromRegs = Cfg::kDkvA != DkvOperandA::kSharedMemory;
   static constexpr bool kDkFromRegs = Cfg::kDkvA == DkvOperandA::kRegisters;
   static constexpr bool kOperandsPerWarpGroup = Cfg::operand_partition(kMask) == OperandPartition::kPerWarpGroup;
-  static constexpr bool kShuffleStats = Cfg::row_stats(kMask) != RowStats::kSharedMemory;
-  static constexpr bool kLseAhead = Cfg::row_stats(kMask) == RowStats::kShuffleAhead;
+  // Soft-capped kernels of a kGemmInit config read the statistics the config's kGemmInitFallback way (soft-capping
+  // applies tanh before LSE), and so do the packed-sequence causal ones: with the stats WGMMAs' selection registers
+  // ptxas spilled 196/288 bytes there (hdim 64, 48/88 with shared memory; not timed).
+  static constexpr bool kGemmStats = Cfg::row_stats(kMask) == RowStats::kGemmInit && !kSoftcap &&
+                                     !(kLayout_ == SeqLayout::kPacked && kMask_ == MaskKind::kCausal);
+  static constexpr RowStats row_stats_kind() {
+    if constexpr (Cfg::row_stats(kMask) == RowStats::kGemmInit && !kGemmStats) {
+      return Cfg::kGemmInitFallback;
+    } else {
+      return Cfg::row_stats(kMask);
+    }
+  }
+  static constexpr RowStats kRowStats = row_stats_kind();
+  static constexpr bool kShuffleStats = kRowStats == RowStats::kShuffle || kRowStats == RowStats::kShuffleAhead;
+  static constexpr bool kLseAhead = kRowStats == RowStats::kShuffleAhead;
   static_assert(!kShuffleStats || Cfg::SdPSplit::kAlongN == 1, "shuffled statistics need a warpgroup per query row");
+  static_assert(!kGemmStats || Cfg::SdPSplit::kAlongN == 1, "the stats WGMMA spans a warpgroup's whole query extent");
   static_assert(!kDvFromRegs || (Cfg::SdPSplit::kAlongN == 1 && Cfg::dKVSplit::kAlongN == 1 &&
                                   Cfg::SdPSplit::kAlongM == Cfg::dKVSplit::kAlongM),
                 "register-sourced dK/dV GEMMs need each warpgroup's S^T rows to be its dK/dV rows");
@@ -135,6 +149,10 @@ struct BwdTraits {
   static constexpr uint32_t kKBytes = kBlockN * kHeadDim * sizeof(Element);
   static constexpr int kSmemGapElems = Cfg::kSmemGapAfterV / sizeof(Element);
   static constexpr uint32_t kRowStatBytes = kBlockM * sizeof(float);
+  // RowStats::kGemmInit: the Q tile's GemmStatLines, also the B operand (kBlockM / 2 x 16, K-major, no swizzle) of
+  // the stats WGMMAs; the shared-memory LSE/D arrays then keep one element.
+  static constexpr uint32_t kGemmStatBytes = kGemmStats ? kBlockM * kGemmStatRowBytes : 0;
+  static constexpr int kSmemStatRows = kGemmStats ? 1 : kBlockM;
   // Partial dQ tile, fp32, in the consumers' register order (see bwd_dq_writer.h).
   static constexpr int kDqElems = kBlockM * kHeadDim;
   static constexpr uint32_t kDqBytes = kDqElems * sizeof(float);

@@ -49,6 +49,18 @@ CUTLASS_DEVICE void split_into_parts(float x, cutlass::bfloat16_t* parts) {
 
 constexpr int kPreprocessThreads = 256;
 
+// 16 bytes from `ptr` where `valid`, else zeros (the bit pattern of Element zeros), as one predicated load: with a
+// branch around a plain load, the compiler unpacked the loaded values inside the branch and so waited for each load
+// before issuing the next.
+CUTLASS_DEVICE uint4 load_or_zero(bool valid, const uint4* ptr) {
+  uint4 v = make_uint4(0u, 0u, 0u, 0u);
+  asm volatile(
+      "{\n .reg .pred p;\n setp.ne.b32 p, %5, 0;\n @p ld.global.nc.v4.u32 {%0, %1, %2, %3}, [%4];\n}\n"
+      : "+r"(v.x), "+r"(v.y), "+r"(v.z), "+r"(v.w)
+      : "l"(ptr), "r"(int(valid)));
+  return v;
+}
+
 template <int kHeadDim, int kBlockM, class Element, SeqLayout kLayout = SeqLayout::kBatched, bool kGemmStats = false>
 __global__ void __launch_bounds__(kPreprocessThreads) bwd_preprocess_kernel(const PreprocessParams p) {
   constexpr bool kPacked = kLayout == SeqLayout::kPacked;
@@ -66,28 +78,37 @@ __global__ void __launch_bounds__(kPreprocessThreads) bwd_preprocess_kernel(cons
   const float* lse_row = kPacked ? p.lse + int64_t(head) * p.packed.total_q + rows.first_q : p.lse + bh * p.seqlen_q;
 
   const int sub = threadIdx.x % kThreadsPerRow;
-  for (int r = threadIdx.x / kThreadsPerRow; r < kBlockM; r += kRowsPerPass) {
+  // Every load of the thread's rows (O, dO, LSE) is issued before any is used: with a loop over rows that the
+  // compiler could not unroll (its trip count depends on the thread), each pass waited on its loads and then on the
+  // LSE load behind them.
+  constexpr int kPasses = kBlockM / kRowsPerPass;
+  static_assert(kBlockM % kRowsPerPass == 0, "whole passes of rows");
+  uint4 o_vec[kPasses], do_vec[kPasses];
+  float lse_in[kPasses];
+#pragma unroll
+  for (int pass = 0; pass < kPasses; ++pass) {
+    const int row = m_block * kBlockM + pass * kRowsPerPass + threadIdx.x / kThreadsPerRow;
+    const bool in_rows = row < seqlen_q && sub * kVec < p.headdim;
+    const Element* o = static_cast<const Element*>(p.o) + o_first + head * p.o_head + row * p.o_row;
+    const Element* d = static_cast<const Element*>(p.dout) + do_first + head * p.do_head + row * p.do_row;
+    o_vec[pass] = load_or_zero(in_rows, reinterpret_cast<const uint4*>(o) + sub);
+    do_vec[pass] = load_or_zero(in_rows, reinterpret_cast<const uint4*>(d) + sub);
+    lse_in[pass] = sub == 0 && row < seqlen_q ? lse_row[row] : -INFINITY;
+  }
+#pragma unroll
+  for (int pass = 0; pass < kPasses; ++pass) {
+    const int r = pass * kRowsPerPass + threadIdx.x / kThreadsPerRow;
     const int row = m_block * kBlockM + r;
     float dot = 0.f;
-    if (row < seqlen_q && sub * kVec < p.headdim) {
-      const Element* o = static_cast<const Element*>(p.o) + o_first + head * p.o_head + row * p.o_row;
-      const Element* d = static_cast<const Element*>(p.dout) + do_first + head * p.do_head + row * p.do_row;
-      const uint4 ov = reinterpret_cast<const uint4*>(o)[sub];
-      const uint4 dv = reinterpret_cast<const uint4*>(d)[sub];
-      const Element* oe = reinterpret_cast<const Element*>(&ov);
-      const Element* de = reinterpret_cast<const Element*>(&dv);
+    const Element* oe = reinterpret_cast<const Element*>(&o_vec[pass]);
+    const Element* de = reinterpret_cast<const Element*>(&do_vec[pass]);
 #pragma unroll
-      for (int i = 0; i < kVec; ++i) dot += float(oe[i]) * float(de[i]);
-    }
+    for (int i = 0; i < kVec; ++i) dot += float(oe[i]) * float(de[i]);
 #pragma unroll
     for (int off = kThreadsPerRow / 2; off > 0; off /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, off);
     if (sub == 0) {
       const int64_t idx = bh * p.seqlen_q_rounded + row;
-      float lse2 = INFINITY;
-      if (row < seqlen_q) {
-        const float lse = lse_row[row];
-        if (lse != -INFINITY) lse2 = lse * float(M_LOG2E);
-      }
+      const float lse2 = lse_in[pass] == -INFINITY ? INFINITY : lse_in[pass] * float(M_LOG2E);
       p.lse_log2[idx] = lse2;
       p.dsum[idx] = row < seqlen_q ? dot : 0.f;
       if constexpr (kGemmStats) {

@@ -68,7 +68,7 @@ enum class OperandPartition { kPerThread, kPerWarpGroup };
 // parts of one statistic and 0 elsewhere, start the S^T accumulators at -LSE_log2 / scale_log2 and the dP^T ones at -D:
 // P = exp2(acc * scale_log2) and dS = P * acc need no per-column value at all. The cost is a 16-deep k-block on each
 // of the two GEMMs. Needs each warpgroup's S^T slice to span the whole query extent (SdPSplit::kAlongN == 1) and plain
-// scores (soft-capping applies tanh before LSE; those kernels fall back to kSharedMemory).
+// scores (soft-capping applies tanh before LSE; those kernels fall back to the config's kGemmInitFallback).
 enum class RowStats { kSharedMemory, kShuffle, kShuffleAhead, kGemmInit };
 
 // When the register-sourced dV GEMM (A = P^T) is issued. kAfterP: as soon as P is computed, so that it runs while dS

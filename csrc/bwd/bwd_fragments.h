@@ -14,6 +14,18 @@ namespace dash::bwd {
 
 using namespace cute;
 
+// The WGMMAs of every k-block of one GEMM, the first with `first` (overwrite or accumulate), the rest accumulating.
+template <class TiledMma, class TA, class TB, class TC>
+CUTLASS_DEVICE void wgmma_k_blocks(TiledMma& tiled_mma, TA const& tCrA, TB const& tCrB, TC& tCrC,
+                                   GMMA::ScaleOut first) {
+  tiled_mma.accumulate_ = first;
+  CUTLASS_PRAGMA_UNROLL
+  for (int k = 0; k < size<2>(tCrA); ++k) {
+    cute::gemm(tiled_mma, tCrA(_, _, k), tCrB(_, _, k), tCrC);
+    tiled_mma.accumulate_ = GMMA::ScaleOut::One;
+  }
+}
+
 // Issue the WGMMAs of one GEMM (every k-block) as one commit group; waits for completion only when kWait >= 0.
 // `zero_init` (run time) overwrites the accumulator instead of adding to it: the dK/dV accumulators start a KV tile
 // this way rather than by a clear(), because a non-WGMMA write of accumulator registers inside a data-dependent
@@ -22,12 +34,7 @@ template <int kWait, class TiledMma, class TA, class TB, class TC>
 CUTLASS_DEVICE void wgmma_gemm(TiledMma& tiled_mma, TA const& tCrA, TB const& tCrB, TC& tCrC, bool zero_init) {
   warpgroup_fence_operand(tCrC);
   warpgroup_arrive();
-  tiled_mma.accumulate_ = zero_init ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One;
-  CUTLASS_PRAGMA_UNROLL
-  for (int k = 0; k < size<2>(tCrA); ++k) {
-    cute::gemm(tiled_mma, tCrA(_, _, k), tCrB(_, _, k), tCrC);
-    tiled_mma.accumulate_ = GMMA::ScaleOut::One;
-  }
+  wgmma_k_blocks(tiled_mma, tCrA, tCrB, tCrC, zero_init ? GMMA::ScaleOut::Zero : GMMA::ScaleOut::One);
   warpgroup_commit_batch();
   if constexpr (kWait >= 0) {
     warpgroup_wait<kWait>();
@@ -92,9 +99,7 @@ CUTLASS_DEVICE void wgmma_gemm_from_stats(TiledMma& tiled_mma, TA const& tCrA, T
     cute::detail::explode(StatsOp::fma, a, make_int_sequence<4>{}, &desc_stats, make_int_sequence<1>{}, acc,
                           make_int_sequence<kHalfAcc>{}, &overwrite, make_int_sequence<1>{});
   }
-  tiled_mma.accumulate_ = GMMA::ScaleOut::One;
-  CUTLASS_PRAGMA_UNROLL
-  for (int k = 0; k < size<2>(tCrA); ++k) cute::gemm(tiled_mma, tCrA(_, _, k), tCrB(_, _, k), tCrC);
+  wgmma_k_blocks(tiled_mma, tCrA, tCrB, tCrC, GMMA::ScaleOut::One);
   warpgroup_commit_batch();
 }
 

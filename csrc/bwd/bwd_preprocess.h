@@ -5,7 +5,8 @@
 // 16 heads x d 128: 134 MB, 0.044 instead of 0.074 ms of preprocess).
 // Padded rows (>= seqlen_q) and rows that saw no key in the forward (LSE = -inf) get LSE_log2 = +inf and D = 0, so
 // the main loop's exp2(S*scale*log2e - LSE_log2) is exactly 0 for them without a branch. Kernels of RowStats::kGemmInit
-// also get each row's GemmStatRow (bwd_config.h), where such rows take -kNoKeyScore instead of -inf.
+// read only the tile's GemmStatLines (bwd_config.h), where such rows take -kNoKeyScore instead of -inf, so for them
+// the preprocess writes those instead of the fp32 LSE_log2 and D.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -77,6 +78,7 @@ __global__ void __launch_bounds__(kPreprocessThreads) bwd_preprocess_kernel(cons
   const int64_t do_first = kPacked ? int64_t(rows.first_q) * p.do_row : batch * p.do_batch;
   const float* lse_row = kPacked ? p.lse + int64_t(head) * p.packed.total_q + rows.first_q : p.lse + bh * p.seqlen_q;
 
+  const int64_t tile_index = q_tile_index(batch, head, p.nheads, p.num_m_blocks, m_block);
   const int sub = threadIdx.x % kThreadsPerRow;
   // Every load of the thread's rows (O, dO, LSE) is issued before any is used: with a loop over rows that the
   // compiler could not unroll (its trip count depends on the thread), each pass waited on its loads and then on the
@@ -107,24 +109,25 @@ __global__ void __launch_bounds__(kPreprocessThreads) bwd_preprocess_kernel(cons
 #pragma unroll
     for (int off = kThreadsPerRow / 2; off > 0; off /= 2) dot += __shfl_xor_sync(0xffffffffu, dot, off);
     if (sub == 0) {
-      const int64_t idx = bh * p.seqlen_q_rounded + row;
       const float lse2 = lse_in[pass] == -INFINITY ? INFINITY : lse_in[pass] * float(M_LOG2E);
-      p.lse_log2[idx] = lse2;
-      p.dsum[idx] = row < seqlen_q ? dot : 0.f;
+      const float dsum = row < seqlen_q ? dot : 0.f;
       if constexpr (kGemmStats) {
         // Row r of the tile goes to line r % (kBlockM / 2), in its first half for r < kBlockM / 2 (GemmStatLines).
         alignas(8) cutlass::bfloat16_t parts[2 * kGemmStatParts];
         split_into_parts(lse2 == INFINITY ? -kNoKeyScore : -lse2 * p.inv_scale_log2, parts);
-        split_into_parts(row < seqlen_q ? -dot : 0.f, parts + kGemmStatParts);
+        split_into_parts(-dsum, parts + kGemmStatParts);
         constexpr int kHalf = kBlockM / 2;
-        const int64_t line = (bh * p.seqlen_q_rounded + int64_t(m_block) * kBlockM) / 2 + r % kHalf;
+        const int64_t line = tile_index * kHalf + r % kHalf;
         reinterpret_cast<uint2*>(p.gemm_stats)[2 * line + r / kHalf] = *reinterpret_cast<const uint2*>(parts);
+      } else {
+        const int64_t idx = bh * p.seqlen_q_rounded + row;
+        p.lse_log2[idx] = lse2;
+        p.dsum[idx] = dsum;
       }
     }
   }
 
   if (threadIdx.x == 0) {
-    const int64_t tile_index = q_tile_index(batch, head, p.nheads, p.num_m_blocks, m_block);
     int32_t* sems = tile_semaphores<kHeadDim>(p.semaphores, tile_index);
     for (int part = 0; part < BwdConfig<kHeadDim>::kDqParts; ++part) sems[part] = 0;
   }

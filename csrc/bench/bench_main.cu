@@ -94,6 +94,7 @@ struct Options {
   bool run_bwd = true;
   bool det_check = true;
   bool stages = true;  // also time the backward's preprocess, main kernel and postprocess one by one
+  std::vector<int> tail_chunks;  // BwdParams::tail_chunk_min of each copy of the backward variants; empty: default
   std::string csv_path;
   TimingConfig timing;
 };
@@ -118,6 +119,8 @@ void usage(const char* argv0) {
       "  --device N            CUDA device (default 0)\n"
       "  --fwd-only | --bwd-only\n"
       "  --no-det-check        skip the bitwise repeat check of deterministic rows\n"
+      "  --tail-chunks a,b     time each backward variant once per shortest chunk of shift's split last wave (0:\n"
+      "                        whole), in one round robin: an A/B of the split tail (default: 16 only)\n"
       "  --stages | --no-stages\n"
       "                        also time the backward's preprocess, main kernel and postprocess alone (default:\n"
       "                        on; --no-stages takes about half as long per backward row)\n"
@@ -237,6 +240,9 @@ Options parse_args(int argc, char** argv) {
       o.stages = true;
     } else if (a == "--no-stages") {
       o.stages = false;
+    } else if (a == "--tail-chunks") {
+      o.tail_chunks.clear();
+      for (const auto& t : split(value(i))) o.tail_chunks.push_back(parse_int(argv[0], a, t, 0));
     } else if (a == "--no-flush") {
       o.timing.flush_l2 = false;
     } else if (a == "--csv") {
@@ -421,8 +427,23 @@ class Bench {
       variants.push_back(bwd);
       names.push_back(std::string("bwd ") + s.name);
     }
-    // Every variant of one problem needs the same workspace size (it depends on the shape only).
-    const size_t ws = dash_bwd_workspace_bytes(&variants.front());
+    if (!opt_.tail_chunks.empty()) {
+      const size_t n = variants.size();
+      const std::vector<std::string> base_names = names;
+      for (size_t c = 0; c < opt_.tail_chunks.size(); ++c) {
+        for (size_t i = 0; i < n; ++i) {
+          if (c > 0) {
+            variants.push_back(variants[i]);
+            names.push_back(base_names[i]);
+          }
+          variants[c * n + i].tail_chunk_min = opt_.tail_chunks[c];
+          names[c * n + i] = base_names[i] + " tail" + std::to_string(opt_.tail_chunks[c]);
+        }
+      }
+    }
+    // One workspace for every variant: the largest they ask (shift's split tail adds regions to its calls only).
+    size_t ws = 0;
+    for (const dash::BwdParams& v : variants) ws = std::max(ws, dash_bwd_workspace_bytes(&v));
     buf.workspace.grow(ws);
     std::vector<std::function<int()>> launches;
     for (dash::BwdParams& v : variants) {

@@ -8,6 +8,20 @@
 
 namespace dash::bwd {
 
+// bar.red.or over consumer named barrier `id` (ConsumerBarrier numbering, as NamedBarrier::sync takes it): whether
+// any of the num_threads threads passed true, for each of them.
+CUTLASS_DEVICE bool named_barrier_any(uint32_t num_threads, uint32_t id, bool pred) {
+  const uint32_t hw_id = id + static_cast<uint32_t>(cutlass::arch::ReservedNamedBarriers::FirstUserBarrier);
+  uint32_t any;
+  asm volatile(
+      "{\n .reg .pred p_in, p_out;\n setp.ne.u32 p_in, %1, 0;\n bar.red.or.pred p_out, %2, %3, p_in;\n"
+      " selp.u32 %0, 1, 0, p_out;\n}\n"
+      : "=r"(any)
+      : "r"(uint32_t(pred)), "r"(hw_id), "r"(num_threads)
+      : "memory");
+  return any != 0;
+}
+
 template <class T>
 struct DkDvStore {
   BwdKernelParams<T> const& p;
@@ -133,6 +147,82 @@ struct DkDvStore {
     } else {
       store_one<false>(dk, thr, p.dk, p.dk_row, p.dk_head, p.dk_batch, tile, p.scale);
       store_one<false>(dv, thr, p.dv, p.dv_row, p.dv_head, p.dv_batch, tile, 1.0f);
+    }
+  }
+
+  // Shift's split tail (schedule/tail_split.h): this CTA ran one piece of `tile`, and dk/dv hold the piece's partial
+  // sums. Every piece stores them in fp32, in the tile's (row, column) layout, in its slot and counts itself in the
+  // unit's counter; the piece that finishes last adds the slots in piece order and stores dK and dV, so the sum does
+  // not depend on which piece finishes last. The adding runs in plain loops over the slots, after the accumulators are
+  // dead: done in the accumulators' registers (unrolled), it made the step loop around it spill (hdim 64 full: 104 ->
+  // 312 bytes). Calls that split have kHeadDim columns in dK and dV (bwd_problem), so every column is stored.
+  template <class FragK, class FragV, class ThrMma>
+  CUTLASS_DEVICE void store_piece(const KvTileRef& tile, FragK const& dk, FragV const& dv, ThrMma const& thr) const {
+    int tid = threadIdx.x - 128;  // as in consumer_loop; opaque for the reason given in operator()
+    asm volatile("" : "+r"(tid));
+    constexpr int kCols = T::kHeadDim;
+    constexpr int kTileElems = T::kBlockN * kCols;
+    const sched::TailSplit& ts = p.sched.tail;
+    const sched::Problem& pr = p.sched.problem;
+    const int64_t unit = (int64_t(tile.batch) * pr.nheads_k + tile.head_k) * sched::num_n_blocks(pr) + tile.n_block;
+    const int32_t i = static_cast<int32_t>(unit - ts.first_unit);
+    const int32_t first = ts.first_chunk(i), last = ts.last_chunk(i);
+    auto slot_of = [&](int32_t c) { return p.split_partials + int64_t(ts.slot(i, c)) * (2 * kTileElems); };
+    float* own = slot_of(blockIdx.x);
+    Tensor tc = thr.partition_C(make_identity_tensor(Shape<typename T::BN, typename T::HD>{}));
+    CUTLASS_PRAGMA_UNROLL
+    for (int e = 0; e < size(dk); e += 2) {  // elements e, e + 1: adjacent columns of one row
+      const int at = get<0>(tc(e)) * kCols + get<1>(tc(e));
+      *reinterpret_cast<float2*>(own + at) = make_float2(dk(e), dk(e + 1));
+      *reinterpret_cast<float2*>(own + kTileElems + at) = make_float2(dv(e), dv(e + 1));
+    }
+    __threadfence();  // every thread's partials, before the count that publishes them
+    cutlass::arch::NamedBarrier::sync(T::kNumMmaThreads, uint32_t(ConsumerBarrier::kBoth));
+    bool mine_last = false;
+    if (tid == 0) mine_last = atomicAdd(p.split_counters + i, 1) == last - first;
+    if (!named_barrier_any(T::kNumMmaThreads, uint32_t(ConsumerBarrier::kBoth), mine_last)) return;
+    __threadfence();  // the other pieces' partials, after their counts
+    const int rows = get<0>(p.shape_k) - tile.n_block * T::kBlockN;
+    constexpr int kVecs = kTileElems / 4, kUnroll = 4, kStride = kUnroll * T::kNumMmaThreads;
+    static_assert(kVecs % kStride == 0, "whole unrolled passes over the tile");
+#pragma unroll 1
+    for (int which = 0; which < 2; ++which) {  // dK, then dV
+      Element* out = static_cast<Element*>(which == 0 ? p.dk : p.dv) +
+                     (which == 0 ? tile.batch * p.dk_batch + tile.head_k * p.dk_head
+                                 : tile.batch * p.dv_batch + tile.head_k * p.dv_head);
+      const int64_t row_stride = which == 0 ? p.dk_row : p.dv_row;
+      const float scale = which == 0 ? p.scale : 1.f;
+#pragma unroll 1
+      for (int v0 = tid; v0 < kVecs; v0 += kStride) {
+        float4 sum[kUnroll];
+        CUTLASS_PRAGMA_UNROLL
+        for (int u = 0; u < kUnroll; ++u) {
+          sum[u] = __ldcg(reinterpret_cast<const float4*>(slot_of(first) + which * kTileElems) + v0 +
+                          u * T::kNumMmaThreads);
+        }
+#pragma unroll 1
+        for (int32_t c = first + 1; c <= last; ++c) {
+          CUTLASS_PRAGMA_UNROLL
+          for (int u = 0; u < kUnroll; ++u) {
+            const float4 x = __ldcg(reinterpret_cast<const float4*>(slot_of(c) + which * kTileElems) + v0 +
+                                    u * T::kNumMmaThreads);
+            sum[u] = make_float4(sum[u].x + x.x, sum[u].y + x.y, sum[u].z + x.z, sum[u].w + x.w);
+          }
+        }
+        CUTLASS_PRAGMA_UNROLL
+        for (int u = 0; u < kUnroll; ++u) {
+          const int v = v0 + u * T::kNumMmaThreads;
+          const int row = v / (kCols / 4), col = 4 * (v % (kCols / 4));
+          if (row >= rows) continue;
+          const auto lo = cutlass::NumericArrayConverter<Element, float, 2>{}(
+              cutlass::Array<float, 2>{sum[u].x * scale, sum[u].y * scale});
+          const auto hi = cutlass::NumericArrayConverter<Element, float, 2>{}(
+              cutlass::Array<float, 2>{sum[u].z * scale, sum[u].w * scale});
+          Element* dst = out + (int64_t(tile.n_block) * T::kBlockN + row) * row_stride + col;
+          *reinterpret_cast<uint2*>(dst) =
+              make_uint2(reinterpret_cast<const uint32_t&>(lo), reinterpret_cast<const uint32_t&>(hi));
+        }
+      }
     }
   }
 

@@ -32,6 +32,8 @@ struct BwdWorkspaceViews {
   float* dq_accum;
   int32_t* semaphores;
   cutlass::bfloat16_t* gemm_stats;  // RowStats::kGemmInit kernels only, else null
+  float* split_partials;            // shift's split tail (split_tail_ctas > 0), else null
+  int32_t* split_counters;
 };
 
 // The schedule's view of this launch: the kernel's tile sizes and mask, and the persistent grid size.
@@ -41,6 +43,12 @@ sched::Problem bwd_problem(const BwdParams& params) {
   sched::Problem prob{s.batch, s.nheads, s.nheads_k, s.seqlen_q, s.seqlen_k, T::kBlockM, T::kBlockN,
                       T::kMask, s.window_left, s.window_right, 0};
   prob.num_ctas = bwd_num_ctas(params, prob);
+  // Shift's split tail: packed sequences skip visits past each sequence's end, so their items stay whole tiles; a
+  // piece's partial dK/dV are stored with every one of the kernel's columns, so q, k and v must have kHeadDim; the
+  // workspace holds the split's regions only where split_tail_ctas allows it.
+  const bool split = !T::kPacked && split_tail_ctas(params) >= prob.num_ctas && s.headdim == T::kHeadDim &&
+                     value_head_dim(s) == T::kHeadDim;
+  prob.tail_chunk_min = split ? params.tail_chunk_min : 0;
   return prob;
 }
 
@@ -102,7 +110,9 @@ void launch_bwd_main(const BwdParams& params, const BwdWorkspaceLayout& ws, cons
       {},
       score_scales(s).pre_tanh,
       params.packed,
-      views.gemm_stats};
+      views.gemm_stats,
+      views.split_partials,
+      views.split_counters};
   if constexpr (T::kStagedEpilogue) {
     // dash_bwd_stages has checked that dk and dv are 16-byte aligned (base and strides), as TMA needs.
     auto mdK = make_qkv(params.dk, rows_k, s.headdim, s.nheads_k, batch, params.dk_stride);
@@ -122,12 +132,15 @@ template <int kHeadDim, class Element, MaskKind kMask, ScoreMod kScoreMod, SeqLa
 void launch_bwd(const BwdParams& params, cudaStream_t stream, int32_t stages) {
   using T = BwdTraits<kHeadDim, Element, kMask, kScoreMod, kLayout>;
   const AttnShape& s = params.shape;
-  const BwdWorkspaceLayout ws = bwd_workspace_layout(s, kHeadDim);
+  const BwdWorkspaceLayout ws = bwd_workspace_layout(s, kHeadDim, split_tail_ctas(params));
   char* base = static_cast<char*>(params.workspace);
+  const bool split = ws.split_ctas > 0;
   const BwdWorkspaceViews views{reinterpret_cast<float*>(base + ws.lse_log2), reinterpret_cast<float*>(base + ws.dsum),
                                 reinterpret_cast<float*>(base + ws.dq_accum),
                                 reinterpret_cast<int32_t*>(base + ws.semaphores),
-                                T::kGemmStats ? reinterpret_cast<cutlass::bfloat16_t*>(base + ws.gemm_stats) : nullptr};
+                                T::kGemmStats ? reinterpret_cast<cutlass::bfloat16_t*>(base + ws.gemm_stats) : nullptr,
+                                split ? reinterpret_cast<float*>(base + ws.split_partials) : nullptr,
+                                split ? reinterpret_cast<int32_t*>(base + ws.split_counters) : nullptr};
   const dim3 tile_grid(ws.num_m_blocks, s.nheads, s.batch);
 
   PreprocessParams pre{params.o, params.dout, params.lse,
@@ -135,7 +148,8 @@ void launch_bwd(const BwdParams& params, cudaStream_t stream, int32_t stages) {
                        params.do_stride.row, params.do_stride.head, params.do_stride.batch,
                        views.lse_log2, views.dsum, views.semaphores,
                        s.seqlen_q, ws.seqlen_q_rounded, s.nheads, ws.num_m_blocks, value_head_dim(s),
-                       params.packed, views.gemm_stats, 1.f / (score_scales(s).softmax * float(M_LOG2E))};
+                       params.packed, views.gemm_stats, 1.f / (score_scales(s).softmax * float(M_LOG2E)),
+                       views.split_counters, ws.split_ctas};
   if ((stages & BwdStage::kPreprocess) && ws.num_m_blocks > 0) {
     bwd_preprocess_kernel<kHeadDim, T::kBlockM, Element, kLayout, T::kGemmStats>
         <<<tile_grid, kPreprocessThreads, 0, stream>>>(pre);

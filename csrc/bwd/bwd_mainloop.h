@@ -407,7 +407,13 @@ CUTLASS_DEVICE void consumer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<
         if constexpr (T::kDkFromRegs) warpgroup_fence_operand(rdS);
         const KvTileRef tile{srec.batch, srec.head_k, srec.n_block};  // read before the stage is released
         reinterpret_cast<Barrier&>(ss.q_empty[stage]).arrive();
-        store_dkdv(tile, tdKrdK, tdVrdV, thr_dv);
+        // A piece of a split tile stores its partial sums; the last piece to finish stores the tile. Packed sequences
+        // never split (Problem::tail_chunk_min).
+        if (!T::kPacked && (flags & VisitRecord::kPiece)) {
+          store_dkdv.store_piece(tile, tdKrdK, tdVrdV, thr_dv);
+        } else {
+          store_dkdv(tile, tdKrdK, tdVrdV, thr_dv);
+        }
       } else if constexpr (T::kStages == 1 || T::kDkFromRegs) {
         // The next step reuses this stage (one stage), or its dS^T registers (dK from registers): wait for the dK GEMM
         // and release the stage now.

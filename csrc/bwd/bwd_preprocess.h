@@ -37,6 +37,9 @@ struct PreprocessParams {
   // the main kernel's scale_log2.
   cutlass::bfloat16_t* gemm_stats;
   float inv_scale_log2;
+  // Pieces finished per unit of shift's split tail (bwd_epilogue.h): zeroed by the first CTA.
+  int32_t* split_counters;
+  int32_t num_split_counters;
 };
 
 // x as kGemmStatParts bf16 parts, each the rounding of what the previous ones left.
@@ -130,6 +133,9 @@ __global__ void __launch_bounds__(kPreprocessThreads) bwd_preprocess_kernel(cons
   if (threadIdx.x == 0) {
     int32_t* sems = tile_semaphores<kHeadDim>(p.semaphores, tile_index);
     for (int part = 0; part < BwdConfig<kHeadDim>::kDqParts; ++part) sems[part] = 0;
+  }
+  if (blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0) {
+    for (int i = threadIdx.x; i < p.num_split_counters; i += blockDim.x) p.split_counters[i] = 0;
   }
 }
 

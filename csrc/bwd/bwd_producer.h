@@ -43,8 +43,9 @@ CUTLASS_DEVICE void producer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<
   static_assert(T::kStages == 1 || T::kStages == 2, "the packed stage count needs 2 * kStages to divide 2^31");
   // Packed sequences (SeqLayout::kPacked) add the sequence's first rows, its number of Q tiles and the steps of the
   // current tile's first and last visit that have rows (the tile's kFirst and kLast).
-  enum Word : int { kPipe = 0, kItemLo, kItemHi, kNumVisits, kBatch, kHeadK, kNBlock, kRowQ, kRowK, kLiveM, kFirstLive,
-                    kLastLive };
+  // kStepLo and kStepEnd: the item's steps [lo, end) (item_steps), kPiece whether that is not all of the tile's.
+  enum Word : int { kPipe = 0, kItemLo, kItemHi, kStepLo, kStepEnd, kPiece, kBatch, kHeadK, kNBlock, kRowQ, kRowK,
+                    kLiveM, kFirstLive, kLastLive };
   uint32_t state = 0;
   auto word = [&](int w) { return __shfl_sync(0xffffffffu, state, w); };  // the whole warp, converged
   auto set_word = [&](int w, uint32_t v) {  // v: the same on every lane
@@ -102,7 +103,11 @@ CUTLASS_DEVICE void producer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<
           nv = 0;
         }
       }
-      set_word(kNumVisits, nv);
+      const sched::StepRange steps =
+          p.sched.template in_tail<T>(it) ? p.sched.tail_steps(cta_index(), it) : sched::StepRange{0, nv};
+      set_word(kStepLo, steps.lo);
+      set_word(kStepEnd, steps.hi);
+      set_word(kPiece, steps.lo > 0 || steps.hi < nv ? VisitRecord::kPiece : 0);
       set_word(kBatch, tile.batch);
       set_word(kHeadK, tile.head_k);
       set_word(kNBlock, tile.n_block);
@@ -132,30 +137,32 @@ CUTLASS_DEVICE void producer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<
       __syncwarp();
     }
 
-    for (int32_t t0 = 0; t0 < static_cast<int32_t>(word(kNumVisits)); t0 += 32) {
+    for (int32_t t0 = static_cast<int32_t>(word(kStepLo)); t0 < static_cast<int32_t>(word(kStepEnd)); t0 += 32) {
       VisitRef mine{0, 0, 0};
       {
         const int32_t step = t0 + lane_id();
-        const int32_t nv = static_cast<int32_t>(word(kNumVisits));
+        const int32_t end = static_cast<int32_t>(word(kStepEnd));
         const KvTileRef tile = current_tile();
         const int64_t it = item_index();
-        if (step < nv) mine = p.sched.template visit<T>(cta_index(), it, tile, step);
+        if (step < end) mine = p.sched.template visit<T>(cta_index(), it, tile, step);
       }
-      const int32_t nv = static_cast<int32_t>(word(kNumVisits));
+      const int32_t end = static_cast<int32_t>(word(kStepEnd));
 #pragma unroll 1
-      for (int32_t j = 0; j < min(32, nv - t0); ++j) {
+      for (int32_t j = 0; j < min(32, end - t0); ++j) {
         const int32_t head = __shfl_sync(0xffffffffu, mine.head, j);
         const int32_t m_block = __shfl_sync(0xffffffffu, mine.m_block, j);
         const int32_t wait_target = __shfl_sync(0xffffffffu, mine.wait_target, j);
         const KvTileRef tile = current_tile();
         const int32_t t = t0 + j;
         // Packed sequences: the tile's first and last visits with rows carry kFirst and kLast.
-        const int32_t first_t = T::kPacked ? static_cast<int32_t>(word(kFirstLive)) : 0;
-        const int32_t last_t = T::kPacked ? static_cast<int32_t>(word(kLastLive)) : nv - 1;
+        const int32_t first_t = static_cast<int32_t>(word(T::kPacked ? kFirstLive : kStepLo));
+        const int32_t last_t = T::kPacked ? static_cast<int32_t>(word(kLastLive)) : end - 1;
         const bool skip = T::kPacked && m_block >= static_cast<int32_t>(word(kLiveM));
         const int32_t row_q = T::kPacked ? static_cast<int32_t>(word(kRowQ)) : 0;
+        const int32_t piece = static_cast<int32_t>(word(kPiece));
+        // Every word() is a whole-warp shuffle: all of them above this point, where the warp is converged.
         if (lane_id() != 0 || skip) continue;
-        const int32_t flags = (t == first_t ? VisitRecord::kFirst : 0) | (t == last_t ? VisitRecord::kLast : 0);
+        const int32_t flags = (t == first_t ? VisitRecord::kFirst : 0) | (t == last_t ? VisitRecord::kLast : 0) | piece;
         const int stage = next_stage(
             VisitRecord{tile.batch, tile.head_k, tile.n_block, head, m_block, wait_target, flags},
             2 * T::kQBytes + (T::kGemmStats ? T::kGemmStatBytes : 2 * T::kRowStatBytes));

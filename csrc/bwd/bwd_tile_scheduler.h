@@ -19,19 +19,37 @@ using VisitRef = sched::Visit;
 struct ScheduleRef {
   sched::Problem problem;
   ScheduleKind kind;
+  // Shift's split tail (schedule/tail_split.h), derived once here: the tail's items never reach the dispatch below,
+  // which then runs shift's whole waves exactly as before the split existed.
+  sched::TailSplit tail;
 
   ScheduleRef() = default;
   ScheduleRef(const sched::Problem& p, ScheduleKind requested)
-      : problem(p), kind(sched::resolve_schedule(requested, p)) {}
+      : problem(p),
+        kind(sched::resolve_schedule(requested, p)),
+        tail(kind == ScheduleKind::kShift ? sched::Shift::tail(p) : sched::TailSplit{}) {}
+
+  // Item k of a CTA is one of the split tail's (then its tile was run in pieces by consecutive CTAs). Never for
+  // packed sequences (Problem::tail_chunk_min), whose kernels then carry no tail code.
+  template <class Fixed>
+  DASH_HD bool in_tail(int64_t k) const {
+    if constexpr (Fixed::kPacked) {
+      return false;
+    } else {
+      return sched::Shift::in_tail(tail, k);
+    }
+  }
 
   template <class Fixed>
   DASH_HD int64_t num_items(int32_t cta) const {
+    if (!Fixed::kPacked && tail.active) return tail.waves + tail.units_in(cta);
     const sched::Problem pm = fixed<Fixed>();
     return sched::dispatch_resolved(kind, [&](auto s) { return decltype(s)::num_items(pm, cta); });
   }
   template <class Fixed>
   DASH_HD KvTileRef item(int32_t cta, int64_t k) const {
     const sched::Problem pm = fixed<Fixed>();
+    if (in_tail<Fixed>(k)) return sched::Shift::tail_item(pm, tail, cta, k);
     return sched::dispatch_resolved(kind, [&](auto s) { return decltype(s)::item(pm, cta, k); });
   }
   template <class Fixed>
@@ -39,10 +57,13 @@ struct ScheduleRef {
     const sched::Problem pm = fixed<Fixed>();
     return sched::dispatch_resolved(kind, [&](auto s) { return decltype(s)::num_visits(pm, t); });
   }
+  // Steps [lo, hi) of item k's tile that the item runs: all num_visits of them outside the split tail.
+  DASH_HD sched::StepRange tail_steps(int32_t cta, int64_t k) const { return sched::Shift::tail_steps(tail, cta, k); }
   // Step `step` of tile t = item(cta, k).
   template <class Fixed>
   DASH_HD VisitRef visit(int32_t cta, int64_t k, const KvTileRef& t, int32_t step) const {
     const sched::Problem pm = fixed<Fixed>();
+    if (in_tail<Fixed>(k)) return sched::Shift::tail_visit(pm, tail, t, step);
     return sched::dispatch_resolved(kind, [&](auto s) {
       return decltype(s)::visit_at(pm, t, step, decltype(s)::slot_of_item(pm, cta, k));
     });

@@ -100,6 +100,10 @@ struct FwdParams {
   PackedSeqs packed;    // last, so that the fields above keep their offsets
 };
 
+// A chunk of shift's split tail also pays a K/V load and a partial dK/dV store, and the last piece of a tile adds up
+// to V / chunk partials: chunks shorter than this cost more than the idle CTAs they fill.
+constexpr int32_t kDefaultTailChunkMin = 16;
+
 struct BwdParams {
   AttnShape shape;
   const void* q = nullptr;
@@ -120,7 +124,10 @@ struct BwdParams {
   int32_t sm_margin = 0;  // SMs left free; the persistent grid uses num_sms - sm_margin CTAs (at least 1)
   void* workspace = nullptr;       // dash_bwd_workspace_bytes(params) bytes, any content (kernels zero what they need)
   size_t workspace_bytes = 0;
-  PackedSeqs packed;  // last, so that the fields above keep their offsets
+  PackedSeqs packed;  // after the fields above, which keep their offsets
+  // Shortest chunk, in steps, of shift's split last wave (schedule/tail_split.h); 0: never split. Users keep the
+  // default; the benchmark varies it to measure the split (dash_bench --tail-chunks).
+  int32_t tail_chunk_min = kDefaultTailChunkMin;
 };
 
 }  // namespace dash

@@ -16,6 +16,7 @@ struct VisitRecord {
 
 struct ItemRecord {
   int32_t cta, batch, head_k, n_block, num_visits;
+  int32_t first_step;   // the item runs steps [first_step, first_step + num_visits) of its tile (item_steps)
   int64_t unit;        // launch index of the work unit the item belongs to (items of one unit run back to back)
   int64_t first_visit;  // index into the visit list (visits of an item are contiguous)
 };
@@ -29,6 +30,11 @@ struct Enumeration {
 // Launch index of the unit holding item k of CTA `cta` (mirrors the item layout of each schedule).
 template <class S>
 int64_t unit_of_item(const Problem& p, int32_t cta, int64_t k) {
+  if constexpr (std::is_same_v<S, Shift> || std::is_same_v<S, ShiftCausal>) {
+    // shift's split tail (shift_causal falls back to shift): a CTA's tail items are consecutive units.
+    const TailSplit ts = Shift::applies(p) ? Shift::tail(p) : TailSplit{};
+    if (ts.active && k >= ts.waves) return ts.first_unit + ts.first_unit_of(cta) + (k - ts.waves);
+  }
   if constexpr (std::is_same_v<S, ShiftCausal>) {
     if (ShiftCausal::applies(p)) {
       const auto l = ShiftCausal::layout(p);
@@ -49,11 +55,11 @@ Enumeration enumerate_schedule(const Problem& p, bool with_visits) {
     const int64_t n_items = S::num_items(p, c);
     for (int64_t k = 0; k < n_items; ++k) {
       const KvTile tile = S::item(p, c, k);
-      const int32_t nv = S::num_visits(p, tile);
-      e.items.push_back(ItemRecord{c, tile.batch, tile.head_k, tile.n_block, nv, unit_of_item<S>(p, c, k),
-                                   static_cast<int64_t>(e.visits.size())});
+      const StepRange steps = item_steps_of<S>(p, c, k, tile);
+      e.items.push_back(ItemRecord{c, tile.batch, tile.head_k, tile.n_block, steps.hi - steps.lo, steps.lo,
+                                   unit_of_item<S>(p, c, k), static_cast<int64_t>(e.visits.size())});
       if (!with_visits) continue;
-      for (int32_t t = 0; t < nv; ++t) {
+      for (int32_t t = steps.lo; t < steps.hi; ++t) {
         const Visit v = S::visit(p, tile, t);
         e.visits.push_back(VisitRecord{c, static_cast<int32_t>(k), tile.batch, v.head, tile.head_k, tile.n_block,
                                        v.m_block, t, v.wait_target});

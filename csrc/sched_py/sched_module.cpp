@@ -31,7 +31,7 @@ ScheduleKind to_kind(int32_t id) {
 
 Problem make_problem(int32_t batch, int32_t nheads, int32_t nheads_k, int32_t seqlen_q, int32_t seqlen_k,
                      int32_t block_m, int32_t block_n, int32_t mask, int32_t window_left, int32_t window_right,
-                     int32_t num_ctas) {
+                     int32_t num_ctas, int32_t tail_chunk_min) {
   if (batch < 0 || seqlen_q < 0 || seqlen_k < 0) throw std::invalid_argument("negative batch or sequence length");
   if (nheads <= 0 || nheads_k <= 0 || nheads % nheads_k != 0) {
     throw std::invalid_argument("nheads must be a positive multiple of nheads_k");
@@ -40,8 +40,9 @@ Problem make_problem(int32_t batch, int32_t nheads, int32_t nheads_k, int32_t se
   if (num_ctas <= 0) throw std::invalid_argument("num_ctas must be >= 1");
   if (mask < 0 || mask > 2) throw std::invalid_argument("mask must be 0 (full), 1 (causal) or 2 (window)");
   if (window_left < -1 || window_right < -1) throw std::invalid_argument("window bounds must be >= -1");
+  if (tail_chunk_min < 0) throw std::invalid_argument("tail_chunk_min must be >= 0 (0: no split tail)");
   return Problem{batch,   nheads, nheads_k, seqlen_q, seqlen_k, block_m, block_n, static_cast<MaskKind>(mask),
-                 window_left, window_right, num_ctas};
+                 window_left, window_right, num_ctas, tail_chunk_min};
 }
 
 template <class T, class F>
@@ -83,6 +84,7 @@ py::dict enumerate_py(int32_t kind, const Problem& p) {
   items["head_k"] = column<int32_t>(n, [&](size_t i) { return it[i].head_k; });
   items["n_block"] = column<int32_t>(n, [&](size_t i) { return it[i].n_block; });
   items["num_visits"] = column<int32_t>(n, [&](size_t i) { return it[i].num_visits; });
+  items["first_step"] = column<int32_t>(n, [&](size_t i) { return it[i].first_step; });
   items["unit"] = column<int64_t>(n, [&](size_t i) { return it[i].unit; });
   items["first_visit"] = column<int64_t>(n, [&](size_t i) { return it[i].first_visit; });
   d["items"] = items;
@@ -147,7 +149,7 @@ PYBIND11_MODULE(_sched, m) {
   py::class_<Problem>(m, "Problem")
       .def(py::init(&make_problem), py::arg("batch"), py::arg("nheads"), py::arg("nheads_k"), py::arg("seqlen_q"),
            py::arg("seqlen_k"), py::arg("block_m"), py::arg("block_n"), py::arg("mask"), py::arg("window_left") = -1,
-           py::arg("window_right") = -1, py::arg("num_ctas") = 1)
+           py::arg("window_right") = -1, py::arg("num_ctas") = 1, py::arg("tail_chunk_min") = kDefaultTailChunkMin)
       .def_readonly("batch", &Problem::batch)
       .def_readonly("nheads", &Problem::nheads)
       .def_readonly("nheads_k", &Problem::nheads_k)
@@ -158,7 +160,8 @@ PYBIND11_MODULE(_sched, m) {
       .def_property_readonly("mask", [](const Problem& p) { return static_cast<int32_t>(p.mask); })
       .def_readonly("window_left", &Problem::window_left)
       .def_readonly("window_right", &Problem::window_right)
-      .def_readonly("num_ctas", &Problem::num_ctas);
+      .def_readonly("num_ctas", &Problem::num_ctas)
+      .def_readonly("tail_chunk_min", &Problem::tail_chunk_min);
 
   m.attr("ASCENDING") = static_cast<int32_t>(ScheduleKind::kAscending);
   m.attr("DESCENDING") = static_cast<int32_t>(ScheduleKind::kDescending);
@@ -166,6 +169,7 @@ PYBIND11_MODULE(_sched, m) {
   m.attr("SHIFT") = static_cast<int32_t>(ScheduleKind::kShift);
   m.attr("SHIFT_CAUSAL") = static_cast<int32_t>(ScheduleKind::kShiftCausal);
   m.attr("AUTO") = static_cast<int32_t>(ScheduleKind::kAuto);
+  m.attr("DEFAULT_TAIL_CHUNK_MIN") = kDefaultTailChunkMin;
   m.attr("MASK_FULL") = static_cast<int32_t>(MaskKind::kFull);
   m.attr("MASK_CAUSAL") = static_cast<int32_t>(MaskKind::kCausal);
   m.attr("MASK_WINDOW") = static_cast<int32_t>(MaskKind::kWindow);
@@ -180,6 +184,13 @@ PYBIND11_MODULE(_sched, m) {
   m.def("item", [](int32_t kind, const Problem& p, int32_t cta, int64_t k) {
     const KvTile t = dispatch_schedule(to_kind(kind), [&](auto s) { return decltype(s)::item(p, cta, k); });
     return py::make_tuple(t.batch, t.head_k, t.n_block);
+  });
+  m.def("item_steps", [](int32_t kind, const Problem& p, int32_t cta, int64_t k) {
+    const StepRange r = dispatch_schedule(to_kind(kind), [&](auto s) {
+      using S = decltype(s);
+      return item_steps_of<S>(p, cta, k, S::item(p, cta, k));
+    });
+    return py::make_tuple(r.lo, r.hi);
   });
   m.def("num_visits", [](int32_t kind, const Problem& p, int32_t batch, int32_t head_k, int32_t n_block) {
     const KvTile t{batch, head_k, n_block};

@@ -67,7 +67,10 @@ struct SimResult {
 template <class S>
 class Simulator {
  public:
-  Simulator(const Problem& p, const SimOptions& o) : p_(p), o_(o), M_(num_m_blocks(p)) {}
+  // Greedy dispatch hands out whole units: a split tail (tail_split.h) is a construct of the static grid.
+  Simulator(const Problem& p, const SimOptions& o) : p_(p), o_(o), M_(num_m_blocks(p)) {
+    if (o_.dispatch != Dispatch::kStatic) p_.tail_chunk_min = 0;
+  }
 
   SimResult run() {
     Enumeration e = enumerate_schedule<S>(p_, false);
@@ -109,7 +112,7 @@ class Simulator {
     size_t next_item = 0;
     bool has_tile = false;
     KvTile tile{};
-    int32_t item_index = -1, num_visits = 0, next_visit = 0;
+    int32_t item_index = -1, end_visit = 0, next_visit = 0;  // the item runs steps [next_visit, end_visit)
     // A visit whose compute is done and whose reduction waits on a semaphore.
     bool blocked = false;
     Visit pending{};
@@ -145,8 +148,8 @@ class Simulator {
       ++s.item_index;
       if (it.num_visits == 0) continue;  // a fully masked KV tile only writes zero dK/dV: no time in the model
       s.tile = KvTile{it.batch, it.head_k, it.n_block};
-      s.num_visits = it.num_visits;
-      s.next_visit = 0;
+      s.end_visit = it.first_step + it.num_visits;
+      s.next_visit = it.first_step;
       s.has_tile = true;
       return true;
     }
@@ -227,7 +230,7 @@ class Simulator {
       t.ready = std::max(t.ready, re);
       ++res_.visits_done;
       s.blocked = false;
-      if (++s.next_visit == s.num_visits) s.has_tile = false;
+      if (++s.next_visit == s.end_visit) s.has_tile = false;
       ready_.push({re, c});
       if (!o_.deterministic) {
         if (!first) return;
@@ -297,7 +300,7 @@ class Simulator {
     res_.critical_path.assign(path.rbegin(), path.rend());
   }
 
-  const Problem p_;
+  Problem p_;
   const SimOptions o_;
   const int32_t M_;
   std::vector<CtaState> ctas_;

@@ -46,7 +46,9 @@ inline std::vector<std::string> verify(ScheduleKind kind, Problem p, int32_t cta
   for (int32_t ctas = cta_lo; ctas <= cta_hi && errors.size() < max_errors; ++ctas) {
     p.num_ctas = ctas;
     const Enumeration e = enumerate(kind, p, true);
-    std::vector<int32_t> item_seen(static_cast<size_t>(heads_total) * N, 0);
+    // Steps each KV tile's items run; a tile run in pieces (shift's tail) has several items whose step ranges must
+    // tile [0, num_visits) exactly once, which the per-dQ-tile coverage check below also sees.
+    std::vector<int32_t> item_seen(static_cast<size_t>(heads_total) * N, 0), items_of(item_seen.size(), 0);
     for (const ItemRecord& it : e.items) {
       const size_t key = (static_cast<size_t>(it.batch) * p.nheads_k + it.head_k) * N + it.n_block;
       if (it.batch < 0 || it.batch >= p.batch || it.head_k < 0 || it.head_k >= p.nheads_k || it.n_block < 0 ||
@@ -54,11 +56,20 @@ inline std::vector<std::string> verify(ScheduleKind kind, Problem p, int32_t cta
         fail(ctas, "item out of range");
         continue;
       }
-      ++item_seen[key];
-      if (it.num_visits != g * live_per_n[it.n_block]) fail(ctas, "num_visits != live Q tiles of the KV tile");
+      item_seen[key] += it.num_visits;
+      ++items_of[key];
+      if (it.first_step < 0 || it.num_visits < 0 || it.first_step + it.num_visits > g * live_per_n[it.n_block]) {
+        fail(ctas, "item steps outside the live Q tiles of the KV tile");
+      }
+      if (it.num_visits == 0 && g * live_per_n[it.n_block] != 0) fail(ctas, "an item without steps");
     }
     for (size_t k = 0; k < item_seen.size(); ++k) {
-      if (item_seen[k] != 1) fail(ctas, "KV tile " + std::to_string(k) + " run " + std::to_string(item_seen[k]) + "x");
+      const int32_t want = g * live_per_n[k % N];
+      if (items_of[k] == 0) fail(ctas, "KV tile " + std::to_string(k) + " never run");
+      if (item_seen[k] != want) {
+        fail(ctas, "KV tile " + std::to_string(k) + " ran " + std::to_string(item_seen[k]) + " of its " +
+                       std::to_string(want) + " steps");
+      }
     }
     // Per dQ tile (batch, head, m): which KV tiles visited it and which positions they took.
     const size_t dq_tiles = static_cast<size_t>(p.batch) * p.nheads * M;

@@ -20,6 +20,9 @@ struct Problem {
   MaskKind mask;
   int32_t window_left, window_right;  // -1 = unbounded; only read for MaskKind::kWindow
   int32_t num_ctas;
+  // Shortest chunk, in steps, when shift cuts its last, partial wave into pieces run by the whole grid
+  // (tail_split.h); 0: never cut (kernels whose items must be whole KV tiles: packed sequences).
+  int32_t tail_chunk_min = kDefaultTailChunkMin;
 };
 
 // One CTA work item: one KV tile of one KV head. The CTA walks every query head of the GQA group of head_k.

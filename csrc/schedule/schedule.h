@@ -6,6 +6,9 @@
 // t = 0 .. num_visits - 1 in order; in deterministic mode each visit spins until the dQ tile's semaphore equals
 // wait_target before adding.
 #pragma once
+#include <type_traits>
+#include <utility>
+
 #include "schedule/ascending.h"
 #include "schedule/descending.h"
 #include "schedule/problem.h"
@@ -57,6 +60,22 @@ DASH_HD inline ScheduleKind resolve_schedule(ScheduleKind kind, const Problem& p
   }
 }
 
+// Steps [lo, hi) of item k of CTA `cta`, tile t = S::item(p, cta, k): all of the tile's visits, except where a
+// schedule runs a unit in pieces (shift's tail, tail_split.h), which then defines S::item_steps.
+template <class S, class = void>
+struct HasItemSteps : std::false_type {};
+template <class S>
+struct HasItemSteps<S, std::void_t<decltype(S::item_steps(std::declval<const Problem&>(), 0, int64_t{0}))>>
+    : std::true_type {};
+template <class S>
+DASH_HD StepRange item_steps_of(const Problem& p, int32_t cta, int64_t k, const KvTile& t) {
+  if constexpr (HasItemSteps<S>::value) {
+    return S::item_steps(p, cta, k);
+  } else {
+    return StepRange{0, S::num_visits(p, t)};
+  }
+}
+
 // A schedule's operations without the precondition checks, for a kind that resolve_schedule returned, plus
 // visit_at(p, t, step, r): visit() for a tile whose wave slot r came from slot_of_item (the kernel knows it from the
 // CTA and item index; visit() re-derives it from the tile with a 64-bit division).
@@ -69,15 +88,17 @@ struct Applied : S {
 };
 template <>
 struct Applied<Spt> : Spt {};  // its own slot_of_item / visit_at (waves.h, spt.h)
+// The kernel's shift covers the whole waves only: bwd_tile_scheduler.h keeps the split tail (tail_split.h) from the
+// host and routes the tail's items to Shift's tail_* functions before it dispatches.
 template <>
 struct Applied<Shift> : Shift {
   DASH_HD static int64_t num_items(const Problem& p, int32_t cta) { return Units::num_items(p, cta); }
-  DASH_HD static KvTile item(const Problem& p, int32_t cta, int64_t k) { return item_applied(p, cta, k); }
+  DASH_HD static KvTile item(const Problem& p, int32_t cta, int64_t k) { return Units::item(p, cta, k); }
   DASH_HD static int32_t slot_of_item(const Problem& p, int32_t cta, int64_t k) {
     return Units::slot_of_item(p, cta, k);
   }
   DASH_HD static Visit visit_at(const Problem& p, const KvTile& t, int32_t step, int32_t r) {
-    return visit_applied(p, t, step, r);
+    return whole_visit(p, t, step, r);
   }
 };
 template <>

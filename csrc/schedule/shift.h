@@ -10,6 +10,7 @@
 // Precondition: every (Q tile, KV tile) pair live. Otherwise (causal, windows) it is Descending, layout included.
 #pragma once
 #include "schedule/descending.h"
+#include "schedule/tail_split.h"
 
 namespace dash::sched {
 
@@ -17,20 +18,61 @@ struct Shift {
   using Units = TileUnits<TileOrder::kHeadMajor>;
   DASH_HD static bool applies(const Problem& p) { return covers_all_tiles(p); }
   DASH_HD static int64_t num_items(const Problem& p, int32_t cta) {
-    return applies(p) ? Units::num_items(p, cta) : Descending::num_items(p, cta);
+    return applies(p) ? num_items_applied(p, cta) : Descending::num_items(p, cta);
   }
   DASH_HD static KvTile item(const Problem& p, int32_t cta, int64_t k) {
     return applies(p) ? item_applied(p, cta, k) : Descending::item(p, cta, k);
+  }
+  DASH_HD static StepRange item_steps(const Problem& p, int32_t cta, int64_t k) {
+    if (applies(p)) return item_steps_applied(p, cta, k);
+    return StepRange{0, Descending::num_visits(p, Descending::item(p, cta, k))};
   }
   DASH_HD static int32_t num_visits(const Problem& p, const KvTile& t) { return Units::num_visits(p, t); }
   DASH_HD static Visit visit(const Problem& p, const KvTile& t, int32_t step) {
     return applies(p) ? visit_applied(p, t, step, Units::slot_of(p, t)) : Descending::visit(p, t, step);
   }
+
+  // The split of the last wave (tail_split.h); every unit has g * M steps.
+  DASH_HD static TailSplit tail(const Problem& p) {
+    return TailSplit::of(p, Units::num_units(p), group_size(p) * num_m_blocks(p));
+  }
+
   // The schedule proper, for problems where applies(p) holds (the kernel resolves the fallback once, on the host).
-  DASH_HD static KvTile item_applied(const Problem& p, int32_t cta, int64_t k) { return Units::item(p, cta, k); }
-  // 32-bit per visit: j < N, s < M, so j + s < 2^32 unsigned, and the wave's local tile range lies in [0, N].
-  // r: the tile's wave slot (Units::slot_of, Units::slot_of_item).
+  // Items: one per unit of the whole waves (Units' snake), then the tail units that the CTA's chunk touches. The
+  // kernel (bwd_tile_scheduler.h) keeps ts from the host and routes the tail items to the tail_* functions itself.
+  DASH_HD static int64_t num_items_applied(const Problem& p, int32_t cta) {
+    const TailSplit ts = tail(p);
+    return ts.active ? ts.waves + ts.units_in(cta) : Units::num_items(p, cta);
+  }
+  DASH_HD static KvTile item_applied(const Problem& p, int32_t cta, int64_t k) {
+    const TailSplit ts = tail(p);
+    return in_tail(ts, k) ? tail_item(p, ts, cta, k) : Units::item(p, cta, k);
+  }
+  DASH_HD static StepRange item_steps_applied(const Problem& p, int32_t cta, int64_t k) {
+    const TailSplit ts = tail(p);
+    return in_tail(ts, k) ? tail_steps(ts, cta, k) : StepRange{0, group_size(p) * num_m_blocks(p)};
+  }
   DASH_HD static Visit visit_applied(const Problem& p, const KvTile& t, int32_t step, int32_t r) {
+    const TailSplit ts = tail(p);
+    if (ts.active) {
+      const int64_t unit = (static_cast<int64_t>(t.batch) * p.nheads_k + t.head_k) * num_n_blocks(p) + t.n_block;
+      if (unit >= ts.first_unit) return tail_visit(p, ts, t, step);
+    }
+    return whole_visit(p, t, step, r);
+  }
+
+  // Item k of a CTA belongs to the split tail.
+  DASH_HD static bool in_tail(const TailSplit& ts, int64_t k) { return ts.active && k >= ts.waves; }
+  DASH_HD static KvTile tail_item(const Problem& p, const TailSplit& ts, int32_t cta, int64_t k) {
+    return Units::tile_of_unit(p, ts.first_unit + ts.first_unit_of(cta) + (k - ts.waves));
+  }
+  DASH_HD static StepRange tail_steps(const TailSplit& ts, int32_t cta, int64_t k) {
+    return ts.steps(ts.first_unit_of(cta) + static_cast<int32_t>(k - ts.waves), cta);
+  }
+
+  // A visit of a unit of the whole waves. 32-bit per visit: j < N, s < M, so j + s < 2^32 unsigned, and the wave's
+  // local tile range lies in [0, N]. r: the tile's wave slot (Units::slot_of, Units::slot_of_item).
+  DASH_HD static Visit whole_visit(const Problem& p, const KvTile& t, int32_t step, int32_t r) {
     const int32_t g = group_size(p);
     const int32_t M = num_m_blocks(p);
     const int32_t j = t.n_block;
@@ -44,6 +86,30 @@ struct Shift {
     // j' = j - M, j - 2M, ... in the wave arrive at the same step (j >= wave_lo)
     const int32_t ties = static_cast<int32_t>(static_cast<uint32_t>(j - wave_lo) / static_cast<uint32_t>(M));
     return Visit{st.head, m, wave_lo + sooner + ties};
+  }
+
+  // A visit of a tail unit: Q tile m = (j + s) mod M as in the whole waves; its accumulation position comes after
+  // the head's tiles of the whole waves, which all precede it (every tile contributes to every Q tile), then by
+  // position in chunk, ties by tail unit (tail_split.h). The head's tail units are its tiles j' >= j - i (tail unit
+  // i + j' - j); each visits (head, m) once, at step ((m - j') mod M) * g + (step mod g). One pass over them: the
+  // tail holds fewer than num_ctas units.
+  DASH_HD static Visit tail_visit(const Problem& p, const TailSplit& ts, const KvTile& t, int32_t step) {
+    const int32_t g = group_size(p), M = num_m_blocks(p), N = num_n_blocks(p);
+    const int32_t j = t.n_block;
+    const StepSplit st = split_step(step, g, t.head_k);
+    const int32_t m = static_cast<int32_t>((static_cast<uint32_t>(j) + st.s) % static_cast<uint32_t>(M));
+    const int32_t i = static_cast<int32_t>(
+        (static_cast<int64_t>(t.batch) * p.nheads_k + t.head_k) * N + j - ts.first_unit);
+    const int32_t mine = ts.position(i, step);
+    const int32_t lo = j > i ? j - i : 0;
+    const int32_t h = step - st.s * g;
+    int32_t sooner = 0;
+    for (int32_t jp = lo; jp < N; ++jp) {
+      const int32_t ip = i + jp - j;
+      const int32_t theirs = ts.position(ip, pos_mod_near(m - jp % M, M) * g + h);
+      sooner += (theirs < mine || (theirs == mine && ip < i)) ? 1 : 0;
+    }
+    return Visit{st.head, m, lo + sooner};
   }
 };
 

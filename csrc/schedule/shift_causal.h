@@ -53,6 +53,10 @@ struct ShiftCausal {
   DASH_HD static KvTile item(const Problem& p, int32_t cta, int64_t k) {
     return applies(p) ? item_applied(p, cta, k) : Shift::item(p, cta, k);
   }
+  // Its own units run whole; the fallback to shift may cut shift's tail.
+  DASH_HD static StepRange item_steps(const Problem& p, int32_t cta, int64_t k) {
+    return applies(p) ? StepRange{0, num_visits(p, item_applied(p, cta, k))} : Shift::item_steps(p, cta, k);
+  }
   DASH_HD static Visit visit(const Problem& p, const KvTile& t, int32_t step) {
     return applies(p) ? visit_applied(p, t, step, slot_of(p, t)) : Shift::visit(p, t, step);
   }

@@ -6,7 +6,8 @@
 // arrival order of tiles that start together and deadlock-free for every grid (waves.h). Batch-invariant while each
 // head's KV tiles fall in one wave; otherwise the order depends on where the head sits relative to the wave
 // boundaries (its (batch, head) index, the tile count and the CTA count), not on the batch size or other sequences.
-// Units are launched head-major so a head's tiles start side by side.
+// Units are launched head-major so a head's tiles start side by side. The last, partial wave is cut into one chunk of
+// steps per CTA (tail_split.h); its pi: after the whole waves, by position in chunk, ties by tail unit.
 // Precondition: every (Q tile, KV tile) pair live. Otherwise (causal, windows) it is Descending, layout included.
 #pragma once
 #include "schedule/descending.h"

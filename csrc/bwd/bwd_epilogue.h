@@ -164,8 +164,7 @@ struct DkDvStore {
     constexpr int kTileElems = T::kBlockN * kCols;
     const sched::TailSplit& ts = p.sched.tail;
     const sched::Problem& pr = p.sched.problem;
-    const int64_t unit = (int64_t(tile.batch) * pr.nheads_k + tile.head_k) * sched::num_n_blocks(pr) + tile.n_block;
-    const int32_t i = static_cast<int32_t>(unit - ts.first_unit);
+    const int32_t i = static_cast<int32_t>(sched::Shift::Units::unit_of(pr, tile) - ts.first_unit);
     const int32_t first = ts.first_chunk(i), last = ts.last_chunk(i);
     auto slot_of = [&](int32_t c) { return p.split_partials + int64_t(ts.slot(i, c)) * (2 * kTileElems); };
     float* own = slot_of(blockIdx.x);

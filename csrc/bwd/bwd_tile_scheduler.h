@@ -42,14 +42,14 @@ struct ScheduleRef {
 
   template <class Fixed>
   DASH_HD int64_t num_items(int32_t cta) const {
-    if (!Fixed::kPacked && tail.active) return tail.waves + tail.units_in(cta);
     const sched::Problem pm = fixed<Fixed>();
+    if (!Fixed::kPacked && tail.active) return sched::Shift::num_items_with(pm, tail, cta);
     return sched::dispatch_resolved(kind, [&](auto s) { return decltype(s)::num_items(pm, cta); });
   }
   template <class Fixed>
   DASH_HD KvTileRef item(int32_t cta, int64_t k) const {
     const sched::Problem pm = fixed<Fixed>();
-    if (in_tail<Fixed>(k)) return sched::Shift::tail_item(pm, tail, cta, k);
+    if (in_tail<Fixed>(k)) return sched::Shift::item_with(pm, tail, cta, k);
     return sched::dispatch_resolved(kind, [&](auto s) { return decltype(s)::item(pm, cta, k); });
   }
   template <class Fixed>

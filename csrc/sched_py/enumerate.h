@@ -33,7 +33,7 @@ int64_t unit_of_item(const Problem& p, int32_t cta, int64_t k) {
   if constexpr (std::is_same_v<S, Shift> || std::is_same_v<S, ShiftCausal>) {
     // shift's split tail (shift_causal falls back to shift): a CTA's tail items are consecutive units.
     const TailSplit ts = Shift::applies(p) ? Shift::tail(p) : TailSplit{};
-    if (ts.active && k >= ts.waves) return ts.first_unit + ts.first_unit_of(cta) + (k - ts.waves);
+    if (Shift::in_tail(ts, k)) return ts.unit_of_item(cta, k);
   }
   if constexpr (std::is_same_v<S, ShiftCausal>) {
     if (ShiftCausal::applies(p)) {

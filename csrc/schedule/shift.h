@@ -41,13 +41,9 @@ struct Shift {
   // The schedule proper, for problems where applies(p) holds (the kernel resolves the fallback once, on the host).
   // Items: one per unit of the whole waves (Units' snake), then the tail units that the CTA's chunk touches. The
   // kernel (bwd_tile_scheduler.h) keeps ts from the host and routes the tail items to the tail_* functions itself.
-  DASH_HD static int64_t num_items_applied(const Problem& p, int32_t cta) {
-    const TailSplit ts = tail(p);
-    return ts.active ? ts.waves + ts.units_in(cta) : Units::num_items(p, cta);
-  }
+  DASH_HD static int64_t num_items_applied(const Problem& p, int32_t cta) { return num_items_with(p, tail(p), cta); }
   DASH_HD static KvTile item_applied(const Problem& p, int32_t cta, int64_t k) {
-    const TailSplit ts = tail(p);
-    return in_tail(ts, k) ? tail_item(p, ts, cta, k) : Units::item(p, cta, k);
+    return item_with(p, tail(p), cta, k);
   }
   DASH_HD static StepRange item_steps_applied(const Problem& p, int32_t cta, int64_t k) {
     const TailSplit ts = tail(p);
@@ -55,20 +51,21 @@ struct Shift {
   }
   DASH_HD static Visit visit_applied(const Problem& p, const KvTile& t, int32_t step, int32_t r) {
     const TailSplit ts = tail(p);
-    if (ts.active) {
-      const int64_t unit = (static_cast<int64_t>(t.batch) * p.nheads_k + t.head_k) * num_n_blocks(p) + t.n_block;
-      if (unit >= ts.first_unit) return tail_visit(p, ts, t, step);
-    }
+    if (ts.active && Units::unit_of(p, t) >= ts.first_unit) return tail_visit(p, ts, t, step);
     return whole_visit(p, t, step, r);
   }
 
+  // The items given the split ts = tail(p), which the kernel derives once on the host (bwd_tile_scheduler.h).
+  DASH_HD static int64_t num_items_with(const Problem& p, const TailSplit& ts, int32_t cta) {
+    return ts.active ? ts.waves + ts.units_in(cta) : Units::num_items(p, cta);
+  }
+  DASH_HD static KvTile item_with(const Problem& p, const TailSplit& ts, int32_t cta, int64_t k) {
+    return in_tail(ts, k) ? Units::tile_of_unit(p, ts.unit_of_item(cta, k)) : Units::item(p, cta, k);
+  }
   // Item k of a CTA belongs to the split tail.
   DASH_HD static bool in_tail(const TailSplit& ts, int64_t k) { return ts.active && k >= ts.waves; }
-  DASH_HD static KvTile tail_item(const Problem& p, const TailSplit& ts, int32_t cta, int64_t k) {
-    return Units::tile_of_unit(p, ts.first_unit + ts.first_unit_of(cta) + (k - ts.waves));
-  }
   DASH_HD static StepRange tail_steps(const TailSplit& ts, int32_t cta, int64_t k) {
-    return ts.steps(ts.first_unit_of(cta) + static_cast<int32_t>(k - ts.waves), cta);
+    return ts.steps(ts.tail_index(cta, k), cta);
   }
 
   // A visit of a unit of the whole waves. 32-bit per visit: j < N, s < M, so j + s < 2^32 unsigned, and the wave's
@@ -99,8 +96,7 @@ struct Shift {
     const int32_t j = t.n_block;
     const StepSplit st = split_step(step, g, t.head_k);
     const int32_t m = static_cast<int32_t>((static_cast<uint32_t>(j) + st.s) % static_cast<uint32_t>(M));
-    const int32_t i = static_cast<int32_t>(
-        (static_cast<int64_t>(t.batch) * p.nheads_k + t.head_k) * N + j - ts.first_unit);
+    const int32_t i = static_cast<int32_t>(Units::unit_of(p, t) - ts.first_unit);
     const int32_t mine = ts.position(i, step);
     const int32_t lo = j > i ? j - i : 0;
     const int32_t h = step - st.s * g;

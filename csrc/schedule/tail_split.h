@@ -57,7 +57,7 @@ struct TailSplit {
   DASH_HD int32_t tail_index(int32_t c, int64_t k) const {
     return first_unit_of(c) + static_cast<int32_t>(k - waves);
   }
-  DASH_HD int64_t unit_of_item(int32_t c, int64_t k) const { return first_unit + tail_index(c, k); }
+  DASH_HD int64_t unit_of_item(int32_t c, int64_t k) const { return first_unit + first_unit_of(c) + (k - waves); }
   // Tail units that chunk c runs: [first_unit_of(c), first_unit_of(c) + units_in(c)).
   DASH_HD int32_t first_unit_of(int32_t c) const { return div_u32(static_cast<int64_t>(c) * chunk, visits); }
   DASH_HD int32_t units_in(int32_t c) const {

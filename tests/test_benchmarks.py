@@ -117,3 +117,23 @@ def test_no_gpu_gives_a_clear_message_not_a_traceback():
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == bench_attn.EXIT_NO_GPU
     assert "needs a CUDA GPU" in run.stderr and "Traceback" not in run.stderr
+
+
+def test_rounds_report_each_cells_median_round():
+    """--rounds N: one row per cell, the round with the median time; untimed rounds do not count."""
+    def row(impl, ms, seqlen=1024):
+        return {"direction": "bwd", "hdim": 128, "seqlen_q": seqlen, "mask": "full", "window": [-1, -1],
+                "impl": impl, "ms": ms, "tflops": (1.0 / ms) if ms else None, "status": "ok" if ms else "n/a",
+                "reason": ""}
+    rows = [row("a", 3.0), row("b", 1.0), row("a", 1.0), row("b", None), row("a", 2.0), row("b", 5.0),
+            row("c", None), row("a", 9.0, seqlen=2048)]
+    merged = bench_attn.median_rounds(rows)
+    by = {(r["impl"], r["seqlen_q"]): r for r in merged}
+    assert len(merged) == 4
+    assert by[("a", 1024)]["ms"] == 2.0 and by[("a", 1024)]["round_ms"] == "3.0000;1.0000;2.0000"
+    assert by[("b", 1024)]["ms"] == 1.0  # lower middle of two timed rounds
+    assert by[("c", 1024)]["ms"] is None and by[("c", 1024)]["round_ms"] == ""
+    assert by[("a", 2048)]["ms"] == 9.0
+    assert bench_attn.parse_args(["--rounds", "3"]).rounds == 3
+    with pytest.raises(SystemExit):
+        bench_attn.parse_args(["--rounds", "0"])

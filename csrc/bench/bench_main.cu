@@ -119,7 +119,7 @@ void usage(const char* argv0) {
       "  --device N            CUDA device (default 0)\n"
       "  --fwd-only | --bwd-only\n"
       "  --no-det-check        skip the bitwise repeat check of deterministic rows\n"
-      "  --tail-chunks a,b     time each backward variant once per shortest chunk of shift's split last wave (0:\n"
+      "  --tail-chunks a,b     time each backward variant once per shortest chunk of the split last wave (0:\n"
       "                        whole), in one round robin: an A/B of the split tail (default: 16 only)\n"
       "  --stages | --no-stages\n"
       "                        also time the backward's preprocess, main kernel and postprocess alone (default:\n"

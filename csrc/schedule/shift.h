@@ -5,7 +5,8 @@
 // pi is: earlier waves first; inside a wave by arrival step (m - j) mod M, ties (N > M) by ascending j. This is the
 // arrival order of tiles that start together and deadlock-free for every grid (waves.h). Batch-invariant while each
 // head's KV tiles fall in one wave; otherwise the order depends on where the head sits relative to the wave
-// boundaries (its (batch, head) index, the tile count and the CTA count), not on the batch size or other sequences.
+// boundaries (its (batch, head) index, the tile count and the CTA count), not on the batch size or other sequences
+// (except in a split last wave, whose units depend on the batch size).
 // Units are launched head-major so a head's tiles start side by side. The last, partial wave is cut into one chunk of
 // steps per CTA (tail_split.h); its pi: after the whole waves, by position in chunk, ties by tail unit.
 // Precondition: every (Q tile, KV tile) pair live. Otherwise (causal, windows) it is Descending, layout included.
@@ -35,7 +36,7 @@ struct Shift {
 
   // The split of the last wave (tail_split.h); every unit has g * M steps.
   DASH_HD static TailSplit tail(const Problem& p) {
-    return TailSplit::of(p, Units::num_units(p), group_size(p) * num_m_blocks(p));
+    return TailSplit::of(p, Units::num_units(p), group_size(p) * num_m_blocks(p), 1);
   }
 
   // The schedule proper, for problems where applies(p) holds (the kernel resolves the fallback once, on the host).
@@ -47,7 +48,7 @@ struct Shift {
   }
   DASH_HD static StepRange item_steps_applied(const Problem& p, int32_t cta, int64_t k) {
     const TailSplit ts = tail(p);
-    return in_tail(ts, k) ? tail_steps(ts, cta, k) : StepRange{0, group_size(p) * num_m_blocks(p)};
+    return ts.in_tail(k) ? tail_steps(p, ts, cta, k) : StepRange{0, group_size(p) * num_m_blocks(p)};
   }
   DASH_HD static Visit visit_applied(const Problem& p, const KvTile& t, int32_t step, int32_t r) {
     const TailSplit ts = tail(p);
@@ -57,15 +58,19 @@ struct Shift {
 
   // The items given the split ts = tail(p), which the kernel derives once on the host (bwd_tile_scheduler.h).
   DASH_HD static int64_t num_items_with(const Problem& p, const TailSplit& ts, int32_t cta) {
-    return ts.active ? ts.waves + ts.units_in(cta) : Units::num_items(p, cta);
+    return ts.active ? ts.whole_items() + ts.tiles_in(cta, OneTileUnits{}) : Units::num_items(p, cta);
   }
   DASH_HD static KvTile item_with(const Problem& p, const TailSplit& ts, int32_t cta, int64_t k) {
-    return in_tail(ts, k) ? Units::tile_of_unit(p, ts.unit_of_item(cta, k)) : Units::item(p, cta, k);
+    if (!ts.in_tail(k)) return Units::item(p, cta, k);
+    return Units::tile_of_unit(p, ts.unit_of_tile(ts.tile_of_item(cta, k, OneTileUnits{})));
   }
-  // Item k of a CTA belongs to the split tail.
-  DASH_HD static bool in_tail(const TailSplit& ts, int64_t k) { return ts.active && k >= ts.waves; }
-  DASH_HD static StepRange tail_steps(const TailSplit& ts, int32_t cta, int64_t k) {
-    return ts.steps(ts.tail_index(cta, k), cta);
+  DASH_HD static StepRange tail_steps(const Problem&, const TailSplit& ts, int32_t cta, int64_t k) {
+    return ts.steps(ts.tile_of_item(cta, k, OneTileUnits{}), cta, OneTileUnits{});
+  }
+  DASH_HD static OneTileUnits tail_points(const Problem&, const TailSplit&) { return OneTileUnits{}; }
+  // Index tau of tile t in the tail (tail_split.h): its unit's, one tile a unit.
+  DASH_HD static int32_t tail_tile(const Problem& p, const TailSplit& ts, const KvTile& t) {
+    return static_cast<int32_t>(Units::unit_of(p, t) - ts.first_unit);
   }
 
   // A visit of a unit of the whole waves. 32-bit per visit: j < N, s < M, so j + s < 2^32 unsigned, and the wave's
@@ -96,14 +101,14 @@ struct Shift {
     const int32_t j = t.n_block;
     const StepSplit st = split_step(step, g, t.head_k);
     const int32_t m = static_cast<int32_t>((static_cast<uint32_t>(j) + st.s) % static_cast<uint32_t>(M));
-    const int32_t i = static_cast<int32_t>(Units::unit_of(p, t) - ts.first_unit);
-    const int32_t mine = ts.position(i, step);
+    const int32_t i = tail_tile(p, ts, t);
+    const int32_t mine = ts.position(i, step, OneTileUnits{});
     const int32_t lo = j > i ? j - i : 0;
     const int32_t h = step - st.s * g;
     int32_t sooner = 0;
     for (int32_t jp = lo; jp < N; ++jp) {
       const int32_t ip = i + jp - j;
-      const int32_t theirs = ts.position(ip, pos_mod_near(m - jp % M, M) * g + h);
+      const int32_t theirs = ts.position(ip, pos_mod_near(m - jp % M, M) * g + h, OneTileUnits{});
       sooner += (theirs < mine || (theirs == mine && ip < i)) ? 1 : 0;
     }
     return Visit{st.head, m, lo + sooner};

@@ -95,6 +95,7 @@ struct Options {
   bool det_check = true;
   bool stages = true;  // also time the backward's preprocess, main kernel and postprocess one by one
   std::vector<int> tail_chunks;  // BwdParams::tail_chunk_min of each copy of the backward variants; empty: default
+  std::vector<dash::ShiftSpacing> shift_spacings;  // BwdParams::shift_spacing of each copy; empty: default
   std::string csv_path;
   TimingConfig timing;
 };
@@ -121,6 +122,8 @@ void usage(const char* argv0) {
       "  --no-det-check        skip the bitwise repeat check of deterministic rows\n"
       "  --tail-chunks a,b     time each backward variant once per shortest chunk of the split last wave (0:\n"
       "                        whole), in one round robin: an A/B of the split tail (default: 16 only)\n"
+      "  --shift-spacings a,b  time each backward variant once per start-tile spacing of shift (spread, adjacent),\n"
+      "                        in one round robin (default: spread only)\n"
       "  --stages | --no-stages\n"
       "                        also time the backward's preprocess, main kernel and postprocess alone (default:\n"
       "                        on; --no-stages takes about half as long per backward row)\n"
@@ -243,6 +246,17 @@ Options parse_args(int argc, char** argv) {
     } else if (a == "--tail-chunks") {
       o.tail_chunks.clear();
       for (const auto& t : split(value(i))) o.tail_chunks.push_back(parse_int(argv[0], a, t, 0));
+    } else if (a == "--shift-spacings") {
+      o.shift_spacings.clear();
+      for (const auto& t : split(value(i))) {
+        if (t == "spread") {
+          o.shift_spacings.push_back(dash::ShiftSpacing::kSpread);
+        } else if (t == "adjacent") {
+          o.shift_spacings.push_back(dash::ShiftSpacing::kAdjacent);
+        } else {
+          bad_arg(argv[0], a + ": spread or adjacent, not " + t);
+        }
+      }
     } else if (a == "--no-flush") {
       o.timing.flush_l2 = false;
     } else if (a == "--csv") {
@@ -441,7 +455,22 @@ class Bench {
         }
       }
     }
-    // One workspace for every variant: the largest they ask (shift's split tail adds regions to its calls only).
+    if (!opt_.shift_spacings.empty()) {
+      const size_t n = variants.size();
+      const std::vector<std::string> base_names = names;
+      for (size_t c = 0; c < opt_.shift_spacings.size(); ++c) {
+        for (size_t i = 0; i < n; ++i) {
+          if (c > 0) {
+            variants.push_back(variants[i]);
+            names.push_back(base_names[i]);
+          }
+          const bool spread = opt_.shift_spacings[c] == dash::ShiftSpacing::kSpread;
+          variants[c * n + i].shift_spacing = opt_.shift_spacings[c];
+          names[c * n + i] = base_names[i] + (spread ? " spread" : " adjacent");
+        }
+      }
+    }
+    // One workspace for every variant: the largest they ask (a split tail adds regions to its calls only).
     size_t ws = 0;
     for (const dash::BwdParams& v : variants) ws = std::max(ws, dash_bwd_workspace_bytes(&v));
     buf.workspace.grow(ws);

@@ -49,6 +49,7 @@ sched::Problem bwd_problem(const BwdParams& params) {
   const bool split = !T::kPacked && split_tail_of(params).ctas >= prob.num_ctas && s.headdim == T::kHeadDim &&
                      value_head_dim(s) == T::kHeadDim;
   prob.tail_chunk_min = split ? params.tail_chunk_min : 0;
+  prob.shift_spacing = params.shift_spacing;
   return prob;
 }
 

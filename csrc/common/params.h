@@ -104,6 +104,12 @@ struct FwdParams {
 // to V / chunk partials: chunks shorter than this cost more than the idle CTAs they fill.
 constexpr int32_t kDefaultTailChunkMin = 16;
 
+// Where shift puts the KV tiles of a head that run side by side (schedule/shift.h). kSpread (the default): KV tile j
+// starts at Q tile j * k, k = M / N (2 where Q tiles are half as tall as KV tiles, as at hdim 128), so the contributors
+// of a dQ tile arrive k steps apart and each deterministic add has k - 1 steps of slack for the previous CTA's
+// reduce to complete. kAdjacent: the DASH paper's j (one step apart).
+enum class ShiftSpacing : int32_t { kSpread = 0, kAdjacent = 1 };
+
 struct BwdParams {
   AttnShape shape;
   const void* q = nullptr;
@@ -128,6 +134,8 @@ struct BwdParams {
   // Shortest chunk, in steps, of the split last wave of shift and shift_causal (schedule/tail_split.h); 0: never
   // split. Users keep the default; the benchmark varies it to measure the split (dash_bench --tail-chunks).
   int32_t tail_chunk_min = kDefaultTailChunkMin;
+  // Users keep the default; the benchmark varies it (dash_bench --shift-spacings).
+  ShiftSpacing shift_spacing = ShiftSpacing::kSpread;
 };
 
 }  // namespace dash

@@ -31,7 +31,7 @@ ScheduleKind to_kind(int32_t id) {
 
 Problem make_problem(int32_t batch, int32_t nheads, int32_t nheads_k, int32_t seqlen_q, int32_t seqlen_k,
                      int32_t block_m, int32_t block_n, int32_t mask, int32_t window_left, int32_t window_right,
-                     int32_t num_ctas, int32_t tail_chunk_min) {
+                     int32_t num_ctas, int32_t tail_chunk_min, int32_t shift_spacing) {
   if (batch < 0 || seqlen_q < 0 || seqlen_k < 0) throw std::invalid_argument("negative batch or sequence length");
   if (nheads <= 0 || nheads_k <= 0 || nheads % nheads_k != 0) {
     throw std::invalid_argument("nheads must be a positive multiple of nheads_k");
@@ -41,8 +41,12 @@ Problem make_problem(int32_t batch, int32_t nheads, int32_t nheads_k, int32_t se
   if (mask < 0 || mask > 2) throw std::invalid_argument("mask must be 0 (full), 1 (causal) or 2 (window)");
   if (window_left < -1 || window_right < -1) throw std::invalid_argument("window bounds must be >= -1");
   if (tail_chunk_min < 0) throw std::invalid_argument("tail_chunk_min must be >= 0 (0: no split tail)");
-  return Problem{batch,   nheads, nheads_k, seqlen_q, seqlen_k, block_m, block_n, static_cast<MaskKind>(mask),
-                 window_left, window_right, num_ctas, tail_chunk_min};
+  if (shift_spacing < 0 || shift_spacing > 1) {
+    throw std::invalid_argument("shift_spacing must be 0 (spread) or 1 (adjacent, the DASH paper's)");
+  }
+  return Problem{batch,       nheads,       nheads_k, seqlen_q,       seqlen_k,
+                 block_m,     block_n,      static_cast<MaskKind>(mask), window_left,
+                 window_right, num_ctas,    tail_chunk_min,              static_cast<ShiftSpacing>(shift_spacing)};
 }
 
 template <class T, class F>
@@ -149,7 +153,8 @@ PYBIND11_MODULE(_sched, m) {
   py::class_<Problem>(m, "Problem")
       .def(py::init(&make_problem), py::arg("batch"), py::arg("nheads"), py::arg("nheads_k"), py::arg("seqlen_q"),
            py::arg("seqlen_k"), py::arg("block_m"), py::arg("block_n"), py::arg("mask"), py::arg("window_left") = -1,
-           py::arg("window_right") = -1, py::arg("num_ctas") = 1, py::arg("tail_chunk_min") = kDefaultTailChunkMin)
+           py::arg("window_right") = -1, py::arg("num_ctas") = 1, py::arg("tail_chunk_min") = kDefaultTailChunkMin,
+           py::arg("shift_spacing") = static_cast<int32_t>(ShiftSpacing::kSpread))
       .def_readonly("batch", &Problem::batch)
       .def_readonly("nheads", &Problem::nheads)
       .def_readonly("nheads_k", &Problem::nheads_k)
@@ -161,7 +166,8 @@ PYBIND11_MODULE(_sched, m) {
       .def_readonly("window_left", &Problem::window_left)
       .def_readonly("window_right", &Problem::window_right)
       .def_readonly("num_ctas", &Problem::num_ctas)
-      .def_readonly("tail_chunk_min", &Problem::tail_chunk_min);
+      .def_readonly("tail_chunk_min", &Problem::tail_chunk_min)
+      .def_property_readonly("shift_spacing", [](const Problem& p) { return static_cast<int32_t>(p.shift_spacing); });
 
   m.attr("ASCENDING") = static_cast<int32_t>(ScheduleKind::kAscending);
   m.attr("DESCENDING") = static_cast<int32_t>(ScheduleKind::kDescending);

@@ -23,6 +23,7 @@ struct Problem {
   // Shortest chunk, in steps, when shift cuts its last, partial wave into pieces run by the whole grid
   // (tail_split.h); 0: never cut (kernels whose items must be whole KV tiles: packed sequences).
   int32_t tail_chunk_min = kDefaultTailChunkMin;
+  ShiftSpacing shift_spacing = ShiftSpacing::kSpread;  // shift's start tiles (shift.h)
 };
 
 // One CTA work item: one KV tile of one KV head. The CTA walks every query head of the GQA group of head_k.

@@ -1,8 +1,11 @@
-// Shift (DASH, full mask): KV tile j visits Q tile (j + s) mod M at step s, so at any step the KV tiles of a head sit
-// on distinct Q tiles and pi = arrival order never waits: makespan M(c+r), the lower bound, when a head's KV tiles
-// run together and M >= their number.
+// Shift (DASH, full mask): KV tile j visits Q tile (j k + s) mod M at step s, so at any step the KV tiles of a head
+// sit on distinct Q tiles and pi = arrival order never waits: makespan M(c+r), the lower bound, when a head's KV tiles
+// run together and M >= their number. k = 1 in the DASH paper (ShiftSpacing::kAdjacent); by default k = M / N where
+// that is 2 or more (N k <= M keeps the start tiles distinct), so a dQ tile's contributors arrive k steps apart
+// instead of one: a deterministic add then waits only if the previous contributor's CTA runs more than k - 1 steps
+// (less its reduce) behind; with k = 1 a lag of one step stalls the chain (hdim 128 has M = 2N).
 //
-// pi is: earlier waves first; inside a wave by arrival step (m - j) mod M, ties (N > M) by ascending j. This is the
+// pi is: earlier waves first; inside a wave by arrival step (m - j k) mod M, ties (N > M, k = 1) by ascending j. This is the
 // arrival order of tiles that start together and deadlock-free for every grid (waves.h). Batch-invariant while each
 // head's KV tiles fall in one wave; otherwise the order depends on where the head sits relative to the wave
 // boundaries (its (batch, head) index, the tile count and the CTA count), not on the batch size or other sequences
@@ -67,40 +70,65 @@ struct Shift {
   DASH_HD static StepRange tail_steps(const Problem&, const TailSplit& ts, int32_t cta, int64_t k) {
     return ts.steps(ts.tile_of_item(cta, k, OneTileUnits{}), cta, OneTileUnits{});
   }
+  // Spacing k of the start tiles (ShiftSpacing): M / N where that is 2 or more, else 1.
+  DASH_HD static int32_t spacing(const Problem& p) {
+    if (p.shift_spacing == ShiftSpacing::kAdjacent) return 1;
+    const int32_t N = num_n_blocks(p), M = num_m_blocks(p);
+    return N > 0 && M >= 2 * N ? div_u32(M, N) : 1;
+  }
+  // Start tile of KV tile j, j k mod M: with k > 1, j k < N k <= M.
+  DASH_HD static int32_t start_tile(int32_t j, int32_t k, int32_t M) {
+    return k == 1 ? static_cast<int32_t>(static_cast<uint32_t>(j) % static_cast<uint32_t>(M)) : j * k;
+  }
+
   DASH_HD static OneTileUnits tail_points(const Problem&, const TailSplit&) { return OneTileUnits{}; }
   // Index tau of tile t in the tail (tail_split.h): its unit's, one tile a unit.
   DASH_HD static int32_t tail_tile(const Problem& p, const TailSplit& ts, const KvTile& t) {
     return static_cast<int32_t>(Units::unit_of(p, t) - ts.first_unit);
   }
 
-  // A visit of a unit of the whole waves. 32-bit per visit: j < N, s < M, so j + s < 2^32 unsigned, and the wave's
-  // local tile range lies in [0, N]. r: the tile's wave slot (Units::slot_of, Units::slot_of_item).
+  // A visit of a unit of the whole waves. 32-bit per visit: the start tile and s lie in [0, M), and the wave's local
+  // tile range in [0, N]. r: the tile's wave slot (Units::slot_of, Units::slot_of_item).
   DASH_HD static Visit whole_visit(const Problem& p, const KvTile& t, int32_t step, int32_t r) {
     const int32_t g = group_size(p);
     const int32_t M = num_m_blocks(p);
     const int32_t j = t.n_block;
     const StepSplit st = split_step(step, g, t.head_k);
     const int32_t s = st.s;
-    const int32_t m = static_cast<int32_t>((static_cast<uint32_t>(j) + s) % static_cast<uint32_t>(M));
+    const int32_t k = spacing(p);
+    const int32_t m = pos_mod_near(start_tile(j, k, M) + s, M);
     int32_t wave_lo, wave_hi;
     Units::wave_of(p, t, r, &wave_lo, &wave_hi);
-    // Same-wave tiles j' reach m earlier iff (m - j') mod M < s, i.e. j' mod M lies in the s residues ending at m.
-    const int32_t sooner = count_cyclic(wave_lo, wave_hi, pos_mod_near(m - s + 1, M), s, M);  // m, s in [0, M)
-    // j' = j - M, j - 2M, ... in the wave arrive at the same step (j >= wave_lo)
-    const int32_t ties = static_cast<int32_t>(static_cast<uint32_t>(j - wave_lo) / static_cast<uint32_t>(M));
-    return Visit{st.head, m, wave_lo + sooner + ties};
+    if (k == 1) {
+      // Same-wave tiles j' reach m earlier iff (m - j') mod M < s, i.e. j' mod M lies in the s residues ending at m.
+      const int32_t sooner = count_cyclic(wave_lo, wave_hi, pos_mod_near(m - s + 1, M), s, M);  // m, s in [0, M)
+      // j' = j - M, j - 2M, ... in the wave arrive at the same step (j >= wave_lo)
+      const int32_t ties = static_cast<int32_t>(static_cast<uint32_t>(j - wave_lo) / static_cast<uint32_t>(M));
+      return Visit{st.head, m, wave_lo + sooner + ties};
+    }
+    // j' k (< M, no wrap) lies in the s residues ending at m: [lo, lo + s) cyclically; no ties.
+    const int32_t lo = pos_mod_near(m - s + 1, M);
+    const int32_t sooner = lo + s <= M ? multiples_in(wave_lo, wave_hi, k, lo, lo + s)
+                                       : multiples_in(wave_lo, wave_hi, k, lo, M) +
+                                             multiples_in(wave_lo, wave_hi, k, 0, lo + s - M);
+    return Visit{st.head, m, wave_lo + sooner};
+  }
+  // #{j in [a, b) : j k in [x, y)}, 0 <= x <= y.
+  DASH_HD static int32_t multiples_in(int32_t a, int32_t b, int32_t k, int32_t x, int32_t y) {
+    return overlap(a, b, ceil_div_u32(x, k), ceil_div_u32(y, k));
   }
 
-  // A visit of a tail unit: Q tile m = (j + s) mod M as in the whole waves; its accumulation position comes after
+  // A visit of a tail unit: Q tile m = (j k + s) mod M as in the whole waves; its accumulation position comes after
   // the head's tiles of the whole waves, which all precede it (every tile contributes to every Q tile), then by
   // position in chunk, ties by tail unit (tail_split.h). The head's tail units are its tiles j' >= j - i (tail unit
-  // i + j' - j); each visits (head, m) once, at step ((m - j') mod M) * g + (step mod g). One pass over them: the
+  // i + j' - j); each visits (head, m) once, at step ((m - j' k) mod M) * g + (step mod g). One pass over them: the
   // tail holds fewer than num_ctas units.
   DASH_HD static Visit tail_visit(const Problem& p, const TailSplit& ts, const KvTile& t, int32_t step) {
     const int32_t g = group_size(p), M = num_m_blocks(p), N = num_n_blocks(p);
     const int32_t j = t.n_block;
     const StepSplit st = split_step(step, g, t.head_k);
-    const int32_t m = static_cast<int32_t>((static_cast<uint32_t>(j) + st.s) % static_cast<uint32_t>(M));
+    const int32_t k = spacing(p);
+    const int32_t m = pos_mod_near(start_tile(j, k, M) + st.s, M);
     const int32_t i = tail_tile(p, ts, t);
     const int32_t mine = ts.position(i, step, OneTileUnits{});
     const int32_t lo = j > i ? j - i : 0;
@@ -108,7 +136,7 @@ struct Shift {
     int32_t sooner = 0;
     for (int32_t jp = lo; jp < N; ++jp) {
       const int32_t ip = i + jp - j;
-      const int32_t theirs = ts.position(ip, pos_mod_near(m - jp % M, M) * g + h, OneTileUnits{});
+      const int32_t theirs = ts.position(ip, pos_mod_near(m - start_tile(jp, k, M), M) * g + h, OneTileUnits{});
       sooner += (theirs < mine || (theirs == mine && ip < i)) ? 1 : 0;
     }
     return Visit{st.head, m, lo + sooner};

@@ -195,11 +195,13 @@ struct ShiftCausal {
       count((i + d) * V + s_long * g + h, 2 * (i + d));
     }
     const int32_t shorts_begin = (l.N - hi > u + d0 ? l.N - hi - u : d0);  // short tiles N - 1 - (u + d) < hi
+    const int32_t shorts_end = l.Q - u;
 #pragma unroll 1
-    for (int32_t d = shorts_begin; d < l.Q - u; ++d) {
+    for (int32_t d = shorts_begin; d < shorts_end; ++d) {
       count((i + d) * V + long_steps(p, u + d) + (l.M - 1 - m) * g + h, 2 * (i + d) + 1);
     }
-    const int32_t in_tail = (longs_end > d0 ? longs_end - d0 : 0) + (l.Q - u - shorts_begin);
+    const int32_t in_tail =
+        (longs_end > d0 ? longs_end - d0 : 0) + (shorts_end > shorts_begin ? shorts_end - shorts_begin : 0);
     return Visit{st.head, m, hi - in_tail + sooner};
   }
 

@@ -16,14 +16,20 @@ SHIFT_CAUSAL = schedule.SCHEDULE_IDS["shift_causal"]
 MIN_CHUNK = _sched.DEFAULT_TAIL_CHUNK_MIN
 
 # Shapes whose tail splits on many grid sizes: several Q tiles per KV tile (V = g * M > MIN_CHUNK), GQA, ragged tiles,
-# seqlen_q != seqlen_k, several batch entries and a window wide enough to leave every tile pair live (shift applies).
+# seqlen_q != seqlen_k and several batch entries.
 SHAPES = [
     dict(batch=1, nheads=5, nheads_k=5, seqlen_q=2048, seqlen_k=2048, block_m=64, block_n=128, mask=0),
     dict(batch=2, nheads=6, nheads_k=3, seqlen_q=1000, seqlen_k=777, block_m=64, block_n=128, mask=0),
     dict(batch=3, nheads=1, nheads_k=1, seqlen_q=1023, seqlen_k=113, block_m=16, block_n=32, mask=0),
     dict(batch=1, nheads=4, nheads_k=1, seqlen_q=640, seqlen_k=2000, block_m=32, block_n=64, mask=0),
+]
+# Windows keep whole units (the split's code lives in the full and causal kernels only), even where shift or
+# shift_causal applies: a window leaving every tile pair live, and a causal-like one (no left bound, right 0).
+WINDOW_SHAPES = [
     dict(batch=1, nheads=3, nheads_k=3, seqlen_q=1500, seqlen_k=1500, block_m=64, block_n=128, mask=2,
          window_left=4000, window_right=4000),
+    dict(batch=1, nheads=5, nheads_k=5, seqlen_q=2048, seqlen_k=2048, block_m=64, block_n=128, mask=2,
+         window_left=-1, window_right=0),
 ]
 
 # Causal shapes whose pairs all have the same step count (shift_causal splits only those) and an even KV tile count:
@@ -125,6 +131,17 @@ def test_rederivation_exercises_both_schedules():
         kind = schedule.SCHEDULE_IDS[name]
         hits = sum(_rederive(kind, _problem(s, c), name == "shift_causal") for s in shapes for c in (7, 20, 33, 132))
         assert hits >= len(shapes), (name, hits)
+
+
+@pytest.mark.parametrize("name", ["shift", "shift_causal"])
+def test_windows_keep_whole_units(name):
+    kind = schedule.SCHEDULE_IDS[name]
+    for shape in WINDOW_SHAPES:
+        for ctas in (7, 20, 33, 132):
+            items = _sched.enumerate(kind, _problem(shape, ctas))["items"]
+            assert not np.any(items["first_step"] > 0), (shape, ctas)
+    errors = _sched.verify(kind, _problem(WINDOW_SHAPES[1], 1), 1, 64)
+    assert not errors, "\n".join(errors)
 
 
 def test_causal_pairs_of_unequal_steps_stay_whole():

@@ -352,13 +352,16 @@ struct BwdWorkspaceLayout {
 };
 
 // Grid size the split-tail regions are sized for: the tail is split (schedule/tail_split.h) only in batched calls
-// whose schedule resolves to shift or shift_causal; num_sms bounds the grid of every sm_margin, so one workspace
-// serves them all. shift_causal may fall back to shift, whose one-tile units need fewer slots than its pairs.
+// with a full or causal mask whose schedule resolves to shift or shift_causal; num_sms bounds the grid of every
+// sm_margin, so one workspace serves them all. shift_causal on a full mask runs shift, whose one-tile units need
+// fewer slots than pairs.
 inline SplitTailSize split_tail_of(const BwdParams& params) {
   if (params.packed.cu_seqlens_q != nullptr || params.tail_chunk_min <= 0) return {};
+  if (params.shape.mask == MaskKind::kWindow) return {};
   if (params.schedule != ScheduleKind::kShift && params.schedule != ScheduleKind::kShiftCausal) return {};
   if (params.num_sms <= 0) return {};
-  return SplitTailSize{params.num_sms, params.schedule == ScheduleKind::kShiftCausal ? 2 : 1};
+  const bool pairs = params.schedule == ScheduleKind::kShiftCausal && params.shape.mask == MaskKind::kCausal;
+  return SplitTailSize{params.num_sms, pairs ? 2 : 1};
 }
 
 // kernel_headdim: the head dim of the kernel that runs the call (common/head_dims.h); its dQ tiles are that wide.

@@ -407,9 +407,11 @@ CUTLASS_DEVICE void consumer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<
         if constexpr (T::kDkFromRegs) warpgroup_fence_operand(rdS);
         const KvTileRef tile{srec.batch, srec.head_k, srec.n_block};  // read before the stage is released
         reinterpret_cast<Barrier&>(ss.q_empty[stage]).arrive();
-        // A piece of a split tile stores its partial sums; the last piece to finish stores the tile. Packed sequences
-        // never split (Problem::tail_chunk_min).
-        if (!T::kPacked && (flags & VisitRecord::kPiece)) {
+        // A piece of a split tile stores its partial sums; the last piece to finish stores the tile. Only the
+        // batched full and causal kernels split (ScheduleRef::splits_tail).
+        bool piece = false;
+        if constexpr (ScheduleRef::splits_tail<T>()) piece = (flags & VisitRecord::kPiece) != 0;
+        if (piece) {
           store_dkdv.store_piece(tile, tdKrdK, tdVrdV, thr_dv);
         } else {
           store_dkdv(tile, tdKrdK, tdVrdV, thr_dv);

@@ -27,22 +27,29 @@ struct ScheduleRef {
   ScheduleRef(const sched::Problem& p, ScheduleKind requested)
       : problem(p), kind(sched::resolve_schedule(requested, p)), tail(tail_of(kind, p)) {}
 
-  // Item k of a CTA is one of the split tail's (then its tile may be run in pieces by consecutive CTAs). Never for
-  // packed sequences (Problem::tail_chunk_min), whose kernels then carry no tail code.
+  // Kernels that carry split-tail code: batched full (shift's split) and causal (shift_causal's) masks. Packed
+  // sequences (Problem::tail_chunk_min = 0) and windows (Shift::tail, ShiftCausal::tail) never split.
+  template <class Fixed>
+  static constexpr bool splits_tail() {
+    return !Fixed::kPacked && (Fixed::kMask == MaskKind::kFull || Fixed::kMask == MaskKind::kCausal);
+  }
+  // Item k of a CTA is one of the split tail's (then its tile may be run in pieces by consecutive CTAs).
   template <class Fixed>
   DASH_HD bool in_tail(int64_t k) const {
-    if constexpr (Fixed::kPacked) {
-      return false;
-    } else {
+    if constexpr (splits_tail<Fixed>()) {
       return tail.in_tail(k);
+    } else {
+      return false;
     }
   }
 
   template <class Fixed>
   DASH_HD int64_t num_items(int32_t cta) const {
     const sched::Problem pm = fixed<Fixed>();
-    if (!Fixed::kPacked && tail.active) {
-      return with_tail_schedule<Fixed>([&](auto s) { return decltype(s)::num_items_with(pm, tail, cta); });
+    if constexpr (splits_tail<Fixed>()) {
+      if (tail.active) {
+        return with_tail_schedule<Fixed>([&](auto s) { return decltype(s)::num_items_with(pm, tail, cta); });
+      }
     }
     return sched::dispatch_resolved(kind, [&](auto s) { return decltype(s)::num_items(pm, cta); });
   }
@@ -97,14 +104,15 @@ struct ScheduleRef {
     if (resolved == ScheduleKind::kShiftCausal) return sched::ShiftCausal::tail(p);
     return sched::TailSplit{};
   }
-  // f(Shift{}) or f(ShiftCausal{}): the schedule whose tail is split (tail.active). shift_causal never applies to a
-  // full mask (it resolves to shift), so full-mask kernels carry shift's tail code only.
+  // f(Shift{}) in full-mask kernels, f(ShiftCausal{}) in causal ones: the schedule whose tail can be split there
+  // (Shift::tail, ShiftCausal::tail), so a kernel carries one schedule's tail code.
   template <class Fixed, class F>
   DASH_HD auto with_tail_schedule(F&& f) const {
-    if constexpr (Fixed::kMask != MaskKind::kFull) {
-      if (kind == ScheduleKind::kShiftCausal) return f(sched::ShiftCausal{});
+    if constexpr (Fixed::kMask == MaskKind::kCausal) {
+      return f(sched::ShiftCausal{});
+    } else {
+      return f(sched::Shift{});
     }
-    return f(sched::Shift{});
   }
 
   template <class Fixed>

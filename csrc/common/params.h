@@ -105,9 +105,9 @@ struct FwdParams {
 constexpr int32_t kDefaultTailChunkMin = 16;
 
 // Where shift puts the KV tiles of a head that run side by side (schedule/shift.h). kSpread (the default): KV tile j
-// starts at Q tile j * k, k = M / N (2 where Q tiles are half as tall as KV tiles, as at hdim 128), so the contributors
-// of a dQ tile arrive k steps apart and each deterministic add has k - 1 steps of slack for the previous CTA's
-// reduce to complete. kAdjacent: the DASH paper's j (one step apart).
+// starts at Q tile 2 j where there are at least twice as many Q tiles as KV tiles (hdim 128), so the contributors of
+// a dQ tile arrive two steps apart and each deterministic add has a step of slack for the previous CTA's reduce to
+// complete. kAdjacent: the DASH paper's j (one step apart).
 enum class ShiftSpacing : int32_t { kSpread = 0, kAdjacent = 1 };
 
 struct BwdParams {

@@ -1,15 +1,16 @@
 // Shift (DASH, full mask): KV tile j visits Q tile (j k + s) mod M at step s, so at any step the KV tiles of a head
 // sit on distinct Q tiles and pi = arrival order never waits: makespan M(c+r), the lower bound, when a head's KV tiles
-// run together and M >= their number. k = 1 in the DASH paper (ShiftSpacing::kAdjacent); by default k = M / N where
-// that is 2 or more (N k <= M keeps the start tiles distinct), so a dQ tile's contributors arrive k steps apart
-// instead of one: a deterministic add then waits only if the previous contributor's CTA runs more than k - 1 steps
-// (less its reduce) behind; with k = 1 a lag of one step stalls the chain (hdim 128 has M = 2N).
+// run together and M >= their number. k = 1 in the DASH paper (ShiftSpacing::kAdjacent); by default k = 2 where
+// M >= 2N (2N <= M keeps the start tiles distinct; hdim 128's tiles have M = 2N), so a dQ tile's contributors
+// arrive two steps apart instead of one: a deterministic add then waits only if the previous contributor's CTA runs
+// more than a step (less its reduce) behind, where with k = 1 any lag stalls the chain. k = 2 and not M / N:
+// the producer warp's 24 registers take a shift, not a division by k, per visit.
 //
-// pi is: earlier waves first; inside a wave by arrival step (m - j k) mod M, ties (N > M, k = 1) by ascending j. This is the
-// arrival order of tiles that start together and deadlock-free for every grid (waves.h). Batch-invariant while each
-// head's KV tiles fall in one wave; otherwise the order depends on where the head sits relative to the wave
-// boundaries (its (batch, head) index, the tile count and the CTA count), not on the batch size or other sequences
-// (except in a split last wave, whose units depend on the batch size).
+// pi is: earlier waves first; inside a wave by arrival step (m - j k) mod M, ties (N > M, k = 1) by ascending j.
+// This is the arrival order of tiles that start together and deadlock-free for every grid (waves.h).
+// Batch-invariant while each head's KV tiles fall in one wave; otherwise the order depends on where the head sits
+// relative to the wave boundaries (its (batch, head) index, the tile count and the CTA count), not on the batch size
+// or other sequences (except in a split last wave, whose units depend on the batch size).
 // Units are launched head-major so a head's tiles start side by side. The last, partial wave is cut into one chunk of
 // steps per CTA (tail_split.h); its pi: after the whole waves, by position in chunk, ties by tail unit.
 // Precondition: every (Q tile, KV tile) pair live. Otherwise (causal, windows) it is Descending, layout included.
@@ -37,8 +38,10 @@ struct Shift {
     return applies(p) ? visit_applied(p, t, step, Units::slot_of(p, t)) : Descending::visit(p, t, step);
   }
 
-  // The split of the last wave (tail_split.h); every unit has g * M steps.
+  // The split of the last wave (tail_split.h); every unit has g * M steps. Full masks only: the split's code lives in
+  // the full-mask kernels alone (windows that leave every tile pair live keep whole units).
   DASH_HD static TailSplit tail(const Problem& p) {
+    if (p.mask != MaskKind::kFull) return TailSplit{};
     return TailSplit::of(p, Units::num_units(p), group_size(p) * num_m_blocks(p), 1);
   }
 
@@ -70,15 +73,14 @@ struct Shift {
   DASH_HD static StepRange tail_steps(const Problem&, const TailSplit& ts, int32_t cta, int64_t k) {
     return ts.steps(ts.tile_of_item(cta, k, OneTileUnits{}), cta, OneTileUnits{});
   }
-  // Spacing k of the start tiles (ShiftSpacing): M / N where that is 2 or more, else 1.
+  // Spacing k of the start tiles (ShiftSpacing): 2 where M >= 2N, else 1.
   DASH_HD static int32_t spacing(const Problem& p) {
     if (p.shift_spacing == ShiftSpacing::kAdjacent) return 1;
-    const int32_t N = num_n_blocks(p), M = num_m_blocks(p);
-    return N > 0 && M >= 2 * N ? div_u32(M, N) : 1;
+    return num_m_blocks(p) >= 2 * num_n_blocks(p) ? 2 : 1;
   }
-  // Start tile of KV tile j, j k mod M: with k > 1, j k < N k <= M.
+  // Start tile of KV tile j, j k mod M: with k = 2, 2j < 2N <= M.
   DASH_HD static int32_t start_tile(int32_t j, int32_t k, int32_t M) {
-    return k == 1 ? static_cast<int32_t>(static_cast<uint32_t>(j) % static_cast<uint32_t>(M)) : j * k;
+    return k == 1 ? static_cast<int32_t>(static_cast<uint32_t>(j) % static_cast<uint32_t>(M)) : 2 * j;
   }
 
   DASH_HD static OneTileUnits tail_points(const Problem&, const TailSplit&) { return OneTileUnits{}; }
@@ -106,16 +108,15 @@ struct Shift {
       const int32_t ties = static_cast<int32_t>(static_cast<uint32_t>(j - wave_lo) / static_cast<uint32_t>(M));
       return Visit{st.head, m, wave_lo + sooner + ties};
     }
-    // j' k (< M, no wrap) lies in the s residues ending at m: [lo, lo + s) cyclically; no ties.
+    // 2 j' (< M, no wrap) lies in the s residues ending at m: [lo, lo + s) cyclically; no ties.
     const int32_t lo = pos_mod_near(m - s + 1, M);
-    const int32_t sooner = lo + s <= M ? multiples_in(wave_lo, wave_hi, k, lo, lo + s)
-                                       : multiples_in(wave_lo, wave_hi, k, lo, M) +
-                                             multiples_in(wave_lo, wave_hi, k, 0, lo + s - M);
+    const int32_t sooner = lo + s <= M ? evens_in(wave_lo, wave_hi, lo, lo + s)
+                                       : evens_in(wave_lo, wave_hi, lo, M) + evens_in(wave_lo, wave_hi, 0, lo + s - M);
     return Visit{st.head, m, wave_lo + sooner};
   }
-  // #{j in [a, b) : j k in [x, y)}, 0 <= x <= y.
-  DASH_HD static int32_t multiples_in(int32_t a, int32_t b, int32_t k, int32_t x, int32_t y) {
-    return overlap(a, b, ceil_div_u32(x, k), ceil_div_u32(y, k));
+  // #{j in [a, b) : 2 j in [x, y)}, 0 <= x <= y < 2^31 - 1.
+  DASH_HD static int32_t evens_in(int32_t a, int32_t b, int32_t x, int32_t y) {
+    return overlap(a, b, (x + 1) >> 1, (y + 1) >> 1);
   }
 
   // A visit of a tail unit: Q tile m = (j k + s) mod M as in the whole waves; its accumulation position comes after

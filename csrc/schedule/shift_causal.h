@@ -111,10 +111,11 @@ struct ShiftCausal {
     return group_size(p) * m_block_range(p, l.N - 1 - u).size();
   }
   // Host: the split needs every pair to have the same steps (the tail lays them end to end at a fixed stride) and
-  // no middle tiles (a unit of one tile in the last wave); both tiles of a pair need steps to have pieces.
+  // no middle tiles (a unit of one tile in the last wave); both tiles of a pair need steps to have pieces. Causal
+  // masks only: the split's code lives in the causal kernels alone (causal-like windows keep whole units).
   DASH_HD static TailSplit tail(const Problem& p) {
     const Layout l = layout(p);
-    if (p.tail_chunk_min <= 0 || l.has_middle || l.Q == 0) return TailSplit{};
+    if (p.mask != MaskKind::kCausal || p.tail_chunk_min <= 0 || l.has_middle || l.Q == 0) return TailSplit{};
     const int32_t V = long_steps(p, 0) + short_steps(p, l, 0);
     for (int32_t u = 0; u < l.Q; ++u) {
       const int32_t a = long_steps(p, u), b = short_steps(p, l, u);

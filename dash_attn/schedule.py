@@ -119,7 +119,7 @@ class Plan:
     `visits`: per-visit numpy columns in execution order (grouped by CTA, then item, then step): cta, item (index in
     the CTA's list), batch, head, head_k, n_block, m_block, step, wait_target. `items`: per KV-tile columns (cta,
     batch, head_k, n_block, num_visits, first_step, unit, first_visit; an item runs steps [first_step, first_step +
-    num_visits) of its KV tile: all of them except in the split tail of shift and shift_causal). CTA c's visits are
+    num_visits) of its KV tile: all of them except in shift's split tail). CTA c's visits are
     visits[cta_visit_offsets[c]:cta_visit_offsets[c + 1]]. For varlen, `sequences` holds one Plan per sequence and
     the top level is empty.
     """

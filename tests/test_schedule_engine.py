@@ -217,7 +217,7 @@ def test_wave_orders_do_not_depend_on_batch_size(name, mask):
     """shift/shift_causal launch head-major, so a (batch, head)'s order does not change when more sequences follow
     it in the batch (it may differ between batch positions when heads straddle wave boundaries). Not where the last
     wave is split (tail_split.h): which units form the tail depends on the batch size. 15 KV tiles of 15 Q visits:
-    shift's units are too short to cut (V <= 16) and shift_causal has a middle tile, so neither splits here."""
+    shift's units are too short to cut (V <= 16), and shift_causal never splits."""
     small = schedule.plan(name, mask, 960, 960, 64, 64, 3, 1, 20)
     large = schedule.plan(name, mask, 960, 960, 64, 64, 3, 4, 20)
     assert not np.any(small.items["first_step"] > 0) and not np.any(large.items["first_step"] > 0)

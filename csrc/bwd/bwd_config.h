@@ -16,7 +16,6 @@
 #include <cstdint>
 
 #include "common/params.h"
-#include "schedule/tail_split.h"
 
 namespace dash::bwd {
 
@@ -318,8 +317,8 @@ constexpr float kNoKeyScore = 1e30f;
 //   dsum       fp32 (batch, nheads, seqlen_q_rounded)   D = rowsum(dO * O)
 //   gemm_stats bf16 (batch, nheads, seqlen_q_rounded, 4)  GemmStatLines (RowStats::kGemmInit configs only)
 //   semaphores int32 (batch, nheads, num_m_blocks, dq_parts)  completed dQ adds per Q tile part (both modes)
-//   split_partials fp32 (TailSplit::max_slots, 2, block_n * d)  partial dK, dV of the pieces of the split tail
-//   split_counters int32 (TailSplit::max_tiles)  pieces finished per tail tile (schedule/tail_split.h, bwd_epilogue.h)
+//   split_partials fp32 (2 * split_ctas, 2, block_n * d)  partial dK, dV of the pieces of shift's split tail
+//   split_counters int32 (split_ctas)  pieces finished per tail unit (schedule/tail_split.h, bwd_epilogue.h)
 // Index of a Q tile in the per-tile regions (dq_accum tiles, semaphores): the preprocess, the dQ writer and the
 // postprocess all address a tile through it.
 __host__ __device__ inline int64_t q_tile_index(int32_t batch, int32_t head, int32_t nheads, int32_t num_m_blocks,
@@ -337,36 +336,27 @@ inline size_t split_slot_floats(const BwdTileConfig& cfg, int32_t kernel_headdim
   return 2 * size_t(cfg.block_n) * size_t(kernel_headdim);
 }
 
-// The grid size and unit shape the split-tail regions are sized for (split_tail_of).
-struct SplitTailSize {
-  int32_t ctas = 0;            // 0: no regions
-  int32_t tiles_per_unit = 1;  // 2 for shift_causal's pairs
-};
-
 struct BwdWorkspaceLayout {
   int32_t num_m_blocks = 0;
   int32_t seqlen_q_rounded = 0;
-  int32_t split_counters_count = 0;
+  int32_t split_ctas = 0;
   size_t dq_accum = 0, lse_log2 = 0, dsum = 0, gemm_stats = 0, semaphores = 0, split_partials = 0,
          split_counters = 0, total = 0;
 };
 
-// Grid size the split-tail regions are sized for: the tail is split (schedule/tail_split.h) only in batched calls
-// with a full or causal mask whose schedule resolves to shift or shift_causal; num_sms bounds the grid of every
-// sm_margin, so one workspace serves them all. shift_causal on a full mask runs shift, whose one-tile units need
-// fewer slots than pairs.
-inline SplitTailSize split_tail_of(const BwdParams& params) {
-  if (params.packed.cu_seqlens_q != nullptr || params.tail_chunk_min <= 0) return {};
-  if (params.shape.mask == MaskKind::kWindow) return {};
-  if (params.schedule != ScheduleKind::kShift && params.schedule != ScheduleKind::kShiftCausal) return {};
-  if (params.num_sms <= 0) return {};
-  const bool pairs = params.schedule == ScheduleKind::kShiftCausal && params.shape.mask == MaskKind::kCausal;
-  return SplitTailSize{params.num_sms, pairs ? 2 : 1};
+// Grid size the split-tail regions are sized for: shift's tail is split (schedule/tail_split.h) only in batched
+// full-mask calls whose schedule resolves to shift; num_sms bounds the grid of every sm_margin, so one workspace
+// serves them all.
+inline int32_t split_tail_ctas(const BwdParams& params) {
+  if (params.packed.cu_seqlens_q != nullptr || params.tail_chunk_min <= 0) return 0;
+  if (params.shape.mask != MaskKind::kFull) return 0;  // Shift::tail
+  if (params.schedule != ScheduleKind::kShift && params.schedule != ScheduleKind::kShiftCausal) return 0;
+  return params.num_sms > 0 ? params.num_sms : 0;
 }
 
 // kernel_headdim: the head dim of the kernel that runs the call (common/head_dims.h); its dQ tiles are that wide.
-// split: split_tail_of the call.
-inline BwdWorkspaceLayout bwd_workspace_layout(const AttnShape& s, int32_t kernel_headdim, SplitTailSize split) {
+// split_ctas: split_tail_ctas of the call.
+inline BwdWorkspaceLayout bwd_workspace_layout(const AttnShape& s, int32_t kernel_headdim, int32_t split_ctas) {
   auto align = [](size_t x) { return (x + 127) / 128 * 128; };
   BwdWorkspaceLayout w;
   const BwdTileConfig cfg = bwd_tile_config(kernel_headdim);
@@ -385,12 +375,11 @@ inline BwdWorkspaceLayout bwd_workspace_layout(const AttnShape& s, int32_t kerne
   if (cfg.gemm_stats) off = align(off + bh * w.seqlen_q_rounded * kGemmStatRowBytes);
   w.semaphores = off;
   off = align(off + bh * w.num_m_blocks * size_t(cfg.dq_parts) * sizeof(int32_t));
-  const size_t slots = size_t(sched::TailSplit::max_slots(split.ctas, split.tiles_per_unit));
-  w.split_counters_count = static_cast<int32_t>(sched::TailSplit::max_tiles(split.ctas, split.tiles_per_unit));
+  w.split_ctas = split_ctas;
   w.split_partials = off;
-  off = align(off + slots * split_slot_floats(cfg, kernel_headdim) * sizeof(float));
+  off = align(off + 2 * size_t(split_ctas) * split_slot_floats(cfg, kernel_headdim) * sizeof(float));
   w.split_counters = off;
-  off = align(off + size_t(w.split_counters_count) * sizeof(int32_t));
+  off = align(off + size_t(split_ctas) * sizeof(int32_t));
   w.total = off;
   return w;
 }

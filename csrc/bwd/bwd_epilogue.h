@@ -150,10 +150,10 @@ struct DkDvStore {
     }
   }
 
-  // The shift schedules' split tail (schedule/tail_split.h): this CTA ran one piece of `tile`, and dk/dv hold the
-  // piece's partial sums. Every piece stores them in fp32, in the tile's (row, column) layout, in its slot and counts
-  // itself in the tile's counter; the piece that finishes last adds the slots in piece order and stores dK and dV, so
-  // the sum does not depend on which piece finishes last. The adding runs in plain loops over the slots, after the accumulators are
+  // Shift's split tail (schedule/tail_split.h): this CTA ran one piece of `tile`, and dk/dv hold the piece's partial
+  // sums. Every piece stores them in fp32, in the tile's (row, column) layout, in its slot and counts itself in the
+  // unit's counter; the piece that finishes last adds the slots in piece order and stores dK and dV, so the sum does
+  // not depend on which piece finishes last. The adding runs in plain loops over the slots, after the accumulators are
   // dead: done in the accumulators' registers (unrolled), it made the step loop around it spill (hdim 64 full: 104 ->
   // 312 bytes). Calls that split have kHeadDim columns in dK and dV (bwd_problem), so every column is stored.
   template <class FragK, class FragV, class ThrMma>
@@ -163,8 +163,9 @@ struct DkDvStore {
     constexpr int kCols = T::kHeadDim;
     constexpr int kTileElems = T::kBlockN * kCols;
     const sched::TailSplit& ts = p.sched.tail;
-    const auto pieces = p.sched.template pieces<T>(tile);
-    const int32_t i = pieces.tile, first = pieces.first, last = pieces.last;
+    const sched::Problem& pr = p.sched.problem;
+    const int32_t i = static_cast<int32_t>(sched::Shift::Units::unit_of(pr, tile) - ts.first_unit);
+    const int32_t first = ts.first_chunk(i), last = ts.last_chunk(i);
     auto slot_of = [&](int32_t c) { return p.split_partials + int64_t(ts.slot(i, c)) * (2 * kTileElems); };
     float* own = slot_of(blockIdx.x);
     Tensor tc = thr.partition_C(make_identity_tensor(Shape<typename T::BN, typename T::HD>{}));

@@ -32,7 +32,7 @@ struct BwdWorkspaceViews {
   float* dq_accum;
   int32_t* semaphores;
   cutlass::bfloat16_t* gemm_stats;  // RowStats::kGemmInit kernels only, else null
-  float* split_partials;            // the split tail (split_tail_of), else null
+  float* split_partials;            // shift's split tail (split_tail_ctas > 0), else null
   int32_t* split_counters;
 };
 
@@ -43,10 +43,10 @@ sched::Problem bwd_problem(const BwdParams& params) {
   sched::Problem prob{s.batch, s.nheads, s.nheads_k, s.seqlen_q, s.seqlen_k, T::kBlockM, T::kBlockN,
                       T::kMask, s.window_left, s.window_right, 0};
   prob.num_ctas = bwd_num_ctas(params, prob);
-  // The split tail: packed sequences skip visits past each sequence's end, so their items stay whole tiles; a
+  // Shift's split tail: packed sequences skip visits past each sequence's end, so their items stay whole tiles; a
   // piece's partial dK/dV are stored with every one of the kernel's columns, so q, k and v must have kHeadDim; the
-  // workspace holds the split's regions only where split_tail_of allows it.
-  const bool split = !T::kPacked && split_tail_of(params).ctas >= prob.num_ctas && s.headdim == T::kHeadDim &&
+  // workspace holds the split's regions only where split_tail_ctas allows it.
+  const bool split = !T::kPacked && split_tail_ctas(params) >= prob.num_ctas && s.headdim == T::kHeadDim &&
                      value_head_dim(s) == T::kHeadDim;
   prob.tail_chunk_min = split ? params.tail_chunk_min : 0;
   prob.shift_spacing = params.shift_spacing;
@@ -133,9 +133,9 @@ template <int kHeadDim, class Element, MaskKind kMask, ScoreMod kScoreMod, SeqLa
 void launch_bwd(const BwdParams& params, cudaStream_t stream, int32_t stages) {
   using T = BwdTraits<kHeadDim, Element, kMask, kScoreMod, kLayout>;
   const AttnShape& s = params.shape;
-  const BwdWorkspaceLayout ws = bwd_workspace_layout(s, kHeadDim, split_tail_of(params));
+  const BwdWorkspaceLayout ws = bwd_workspace_layout(s, kHeadDim, split_tail_ctas(params));
   char* base = static_cast<char*>(params.workspace);
-  const bool split = ws.split_counters_count > 0;
+  const bool split = ws.split_ctas > 0;
   const BwdWorkspaceViews views{reinterpret_cast<float*>(base + ws.lse_log2), reinterpret_cast<float*>(base + ws.dsum),
                                 reinterpret_cast<float*>(base + ws.dq_accum),
                                 reinterpret_cast<int32_t*>(base + ws.semaphores),
@@ -150,7 +150,7 @@ void launch_bwd(const BwdParams& params, cudaStream_t stream, int32_t stages) {
                        views.lse_log2, views.dsum, views.semaphores,
                        s.seqlen_q, ws.seqlen_q_rounded, s.nheads, ws.num_m_blocks, value_head_dim(s),
                        params.packed, views.gemm_stats, 1.f / (score_scales(s).softmax * float(M_LOG2E)),
-                       views.split_counters, ws.split_counters_count};
+                       views.split_counters, ws.split_ctas};
   if ((stages & BwdStage::kPreprocess) && ws.num_m_blocks > 0) {
     bwd_preprocess_kernel<kHeadDim, T::kBlockM, Element, kLayout, T::kGemmStats>
         <<<tile_grid, kPreprocessThreads, 0, stream>>>(pre);

@@ -408,7 +408,7 @@ CUTLASS_DEVICE void consumer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<
         const KvTileRef tile{srec.batch, srec.head_k, srec.n_block};  // read before the stage is released
         reinterpret_cast<Barrier&>(ss.q_empty[stage]).arrive();
         // A piece of a split tile stores its partial sums; the last piece to finish stores the tile. Only the
-        // batched full and causal kernels split (ScheduleRef::splits_tail).
+        // batched full-mask kernels split (ScheduleRef::splits_tail).
         bool piece = false;
         if constexpr (ScheduleRef::splits_tail<T>()) piece = (flags & VisitRecord::kPiece) != 0;
         if (piece) {

@@ -37,7 +37,7 @@ struct PreprocessParams {
   // the main kernel's scale_log2.
   cutlass::bfloat16_t* gemm_stats;
   float inv_scale_log2;
-  // Pieces finished per tile of the split tail (bwd_epilogue.h): zeroed by the first CTA.
+  // Pieces finished per unit of shift's split tail (bwd_epilogue.h): zeroed by the first CTA.
   int32_t* split_counters;
   int32_t num_split_counters;
 };

@@ -104,7 +104,7 @@ CUTLASS_DEVICE void producer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<
         }
       }
       const sched::StepRange steps =
-          p.sched.template in_tail<T>(it) ? p.sched.template tail_steps<T>(cta_index(), it) : sched::StepRange{0, nv};
+          p.sched.template in_tail<T>(it) ? p.sched.tail_steps(cta_index(), it) : sched::StepRange{0, nv};
       set_word(kStepLo, steps.lo);
       set_word(kStepEnd, steps.hi);
       set_word(kPiece, steps.lo > 0 || steps.hi < nv ? VisitRecord::kPiece : 0);

@@ -13,8 +13,8 @@ namespace dash::bwd {
 // instead of evaluating the schedule themselves: the schedule arithmetic (64-bit divisions, five schedule kinds)
 // stays in the producer warp and out of the consumers' register budget.
 struct VisitRecord {
-  // kPiece: the visit's item runs only part of its tile's steps (a split tail); the dK/dV it ends with are a partial
-  // sum (bwd_epilogue.h).
+  // kPiece: the visit's item runs only part of its tile's steps (shift's split tail); the dK/dV it ends with are a
+  // partial sum (bwd_epilogue.h).
   enum Flags : int32_t { kFirst = 1, kLast = 2, kEmptyTile = 4, kEnd = 8, kPiece = 16 };
   int32_t batch, head_k, n_block;  // the KV tile
   int32_t head, m_block, wait_target;
@@ -101,7 +101,7 @@ struct BwdKernelParams {
   // RowStats::kGemmInit only: GemmStatLines (batch, nheads, seqlen_q_rounded / 2). Last, so that the other kernels keep
   // their parameter offsets.
   const cutlass::bfloat16_t* gemm_stats;
-  // The split tail (schedule/tail_split.h, bwd_epilogue.h): the pieces' partial dK/dV slots and the per-tile
+  // Shift's split tail (schedule/tail_split.h, bwd_epilogue.h): the pieces' partial dK/dV slots and the per-unit
   // counts of finished pieces; null where the call cannot split.
   float* split_partials;
   int32_t* split_counters;

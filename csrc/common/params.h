@@ -100,7 +100,7 @@ struct FwdParams {
   PackedSeqs packed;    // last, so that the fields above keep their offsets
 };
 
-// A chunk of a split tail also pays a K/V load and a partial dK/dV store, and the last piece of a tile adds up
+// A chunk of shift's split tail also pays a K/V load and a partial dK/dV store, and the last piece of a tile adds up
 // to V / chunk partials: chunks shorter than this cost more than the idle CTAs they fill.
 constexpr int32_t kDefaultTailChunkMin = 16;
 
@@ -131,8 +131,8 @@ struct BwdParams {
   void* workspace = nullptr;       // dash_bwd_workspace_bytes(params) bytes, any content (kernels zero what they need)
   size_t workspace_bytes = 0;
   PackedSeqs packed;  // after the fields above, which keep their offsets
-  // Shortest chunk, in steps, of the split last wave of shift and shift_causal (schedule/tail_split.h); 0: never
-  // split. Users keep the default; the benchmark varies it to measure the split (dash_bench --tail-chunks).
+  // Shortest chunk, in steps, of shift's split last wave (schedule/tail_split.h); 0: never split. Users keep the
+  // default; the benchmark varies it to measure the split (dash_bench --tail-chunks).
   int32_t tail_chunk_min = kDefaultTailChunkMin;
   // Users keep the default; the benchmark varies it (dash_bench --shift-spacings).
   ShiftSpacing shift_spacing = ShiftSpacing::kSpread;

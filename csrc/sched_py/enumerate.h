@@ -30,20 +30,18 @@ struct Enumeration {
 // Launch index of the unit holding item k of CTA `cta` (mirrors the item layout of each schedule).
 template <class S>
 int64_t unit_of_item(const Problem& p, int32_t cta, int64_t k) {
+  if constexpr (std::is_same_v<S, Shift> || std::is_same_v<S, ShiftCausal>) {
+    // shift's split tail (shift_causal falls back to shift): a CTA's tail items are consecutive units.
+    const TailSplit ts = Shift::applies(p) ? Shift::tail(p) : TailSplit{};
+    if (Shift::in_tail(ts, k)) return ts.unit_of_item(cta, k);
+  }
   if constexpr (std::is_same_v<S, ShiftCausal>) {
     if (ShiftCausal::applies(p)) {
-      const TailSplit ts = ShiftCausal::tail(p);
-      if (ts.in_tail(k)) return ts.unit_of_tile(ts.tile_of_item(cta, k, ShiftCausal::tail_points(p, ts)));
       const auto l = ShiftCausal::layout(p);
       const int64_t pairs = Snake::units_on(l.pair_units, p.num_ctas, cta);
       const int64_t unit_k = k < 2 * pairs ? k / 2 : pairs + (k - 2 * pairs);
       return Snake::unit_at(p.num_ctas, cta, unit_k);
     }
-  }
-  if constexpr (std::is_same_v<S, Shift> || std::is_same_v<S, ShiftCausal>) {
-    // shift's split tail (shift_causal falls back to shift): a CTA's tail items are consecutive units.
-    const TailSplit ts = Shift::applies(p) ? Shift::tail(p) : TailSplit{};
-    if (ts.in_tail(k)) return ts.unit_of_tile(ts.tile_of_item(cta, k, OneTileUnits{}));
   }
   return Snake::unit_at(p.num_ctas, cta, k);
 }

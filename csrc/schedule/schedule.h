@@ -61,7 +61,7 @@ DASH_HD inline ScheduleKind resolve_schedule(ScheduleKind kind, const Problem& p
 }
 
 // Steps [lo, hi) of item k of CTA `cta`, tile t = S::item(p, cta, k): all of the tile's visits, except where a
-// schedule runs a tile in pieces (the shift schedules' tail, tail_split.h), which then defines S::item_steps.
+// schedule runs a unit in pieces (shift's tail, tail_split.h), which then defines S::item_steps.
 template <class S, class = void>
 struct HasItemSteps : std::false_type {};
 template <class S>
@@ -88,8 +88,8 @@ struct Applied : S {
 };
 template <>
 struct Applied<Spt> : Spt {};  // its own slot_of_item / visit_at (waves.h, spt.h)
-// The kernel's shift and shift_causal cover the whole waves only: bwd_tile_scheduler.h keeps the split tail
-// (tail_split.h) from the host and routes the tail's items to the schedule's tail functions before it dispatches.
+// The kernel's shift covers the whole waves only: bwd_tile_scheduler.h keeps the split tail (tail_split.h) from the
+// host and routes the tail's items to Shift's tail_* functions before it dispatches.
 template <>
 struct Applied<Shift> : Shift {
   DASH_HD static int64_t num_items(const Problem& p, int32_t cta) { return Units::num_items(p, cta); }
@@ -103,8 +103,8 @@ struct Applied<Shift> : Shift {
 };
 template <>
 struct Applied<ShiftCausal> : ShiftCausal {
-  DASH_HD static int64_t num_items(const Problem& p, int32_t cta) { return whole_num_items(p, cta); }
-  DASH_HD static KvTile item(const Problem& p, int32_t cta, int64_t k) { return whole_item(p, cta, k); }
+  DASH_HD static int64_t num_items(const Problem& p, int32_t cta) { return num_items_applied(p, cta); }
+  DASH_HD static KvTile item(const Problem& p, int32_t cta, int64_t k) { return item_applied(p, cta, k); }
   DASH_HD static Visit visit_at(const Problem& p, const KvTile& t, int32_t step, int32_t r) {
     return visit_applied(p, t, step, r);
   }

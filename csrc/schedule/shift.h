@@ -42,7 +42,7 @@ struct Shift {
   // the full-mask kernels alone (windows that leave every tile pair live keep whole units).
   DASH_HD static TailSplit tail(const Problem& p) {
     if (p.mask != MaskKind::kFull) return TailSplit{};
-    return TailSplit::of(p, Units::num_units(p), group_size(p) * num_m_blocks(p), 1);
+    return TailSplit::of(p, Units::num_units(p), group_size(p) * num_m_blocks(p));
   }
 
   // The schedule proper, for problems where applies(p) holds (the kernel resolves the fallback once, on the host).
@@ -54,7 +54,7 @@ struct Shift {
   }
   DASH_HD static StepRange item_steps_applied(const Problem& p, int32_t cta, int64_t k) {
     const TailSplit ts = tail(p);
-    return ts.in_tail(k) ? tail_steps(p, ts, cta, k) : StepRange{0, group_size(p) * num_m_blocks(p)};
+    return in_tail(ts, k) ? tail_steps(ts, cta, k) : StepRange{0, group_size(p) * num_m_blocks(p)};
   }
   DASH_HD static Visit visit_applied(const Problem& p, const KvTile& t, int32_t step, int32_t r) {
     const TailSplit ts = tail(p);
@@ -64,15 +64,17 @@ struct Shift {
 
   // The items given the split ts = tail(p), which the kernel derives once on the host (bwd_tile_scheduler.h).
   DASH_HD static int64_t num_items_with(const Problem& p, const TailSplit& ts, int32_t cta) {
-    return ts.active ? ts.whole_items() + ts.tiles_in(cta, OneTileUnits{}) : Units::num_items(p, cta);
+    return ts.active ? ts.waves + ts.units_in(cta) : Units::num_items(p, cta);
   }
   DASH_HD static KvTile item_with(const Problem& p, const TailSplit& ts, int32_t cta, int64_t k) {
-    if (!ts.in_tail(k)) return Units::item(p, cta, k);
-    return Units::tile_of_unit(p, ts.unit_of_tile(ts.tile_of_item(cta, k, OneTileUnits{})));
+    return in_tail(ts, k) ? Units::tile_of_unit(p, ts.unit_of_item(cta, k)) : Units::item(p, cta, k);
   }
-  DASH_HD static StepRange tail_steps(const Problem&, const TailSplit& ts, int32_t cta, int64_t k) {
-    return ts.steps(ts.tile_of_item(cta, k, OneTileUnits{}), cta, OneTileUnits{});
+  // Item k of a CTA belongs to the split tail.
+  DASH_HD static bool in_tail(const TailSplit& ts, int64_t k) { return ts.active && k >= ts.waves; }
+  DASH_HD static StepRange tail_steps(const TailSplit& ts, int32_t cta, int64_t k) {
+    return ts.steps(ts.tail_index(cta, k), cta);
   }
+
   // Spacing k of the start tiles (ShiftSpacing): 2 where M >= 2N, else 1.
   DASH_HD static int32_t spacing(const Problem& p) {
     if (p.shift_spacing == ShiftSpacing::kAdjacent) return 1;
@@ -81,12 +83,6 @@ struct Shift {
   // Start tile of KV tile j, j k mod M: with k = 2, 2j < 2N <= M.
   DASH_HD static int32_t start_tile(int32_t j, int32_t k, int32_t M) {
     return k == 1 ? static_cast<int32_t>(static_cast<uint32_t>(j) % static_cast<uint32_t>(M)) : 2 * j;
-  }
-
-  DASH_HD static OneTileUnits tail_points(const Problem&, const TailSplit&) { return OneTileUnits{}; }
-  // Index tau of tile t in the tail (tail_split.h): its unit's, one tile a unit.
-  DASH_HD static int32_t tail_tile(const Problem& p, const TailSplit& ts, const KvTile& t) {
-    return static_cast<int32_t>(Units::unit_of(p, t) - ts.first_unit);
   }
 
   // A visit of a unit of the whole waves. 32-bit per visit: the start tile and s lie in [0, M), and the wave's local
@@ -130,14 +126,14 @@ struct Shift {
     const StepSplit st = split_step(step, g, t.head_k);
     const int32_t k = spacing(p);
     const int32_t m = pos_mod_near(start_tile(j, k, M) + st.s, M);
-    const int32_t i = tail_tile(p, ts, t);
-    const int32_t mine = ts.position(i, step, OneTileUnits{});
+    const int32_t i = static_cast<int32_t>(Units::unit_of(p, t) - ts.first_unit);
+    const int32_t mine = ts.position(i, step);
     const int32_t lo = j > i ? j - i : 0;
     const int32_t h = step - st.s * g;
     int32_t sooner = 0;
     for (int32_t jp = lo; jp < N; ++jp) {
       const int32_t ip = i + jp - j;
-      const int32_t theirs = ts.position(ip, pos_mod_near(m - start_tile(jp, k, M), M) * g + h, OneTileUnits{});
+      const int32_t theirs = ts.position(ip, pos_mod_near(m - start_tile(jp, k, M), M) * g + h);
       sooner += (theirs < mine || (theirs == mine && ip < i)) ? 1 : 0;
     }
     return Visit{st.head, m, lo + sooner};

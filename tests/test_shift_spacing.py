@@ -1,6 +1,6 @@
 """Shift's start-tile spacing (csrc/schedule/shift.h, ShiftSpacing): KV tile j starts at Q tile j k, k = 2 where
-M >= 2N (spread, the default), or k = 1 (adjacent, the DASH paper's). CPU only: the schedule engine's own
-C++ (dash_attn._sched) against the execution model and a re-derivation of the visits."""
+M >= 2N and block_n >= 2 block_m (spread, the default), or k = 1 (adjacent, the DASH paper's). CPU only: the
+schedule engine's own C++ (dash_attn._sched) against the execution model and a re-derivation of the visits."""
 import numpy as np
 import pytest
 
@@ -11,11 +11,13 @@ _sched = pytest.importorskip("dash_attn._sched")
 SHIFT = schedule.SCHEDULE_IDS["shift"]
 SPREAD, ADJACENT = 0, 1
 
-# M = 2N (hdim 128's tiles), M = 4N + ragged tiles, GQA, M < 2N (spread falls back to k = 1), several batch entries.
+# M = 2N (hdim 128's tiles), M = 4N + ragged tiles, GQA, square tiles with M < 2N and with M >= 2N (both k = 1),
+# several batch entries.
 SHAPES = [
     dict(batch=1, nheads=3, nheads_k=3, seqlen_q=2048, seqlen_k=2048, block_m=64, block_n=128, mask=0),
     dict(batch=2, nheads=4, nheads_k=2, seqlen_q=1000, seqlen_k=490, block_m=32, block_n=128, mask=0),
     dict(batch=1, nheads=2, nheads_k=1, seqlen_q=1500, seqlen_k=1100, block_m=64, block_n=64, mask=0),
+    dict(batch=1, nheads=2, nheads_k=2, seqlen_q=1500, seqlen_k=500, block_m=64, block_n=64, mask=0),
 ]
 
 
@@ -26,7 +28,7 @@ def _problem(shape, ctas, spacing, split=True):
 
 def _spacing(p):
     M, N = _sched.num_m_blocks(p), _sched.num_n_blocks(p)
-    return 2 if p.shift_spacing == SPREAD and M >= 2 * N else 1
+    return 2 if p.shift_spacing == SPREAD and 2 * p.block_m <= p.block_n and M >= 2 * N else 1
 
 
 @pytest.mark.parametrize("spacing", [SPREAD, ADJACENT], ids=["spread", "adjacent"])
@@ -57,7 +59,7 @@ def test_q_tiles_and_arrival_spacing(shape, spacing):
             gaps = np.diff(steps)
             assert np.all(gaps >= k) and (M != k * N or np.all(gaps == k)), (tile, steps)
     elif spacing == SPREAD:
-        assert k == 1  # M < 2N: the spread falls back to adjacent start tiles
+        assert k == 1  # M < 2N or square tiles: the spread falls back to adjacent start tiles
 
 
 def test_spread_is_the_default_and_validated():

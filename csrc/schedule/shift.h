@@ -1,7 +1,8 @@
 // Shift (DASH, full mask): KV tile j visits Q tile (j k + s) mod M at step s, so at any step the KV tiles of a head
 // sit on distinct Q tiles and pi = arrival order never waits: makespan M(c+r), the lower bound, when a head's KV tiles
 // run together and M >= their number. k = 1 in the DASH paper (ShiftSpacing::kAdjacent); by default k = 2 where
-// M >= 2N (2N <= M keeps the start tiles distinct; hdim 128's tiles have M = 2N), so a dQ tile's contributors
+// M >= 2N with Q tiles at most half as tall as KV tiles (2N <= M keeps the start tiles distinct; hdim 128's tiles
+// have M = 2N), so a dQ tile's contributors
 // arrive two steps apart instead of one: a deterministic add then waits only if the previous contributor's CTA runs
 // more than a step (less its reduce) behind, where with k = 1 any lag stalls the chain. k = 2 and not M / N:
 // the producer warp's 24 registers take a shift, not a division by k, per visit.
@@ -75,9 +76,11 @@ struct Shift {
     return ts.steps(ts.tail_index(cta, k), cta);
   }
 
-  // Spacing k of the start tiles (ShiftSpacing): 2 where M >= 2N, else 1.
+  // Spacing k of the start tiles (ShiftSpacing): 2 where M >= 2N and Q tiles are at most half as tall as KV tiles
+  // (hdim 128), else 1. The tile shapes are the kernel's constants, so kernels with square tiles (hdim 64, 256, where
+  // M >= 2N needs seqlen_q >= 2 seqlen_k) carry no spread code: there it cost hdim 64 full 3-5% at 4k.
   DASH_HD static int32_t spacing(const Problem& p) {
-    if (p.shift_spacing == ShiftSpacing::kAdjacent) return 1;
+    if (p.shift_spacing == ShiftSpacing::kAdjacent || 2 * p.block_m > p.block_n) return 1;
     return num_m_blocks(p) >= 2 * num_n_blocks(p) ? 2 : 1;
   }
   // Start tile of KV tile j, j k mod M: with k = 2, 2j < 2N <= M.

@@ -279,6 +279,25 @@ Options parse_args(int argc, char** argv) {
   return o;
 }
 
+// Replaces the backward variants with `settings` copies of them (none: left as they are), copy c set by
+// apply(variant, c), which returns the suffix of its name; all copies are timed in one round robin (an A/B in one
+// binary: --tail-chunks, --shift-spacings).
+template <class Apply>
+void copies_per_setting(std::vector<dash::BwdParams>& variants, std::vector<std::string>& names, size_t settings,
+                        Apply&& apply) {
+  if (settings == 0) return;
+  const std::vector<dash::BwdParams> base = variants;
+  const std::vector<std::string> base_names = names;
+  variants.clear();
+  names.clear();
+  for (size_t c = 0; c < settings; ++c) {
+    for (size_t i = 0; i < base.size(); ++i) {
+      variants.push_back(base[i]);
+      names.push_back(base_names[i] + apply(variants.back(), c));
+    }
+  }
+}
+
 // ------------------------------------------------------------------------------------------------ reporting
 
 // Times of the backward's kernels launched alone through dash_bwd_stages (backward rows with --stages only).
@@ -441,35 +460,14 @@ class Bench {
       variants.push_back(bwd);
       names.push_back(std::string("bwd ") + s.name);
     }
-    if (!opt_.tail_chunks.empty()) {
-      const size_t n = variants.size();
-      const std::vector<std::string> base_names = names;
-      for (size_t c = 0; c < opt_.tail_chunks.size(); ++c) {
-        for (size_t i = 0; i < n; ++i) {
-          if (c > 0) {
-            variants.push_back(variants[i]);
-            names.push_back(base_names[i]);
-          }
-          variants[c * n + i].tail_chunk_min = opt_.tail_chunks[c];
-          names[c * n + i] = base_names[i] + " tail" + std::to_string(opt_.tail_chunks[c]);
-        }
-      }
-    }
-    if (!opt_.shift_spacings.empty()) {
-      const size_t n = variants.size();
-      const std::vector<std::string> base_names = names;
-      for (size_t c = 0; c < opt_.shift_spacings.size(); ++c) {
-        for (size_t i = 0; i < n; ++i) {
-          if (c > 0) {
-            variants.push_back(variants[i]);
-            names.push_back(base_names[i]);
-          }
-          const bool spread = opt_.shift_spacings[c] == dash::ShiftSpacing::kSpread;
-          variants[c * n + i].shift_spacing = opt_.shift_spacings[c];
-          names[c * n + i] = base_names[i] + (spread ? " spread" : " adjacent");
-        }
-      }
-    }
+    copies_per_setting(variants, names, opt_.tail_chunks.size(), [&](dash::BwdParams& v, size_t c) {
+      v.tail_chunk_min = opt_.tail_chunks[c];
+      return " tail" + std::to_string(opt_.tail_chunks[c]);
+    });
+    copies_per_setting(variants, names, opt_.shift_spacings.size(), [&](dash::BwdParams& v, size_t c) {
+      v.shift_spacing = opt_.shift_spacings[c];
+      return std::string(opt_.shift_spacings[c] == dash::ShiftSpacing::kSpread ? " spread" : " adjacent");
+    });
     // One workspace for every variant: the largest they ask (a split tail adds regions to its calls only).
     size_t ws = 0;
     for (const dash::BwdParams& v : variants) ws = std::max(ws, dash_bwd_workspace_bytes(&v));

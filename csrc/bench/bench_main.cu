@@ -17,7 +17,9 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <initializer_list>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "bench/bench_flops.h"
@@ -160,6 +162,23 @@ int parse_int(const char* argv0, const std::string& flag, const std::string& tex
   return static_cast<int>(v);
 }
 
+// The values of a comma list of names, each looked up in `names`; an unknown name is a usage error.
+template <class V>
+std::vector<V> parse_names(const char* argv0, const std::string& flag, const std::string& text,
+                           std::initializer_list<std::pair<const char*, V>> names) {
+  std::vector<V> out;
+  for (const auto& item : split(text)) {
+    const auto it = std::find_if(names.begin(), names.end(), [&](const auto& n) { return item == n.first; });
+    if (it == names.end()) {
+      std::string known;
+      for (const auto& n : names) known += (known.empty() ? "" : ", ") + std::string(n.first);
+      bad_arg(argv0, flag + ": unknown value '" + item + "' (" + known + ")");
+    }
+    out.push_back(it->second);
+  }
+  return out;
+}
+
 Options parse_args(int argc, char** argv) {
   Options o;
   o.hdims = built_hdims();
@@ -181,13 +200,9 @@ Options parse_args(int argc, char** argv) {
       o.seqlens.clear();
       for (const auto& s : split(value(i))) o.seqlens.push_back(parse_int(argv[0], a, s, 1));
     } else if (a == "--masks") {
-      o.masks.clear();
-      for (const auto& s : split(value(i))) {
-        if (s == "full") o.masks.push_back(MaskKind::kFull);
-        else if (s == "causal") o.masks.push_back(MaskKind::kCausal);
-        else if (s == "window") o.masks.push_back(MaskKind::kWindow);
-        else bad_arg(argv[0], "--masks: unknown mask '" + s + "' (full, causal, window)");
-      }
+      o.masks = parse_names<MaskKind>(
+          argv[0], a, value(i),
+          {{"full", MaskKind::kFull}, {"causal", MaskKind::kCausal}, {"window", MaskKind::kWindow}});
     } else if (a == "--window") {
       const std::vector<std::string> lr = split(value(i));
       if (lr.size() != 2) bad_arg(argv[0], "--window takes LEFT,RIGHT");
@@ -247,16 +262,8 @@ Options parse_args(int argc, char** argv) {
       o.tail_chunks.clear();
       for (const auto& t : split(value(i))) o.tail_chunks.push_back(parse_int(argv[0], a, t, 0));
     } else if (a == "--shift-spacings") {
-      o.shift_spacings.clear();
-      for (const auto& t : split(value(i))) {
-        if (t == "spread") {
-          o.shift_spacings.push_back(dash::ShiftSpacing::kSpread);
-        } else if (t == "adjacent") {
-          o.shift_spacings.push_back(dash::ShiftSpacing::kAdjacent);
-        } else {
-          bad_arg(argv[0], a + ": spread or adjacent, not " + t);
-        }
-      }
+      o.shift_spacings = parse_names<dash::ShiftSpacing>(
+          argv[0], a, value(i), {{"spread", dash::ShiftSpacing::kSpread}, {"adjacent", dash::ShiftSpacing::kAdjacent}});
     } else if (a == "--no-flush") {
       o.timing.flush_l2 = false;
     } else if (a == "--csv") {

@@ -2,10 +2,10 @@
 // sit on distinct Q tiles and pi = arrival order never waits: makespan M(c+r), the lower bound, when a head's KV tiles
 // run together and M >= their number. k = 1 in the DASH paper (ShiftSpacing::kAdjacent); by default k = 2 where
 // M >= 2N with Q tiles at most half as tall as KV tiles (2N <= M keeps the start tiles distinct; hdim 128's tiles
-// have M = 2N), so a dQ tile's contributors
-// arrive two steps apart instead of one: a deterministic add then waits only if the previous contributor's CTA runs
-// more than a step (less its reduce) behind, where with k = 1 any lag stalls the chain. k = 2 and not M / N:
-// the producer warp's 24 registers take a shift, not a division by k, per visit.
+// have M = 2N), so a dQ tile's contributors arrive two steps apart instead of one: a deterministic add then waits
+// only if the previous contributor's CTA runs more than a step (less its reduce) behind, where with k = 1 any lag
+// stalls the chain. k = 2 and not M / N: the producer warp's 24 registers take a shift, not a division by k, per
+// visit.
 //
 // pi is: earlier waves first; inside a wave by arrival step (m - j k) mod M, ties (N > M, k = 1) by ascending j.
 // This is the arrival order of tiles that start together and deadlock-free for every grid (waves.h).

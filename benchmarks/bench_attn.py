@@ -98,6 +98,9 @@ def parse_args(argv):
     p.add_argument("--nheads", type=int, default=None, help="query heads (default 2048 / hdim)")
     p.add_argument("--schedules", type=str_list, default=list(peers.DASH_SCHEDULES),
                    help="dash_attn deterministic schedules (default all: %s)" % ",".join(peers.DASH_SCHEDULES))
+    p.add_argument("--nondet-schedules", type=str_list, default=[],
+                   help="extra non-deterministic columns, one per visit order (%s; default none: the non-det "
+                        "column is auto's pick)" % ",".join(peers.DASH_NONDET_SCHEDULES))
     p.add_argument("--peers", type=str_list, default=None,
                    help="peers to run (default all present: %s; --quick leaves out flex, whose per-shape "
                         "torch.compile takes longer than the rest of a quick run)" % ",".join(peers.PEER_KEYS))
@@ -134,6 +137,9 @@ def parse_args(argv):
     for name in args.schedules:
         if name not in peers.DASH_SCHEDULES:
             p.error(f"--schedules: unknown schedule {name!r} (use {','.join(peers.DASH_SCHEDULES)})")
+    for name in args.nondet_schedules:
+        if name not in peers.DASH_NONDET_SCHEDULES:
+            p.error(f"--nondet-schedules: unknown schedule {name!r} (use {','.join(peers.DASH_NONDET_SCHEDULES)})")
     for key in args.peers:
         if key not in peers.PEER_KEYS:
             p.error(f"--peers: unknown peer {key!r} (use {','.join(peers.PEER_KEYS)})")
@@ -629,7 +635,8 @@ def main(argv=None):
     require_gpu(torch)
     import peers
 
-    impls = peers.build_impls(args.schedules, args.peers, with_dash=not args.no_dash, sm_margin=args.sm_margin)
+    impls = peers.build_impls(args.schedules, args.peers, with_dash=not args.no_dash, sm_margin=args.sm_margin,
+                              nondet_schedules=args.nondet_schedules)
     if not impls:
         print("nothing to run: --no-dash with --no-peers", file=sys.stderr)
         return 1

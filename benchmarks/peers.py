@@ -15,8 +15,10 @@ import importlib
 import torch
 
 DASH_SCHEDULES = ("ascending", "descending", "spt", "shift", "shift_causal", "auto")
+# Visit orders the non-deterministic backward can be asked for beside `auto` (--nondet-schedules).
+DASH_NONDET_SCHEDULES = DASH_SCHEDULES[:-1] + ("dynamic",)
 SCHEDULE_SHORT = {"ascending": "asc", "descending": "desc", "spt": "spt", "shift": "shift",
-                  "shift_causal": "shiftc", "auto": "auto"}
+                  "shift_causal": "shiftc", "auto": "auto", "dynamic": "dyn"}
 PEER_KEYS = ("cudnn", "fa2", "fa2_det", "efficient", "flex", "fa3", "fa3_det")
 
 # torch.compile recompiles flex_attention for every new shape of the grid; the default limit (8) would silently
@@ -102,9 +104,13 @@ class DashImpl(Impl):
             self.key = f"dash_det_{schedule}"
             self.label = f"dash det:{SCHEDULE_SHORT.get(schedule, schedule)}"
             self.time_fwd = False  # the forward has no schedule; the non-deterministic column times it
-        else:
-            self.key = "dash_nondet"
+        elif schedule == "auto":
+            self.key = "dash_nondet"  # the reference of the det/non-det ratios
             self.label = "dash nd"
+        else:
+            self.key = f"dash_nondet_{schedule}"
+            self.label = f"dash nd:{SCHEDULE_SHORT.get(schedule, schedule)}"
+            self.time_fwd = False
         self._module = None
         self._reason = None
 
@@ -277,11 +283,13 @@ class Fa3Impl(Impl):
                                                    softcap=problem.softcap, deterministic=self.deterministic))
 
 
-def build_impls(schedules, peer_keys, with_dash=True, sm_margin=0):
-    """Columns in table order: dash non-det, dash det per schedule, then the requested peers."""
+def build_impls(schedules, peer_keys, with_dash=True, sm_margin=0, nondet_schedules=()):
+    """Columns in table order: dash non-det (auto, then any requested visit orders), dash det per schedule, then the
+    requested peers."""
     impls = []
     if with_dash:
         impls.append(DashImpl(False, "auto", sm_margin))
+        impls.extend(DashImpl(False, s, sm_margin) for s in nondet_schedules)
         impls.extend(DashImpl(True, s, sm_margin) for s in schedules)
     makers = {
         "cudnn": lambda: SdpaImpl("cudnn"),

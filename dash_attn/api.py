@@ -7,10 +7,11 @@ import math
 from . import validation
 from .interface import _EagerAttention, _EagerVarlenAttention, _eager_cuda, _fwd, _mask_args, _resolve_deterministic
 from .interface import _varlen_fwd
-from .validation import SCHEDULES
+from .validation import NONDETERMINISTIC_SCHEDULES, SCHEDULES
 
 __all__ = ["flash_attn_func", "flash_attn_qkvpacked_func", "flash_attn_kvpacked_func", "flash_attn_varlen_func",
-           "flash_attn_varlen_qkvpacked_func", "flash_attn_varlen_kvpacked_func", "SCHEDULES"]
+           "flash_attn_varlen_qkvpacked_func", "flash_attn_varlen_kvpacked_func", "SCHEDULES",
+           "NONDETERMINISTIC_SCHEDULES"]
 
 
 def _common_args(q, softmax_scale, causal, window_size, softcap, deterministic, schedule, sm_margin):
@@ -23,8 +24,9 @@ def _common_args(q, softmax_scale, causal, window_size, softcap, deterministic, 
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(q.shape[-1])
     mask, window_left, window_right = _mask_args(window_left, window_right)
-    return (float(softmax_scale), mask, window_left, window_right, softcap, _resolve_deterministic(deterministic),
-            schedule, int(sm_margin))
+    deterministic = _resolve_deterministic(deterministic)
+    validation.check_schedule_mode(schedule, deterministic)
+    return (float(softmax_scale), mask, window_left, window_right, softcap, deterministic, schedule, int(sm_margin))
 
 
 def flash_attn_func(q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, deterministic=None,
@@ -38,7 +40,8 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, window_size=(-1, 
     causal: bottom-right aligned (query i sees key j <= i + seqlen_k - seqlen_q). window_size: (left, right), -1
     unbounded. softcap > 0: scores = softcap * tanh(scores / softcap).
     deterministic: bitwise-reproducible backward; None follows torch.are_deterministic_algorithms_enabled().
-    schedule: backward schedule name from SCHEDULES ("auto" = cost model). sm_margin: SMs the backward leaves free.
+    schedule: backward schedule name from SCHEDULES ("auto" = cost model; "dynamic", units claimed at run time, only
+    with deterministic=False). sm_margin: SMs the backward leaves free.
     Returns out (batch, seqlen_q, nheads, headdim_v), or (out, lse) with return_attn_probs, lse float32 (batch,
     nheads, seqlen_q), natural log.
     fa3_options: FlashAttention-3's other keywords (qv, q/k/v_descale, attention_chunk, num_splits, pack_gqa), so

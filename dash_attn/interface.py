@@ -28,7 +28,7 @@ class MaskKind(enum.IntEnum):
 
 
 # Mirrors dash::ScheduleKind in csrc/common/params.h ("auto" never reaches the kernels).
-SCHEDULE_IDS = {"ascending": 0, "descending": 1, "spt": 2, "shift": 3, "shift_causal": 4}
+SCHEDULE_IDS = {"ascending": 0, "descending": 1, "spt": 2, "shift": 3, "shift_causal": 4, "dynamic": 5}
 FALLBACK_SCHEDULE = "descending"
 
 _NOT_BUILT = "dash_attn._C is not built: reinstall on a machine with nvcc and a CUDA build of torch"
@@ -146,6 +146,7 @@ def _resolve_schedule_for(schedule: str, device: torch.device, batch: int, seqle
                           nheads_k: int, headdim: int, mask: int, window_left: int, window_right: int,
                           deterministic: bool, sm_margin: int) -> int:
     """The schedule id of a launch of that (batch, seqlen) problem; headdim: the head dim whose kernel runs."""
+    validation.check_schedule_mode(schedule, deterministic)  # the ops are public too: never launch a det "dynamic"
     if schedule == "auto":
         block_m, block_n = _bwd_tile_shape(headdim, mask)
         ctas = max(1, _num_sms(device.index) - sm_margin)

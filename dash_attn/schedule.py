@@ -23,10 +23,14 @@ import numpy as np
 
 from . import _sched
 
-__all__ = ["SCHEDULES", "SCHEDULE_IDS", "MASKS", "Plan", "SimResult", "tile_shape", "plan", "simulate", "choose",
-           "gantt", "gantt_compare", "main"]
+__all__ = ["SCHEDULES", "NONDETERMINISTIC_SCHEDULES", "SCHEDULE_IDS", "MASKS", "Plan", "SimResult", "tile_shape",
+           "plan", "simulate", "choose", "gantt", "gantt_compare", "main"]
 
 SCHEDULES = ("ascending", "descending", "spt", "shift", "shift_causal")
+# Orders of the non-deterministic backward only: `dynamic` claims its units at run time (csrc/schedule/dynamic.h).
+# Its plan is the static stand-in the engine enumerates (ascending KV index as the accumulation order); what the
+# kernel runs is simulate(..., deterministic=False, dispatch="greedy").
+NONDETERMINISTIC_SCHEDULES = ("dynamic",)
 # Mirrors dash::ScheduleKind (csrc/common/params.h).
 SCHEDULE_IDS: Dict[str, int] = {
     "ascending": _sched.ASCENDING,
@@ -34,6 +38,7 @@ SCHEDULE_IDS: Dict[str, int] = {
     "spt": _sched.SPT,
     "shift": _sched.SHIFT,
     "shift_causal": _sched.SHIFT_CAUSAL,
+    "dynamic": _sched.DYNAMIC,
 }
 MASKS: Dict[str, int] = {"full": _sched.MASK_FULL, "causal": _sched.MASK_CAUSAL, "window": _sched.MASK_WINDOW}
 DISPATCH = {"static": 0, "greedy": 1, "greedy_head_major": 2}
@@ -71,6 +76,13 @@ _L2_MISS_COST = 1.8
 # 2026-11-29 23:51 UTC). Fitted on the 20 descending-vs-shift(_causal) rows of that run (hdim 128 and 64, full and
 # causal, 1k-16k): 0.3 ranks all 20 like the GPU (0 ranked 5 the other way), mean ratio error 0.09 (0: 0.14).
 _L2_MISS_LATENCY = 0.3
+# The non-deterministic backward claims its units at run time (`dynamic`) on causal masks with at least this many
+# KV tiles per head. H200 against non-det shift_causal (benchmarks/RESULTS.md, 2026-12-01 16:00-16:40 UTC): hdim 256
+# (64-wide tiles) 4k-16k +3-5% in both the C++ bench and a 5-round grid; hdim 128 and 64 at 8k/16k (64 and 128
+# tiles) +0.4-1.2% round robin, -1 to +1% in the grids (neutral); at 32 tiles (hdim 128/64 4k) -0.2 to -1.5% round
+# robin. The model (greedy dispatch, no power cap) gives it 2-3% at every length: a static grid's idle last-wave SMs
+# let the busy ones clock higher under the 700 W cap, which the model does not see.
+_DYNAMIC_MIN_KV_TILES = 64
 # `choose` simulates at most this many visits per schedule; larger problems are scaled down proportionally
 # (fewer (batch, KV head) pairs and CTAs, same tile geometry) so that `auto` stays fast.
 _CHOOSE_VISIT_BUDGET = 400_000
@@ -98,8 +110,8 @@ def _schedule_id(schedule: str) -> int:
     try:
         return SCHEDULE_IDS[schedule]
     except KeyError:
-        raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r} (resolve 'auto' with choose())") \
-            from None
+        raise ValueError(f"schedule must be one of {SCHEDULES + NONDETERMINISTIC_SCHEDULES}, got {schedule!r} "
+                         "(resolve 'auto' with choose())") from None
 
 
 def _problem(mask: str, seqlen_q: int, seqlen_k: int, block_m: int, block_n: int, nheads: int, batch: int,
@@ -189,7 +201,10 @@ def plan(schedule: str, mask: str, seqlen_q: int, seqlen_k: int, block_m: int, b
 
     cu_seqlens=(cu_seqlens_q, cu_seqlens_k) plans each sequence of a varlen batch on its own (batch=1, the whole
     grid), which is how the CPU side models varlen; the kernels do not run varlen batches with these schedules yet.
+    `dynamic` off causal masks plans what the kernels run for it there: shift_causal (then shift or descending).
     """
+    if schedule in NONDETERMINISTIC_SCHEDULES and mask != "causal":
+        schedule = "shift_causal"  # what the kernels run for it there (csrc/schedule/schedule.h: resolve_schedule)
     schedule_id = _schedule_id(schedule)
     nheads_k = nheads if nheads_k is None else nheads_k
     if cu_seqlens is not None:
@@ -355,8 +370,11 @@ def choose(mask: str, seqlen_q: int, seqlen_k: int, block_m: int, block_n: int, 
            deterministic: bool = True, c: float = 1.0, r: float = 0.5, l2: L2Model = L2Model()) -> str:
     """The `auto` rule: the schedule with the smallest predicted makespan on `num_sms` CTAs (cached per shape),
     with the L2 term when `l2` is given (l2_model). Makespans within _MODEL_TOLERANCE of the best are ties, broken
-    by the measured ranking of the mask. `deterministic` selects nothing: both modes get the deterministic ranking
-    (see _choose_cached)."""
+    by the measured ranking of the mask. Both modes get the deterministic ranking (see _choose_cached), except that
+    the non-deterministic backward of a causal mask with at least _DYNAMIC_MIN_KV_TILES KV tiles per head claims
+    its units at run time (`dynamic`)."""
+    if not deterministic and mask == "causal" and -(-int(seqlen_k) // int(block_n)) >= _DYNAMIC_MIN_KV_TILES:
+        return "dynamic"
     window = None if window is None else (int(window[0]), int(window[1]))
     return _choose_cached(mask, int(seqlen_q), int(seqlen_k), int(block_m), int(block_n), int(nheads), int(batch),
                           int(num_sms), window, int(nheads if nheads_k is None else nheads_k), float(c), float(r),
@@ -450,7 +468,11 @@ def _predict_all(mask, seqlen_q, seqlen_k, block_m, block_n, nheads, batch, num_
     fastest = min(rows, key=lambda row: row[1])[0]
     nd = _sched.simulate(SCHEDULE_IDS[fastest], p, c=c, r=r, deterministic=False, dispatch=0, record=False,
                          l2_tiles=l2.l2_tiles, miss=l2.miss, miss_latency=l2.latency)
-    return rows, float(nd["makespan"])
+    # `dynamic` as the kernel runs it: units claimed in launch order, each dQ tile's first add elected.
+    dyn = _sched.simulate(SCHEDULE_IDS["dynamic"], p, c=c, r=r, deterministic=False,
+                          dispatch=DISPATCH["greedy"], record=False, l2_tiles=l2.l2_tiles, miss=l2.miss,
+                          miss_latency=l2.latency)
+    return rows, float(nd["makespan"]), float(dyn["makespan"])
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -484,8 +506,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         ap.error("--mask window needs --window LEFT RIGHT")
     nheads_k = args.heads if args.heads_k is None else args.heads_k
     l2 = l2_model(int(args.l2_mb * 2**20), block_m, block_n, args.hdim) if args.l2_mb > 0 else L2Model()
-    rows, nondet = _predict_all(args.mask, args.seqlen, seqlen_k, block_m, block_n, args.heads, batch, args.num_sms,
-                                window, nheads_k, args.c, args.r, l2)
+    rows, nondet, dynamic = _predict_all(args.mask, args.seqlen, seqlen_k, block_m, block_n, args.heads, batch,
+                                         args.num_sms, window, nheads_k, args.c, args.r, l2)
     pick = choose(args.mask, args.seqlen, seqlen_k, block_m, block_n, args.heads, batch, args.num_sms, window,
                   nheads_k, True, args.c, args.r, l2)
     print(f"mask={args.mask} seqlen_q={args.seqlen} seqlen_k={seqlen_k} hdim={args.hdim} "
@@ -496,8 +518,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     for name, t, wait, dead in rows:
         flag = "  DEADLOCK" if dead else ("  <- auto" if name == pick else "")
         print(f"{name:<14}{t:>12.1f}{t / best:>9.3f}{t / nondet:>12.3f}{wait:>18.1f}{flag}")
-    print(f"non-deterministic (arrival order after each tile's first add): {nondet:.1f}")
-    print(f"auto: {pick}")
+    print(f"non-deterministic (arrival order after each tile's first add): {nondet:.1f}; dynamic (claimed): "
+          f"{dynamic:.1f}")
+    nd_pick = choose(args.mask, args.seqlen, seqlen_k, block_m, block_n, args.heads, batch, args.num_sms, window,
+                     nheads_k, False, args.c, args.r, l2)
+    print(f"auto: {pick} (non-deterministic: {nd_pick})")
     if args.plot:
         name = args.plot_schedule or pick
         pl = plan(name, args.mask, args.seqlen, seqlen_k, block_m, block_n, args.heads, batch, args.num_sms, window,

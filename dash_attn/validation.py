@@ -13,7 +13,9 @@ from typing import Optional, Sequence, Tuple
 import torch
 
 # Backward schedule names accepted by `schedule=`; "auto" is resolved by the cost model before any launch.
-SCHEDULES = ("auto", "ascending", "descending", "spt", "shift", "shift_causal")
+SCHEDULES = ("auto", "ascending", "descending", "spt", "shift", "shift_causal", "dynamic")
+# Schedules without a fixed dQ accumulation order: the non-deterministic backward only.
+NONDETERMINISTIC_SCHEDULES = ("dynamic",)
 
 KERNEL_DTYPES = (torch.float16, torch.bfloat16)
 # The CPU reference also takes full precision so torch.autograd.gradcheck can run in float64.
@@ -148,6 +150,14 @@ def check_softmax_scale(softmax_scale) -> None:
 def check_schedule(schedule: str) -> None:
     if schedule not in SCHEDULES:
         raise ValueError(f"unknown schedule {schedule!r}: schedule must be one of {', '.join(SCHEDULES)}")
+
+
+def check_schedule_mode(schedule: str, deterministic: bool) -> None:
+    """After check_schedule, with `deterministic` resolved (None follows torch's flag)."""
+    if deterministic and schedule in NONDETERMINISTIC_SCHEDULES:
+        raise ValueError(f"schedule={schedule!r} claims work at run time and has no fixed dQ accumulation order: it "
+                         "runs only with deterministic=False; pick another schedule (or 'auto') for a deterministic "
+                         "backward")
 
 
 def check_sm_margin(sm_margin: int) -> None:

@@ -29,7 +29,8 @@ class _OpRecorder(TorchDispatchMode):
 # ----------------------------------------------------------------------------------------------------------------------
 
 def test_exports():
-    assert dash_attn.SCHEDULES == ("auto", "ascending", "descending", "spt", "shift", "shift_causal")
+    assert dash_attn.SCHEDULES == ("auto", "ascending", "descending", "spt", "shift", "shift_causal", "dynamic")
+    assert dash_attn.NONDETERMINISTIC_SCHEDULES == ("dynamic",)
     assert isinstance(dash_attn.__version__, str) and dash_attn.__version__
     assert callable(dash_attn.flash_attn_func) and callable(dash_attn.flash_attn_varlen_func)
 
@@ -47,7 +48,8 @@ def test_signatures_follow_flash_attention_3():
 
 
 def test_schedule_ids_mirror_params_h():
-    assert interface.SCHEDULE_IDS == {"ascending": 0, "descending": 1, "spt": 2, "shift": 3, "shift_causal": 4}
+    assert interface.SCHEDULE_IDS == {"ascending": 0, "descending": 1, "spt": 2, "shift": 3, "shift_causal": 4,
+                                      "dynamic": 5}
     assert set(interface.SCHEDULE_IDS) | {"auto"} == set(dash_attn.SCHEDULES)
     assert [int(m) for m in interface.MaskKind] == [0, 1, 2]
 
@@ -98,6 +100,20 @@ def test_unknown_schedule_names_the_argument_and_the_choices():
         _call(schedule="Descending")
     text = str(info.value)
     assert "schedule" in text and all(name in text for name in dash_attn.SCHEDULES)
+
+
+@pytest.mark.parametrize("schedule", dash_attn.NONDETERMINISTIC_SCHEDULES)
+def test_nondeterministic_schedule_refuses_a_deterministic_backward(schedule):
+    with pytest.raises(ValueError, match="deterministic=False"):
+        _call(schedule=schedule, deterministic=True)
+    previous = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        with pytest.raises(ValueError, match=f"schedule={schedule!r}"):
+            _call(schedule=schedule)  # deterministic=None follows torch's flag
+    finally:
+        torch.use_deterministic_algorithms(previous)
+    _call(schedule=schedule, deterministic=False)
 
 
 def test_device_mismatch():

@@ -112,6 +112,19 @@ def test_quick_grid_and_defaults():
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the exit where there is no CUDA device")
+def test_extra_non_deterministic_columns():
+    import peers
+    args = bench_attn.parse_args(["--nondet-schedules", "dynamic,shift_causal"])
+    assert args.nondet_schedules == ["dynamic", "shift_causal"]
+    assert bench_attn.parse_args([]).nondet_schedules == []
+    with pytest.raises(SystemExit):
+        bench_attn.parse_args(["--nondet-schedules", "auto"])  # already the reference column
+    impls = peers.build_impls(["shift"], [], nondet_schedules=args.nondet_schedules)
+    assert [(i.key, i.deterministic, i.time_fwd) for i in impls] == [
+        ("dash_nondet", False, True), ("dash_nondet_dynamic", False, False),
+        ("dash_nondet_shift_causal", False, False), ("dash_det_shift", True, False)]
+
+
 def test_no_gpu_gives_a_clear_message_not_a_traceback():
     run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_attn.py"), "--quick"],
                          capture_output=True, text=True, timeout=120)

@@ -20,7 +20,8 @@ from dash_attn.reference import attention_bwd_ref, attention_ref, row_statistic_
 pytestmark = pytest.mark.gpu
 
 SEED = int(os.environ.get("DASH_TEST_SEED", "0"))
-SCHEDULES = list(dash_attn.SCHEDULES)
+# The schedules a deterministic backward can run ("dynamic" has no accumulation order: tested below, non-det).
+SCHEDULES = [s for s in dash_attn.SCHEDULES if s not in dash_attn.NONDETERMINISTIC_SCHEDULES]
 
 
 def make_inputs(batch, seqlen_q, seqlen_k, nheads, nheads_k, headdim, dtype, seed=SEED):
@@ -93,6 +94,28 @@ def test_backward_sliding_window(seqlen_q, seqlen_k, window, schedule):
     """Every schedule x window x odd shape, deterministic mode, GQA 4:2, bf16, the main head dim."""
     check_backward(2, seqlen_q, seqlen_k, 4, 2, main_head_dim(), torch.bfloat16, False, schedule, True,
                    window=window)
+
+
+# Units claimed at run time and each dQ tile's first add elected as its visit loads: every mask, GQA ratio and odd
+# shape of the deterministic tests above, non-deterministic mode (the only one it runs in).
+@pytest.mark.gpu
+@pytest.mark.parametrize("seqlen_q, seqlen_k", BWD_SEQLENS, ids=[f"{a}x{b}" for a, b in BWD_SEQLENS])
+@pytest.mark.parametrize("group", [1, 2, 8])
+@pytest.mark.parametrize("mask", ["full", "causal", "window"])
+@pytest.mark.parametrize("schedule", dash_attn.NONDETERMINISTIC_SCHEDULES)
+def test_backward_nondeterministic_schedules(seqlen_q, seqlen_k, group, mask, schedule):
+    window = (100, 7) if mask == "window" else (-1, -1)
+    check_backward(2, seqlen_q, seqlen_k, 8, 8 // group, main_head_dim(), torch.bfloat16, mask == "causal", schedule,
+                   False, window=window)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("headdim", supported_head_dims())
+def test_backward_dynamic_head_dims_long(causal, dtype, headdim):
+    """Several units claimed per CTA (264 KV tiles at hdim 128 on a grid of 32), with poisoned outputs."""
+    check_backward(2, 4097, 4097, 8, 4, headdim, dtype, causal, "dynamic", False, poison=True, sm_margin=100)
 
 
 @pytest.mark.gpu

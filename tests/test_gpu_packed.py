@@ -52,6 +52,11 @@ def packed_calls(monkeypatch):
     return calls
 
 
+# The schedules of a deterministic backward ("dynamic": non-deterministic only; the packed kernels run shift_causal
+# for it, checked below).
+DET_SCHEDULES = [s for s in dash_attn.SCHEDULES if s not in dash_attn.NONDETERMINISTIC_SCHEDULES]
+
+
 def _extension_has_packed_kernels():
     return interface._extension().packed_built()
 
@@ -111,10 +116,17 @@ def test_packed_fp16(packed_calls, causal, headdim):
     _check(packed_calls, "docs", 4, 2, headdim, torch.float16, causal)
 
 
-@pytest.mark.parametrize("schedule", list(dash_attn.SCHEDULES))
+@pytest.mark.parametrize("schedule", DET_SCHEDULES)
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_packed_every_schedule_with_poisoned_outputs(packed_calls, schedule, causal):
     _check(packed_calls, "docs", 4, 4, main_head_dim(), torch.bfloat16, causal, schedule=schedule, poison=True)
+
+
+@pytest.mark.parametrize("schedule", dash_attn.NONDETERMINISTIC_SCHEDULES)
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_packed_nondeterministic_schedules(packed_calls, schedule, causal):
+    _check(packed_calls, "docs", 4, 2, main_head_dim(), torch.bfloat16, causal, deterministic=False, schedule=schedule,
+           poison=True)
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
@@ -122,7 +134,7 @@ def test_packed_with_cu_seqlens_on_the_host(packed_calls, causal):
     _check(packed_calls, "diagonals", 4, 2, main_head_dim(), torch.bfloat16, causal, cu_device="cpu")
 
 
-@pytest.mark.parametrize("schedule", list(dash_attn.SCHEDULES))
+@pytest.mark.parametrize("schedule", DET_SCHEDULES)
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_packed_deterministic_gradients_are_bitwise_identical(packed_calls, schedule, causal):
     if not _extension_has_packed_kernels():

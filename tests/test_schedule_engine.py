@@ -17,7 +17,8 @@ import pytest
 import dash_attn._sched as _sched
 from dash_attn import schedule
 
-SCHEDULE_NAMES = schedule.SCHEDULES
+# dynamic: its static stand-in (the engine's checks) and, in verify, its claimed non-deterministic run.
+SCHEDULE_NAMES = schedule.SCHEDULES + schedule.NONDETERMINISTIC_SCHEDULES
 ALL_CTAS = (1, 256)
 
 
@@ -200,6 +201,18 @@ def test_fallbacks_are_descending():
             assert np.array_equal(a.visits[k], b.visits[k])
 
 
+def test_dynamic_off_causal_masks_plans_what_the_kernels_run():
+    """The kernels claim units on causal masks only; elsewhere `dynamic` runs shift_causal's fallback."""
+    for mask, window in (("full", None), ("window", (30, 5)), ("window", (-1, 20))):
+        a = schedule.plan("dynamic", mask, 500, 500, 32, 32, 2, 2, 9, window=window)
+        b = schedule.plan("shift_causal", mask, 500, 500, 32, 32, 2, 2, 9, window=window)
+        for k in a.visits:
+            assert np.array_equal(a.visits[k], b.visits[k])
+    claimed = schedule.plan("dynamic", "causal", 500, 500, 32, 32, 2, 2, 9)
+    paired = schedule.plan("shift_causal", "causal", 500, 500, 32, 32, 2, 2, 9)
+    assert not np.array_equal(claimed.visits["n_block"], paired.visits["n_block"])
+
+
 def test_schedule_ids_match_params_h():
     import pathlib
     import re
@@ -207,9 +220,10 @@ def test_schedule_ids_match_params_h():
     ids = {m.group(1): int(m.group(2)) for m in re.finditer(r"k(\w+) = (\d+)", text.split("enum class ScheduleKind")[1]
                                                             .split("};")[0])}
     expected = {"ascending": ids["Ascending"], "descending": ids["Descending"], "spt": ids["Spt"],
-                "shift": ids["Shift"], "shift_causal": ids["ShiftCausal"]}
+                "shift": ids["Shift"], "shift_causal": ids["ShiftCausal"], "dynamic": ids["Dynamic"]}
     assert schedule.SCHEDULE_IDS == expected
     assert schedule.SCHEDULES == ("ascending", "descending", "spt", "shift", "shift_causal")
+    assert schedule.NONDETERMINISTIC_SCHEDULES == ("dynamic",)
 
 
 @pytest.mark.parametrize("name,mask", [("shift", "full"), ("shift_causal", "causal")])

@@ -229,9 +229,12 @@ void run_fwd(dash::FwdParams& p, const char* what) {
   TORCH_CHECK(rc == 0, "dash_attn ", what, " kernel failed (code ", rc, ")");
 }
 
-void check_schedule_args(int64_t schedule, int64_t sm_margin) {
-  TORCH_CHECK_VALUE(schedule >= 0 && schedule <= 4, "dash_attn: schedule id ", schedule,
+void check_schedule_args(int64_t schedule, bool deterministic, int64_t sm_margin) {
+  const int64_t last = static_cast<int64_t>(dash::ScheduleKind::kDynamic);
+  TORCH_CHECK_VALUE(schedule >= 0 && schedule <= last, "dash_attn: schedule id ", schedule,
                     " is not a concrete schedule (auto is resolved in Python)");
+  TORCH_CHECK_VALUE(!(deterministic && schedule == last), "dash_attn: schedule id ", schedule,
+                    " (dynamic) has no fixed accumulation order: it runs only with deterministic=False");
   TORCH_CHECK_VALUE(sm_margin >= 0, "dash_attn: sm_margin must be >= 0");
 }
 
@@ -293,7 +296,7 @@ void bwd(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const
                                     {"dk", &dk}, {"dv", &dv}});
   check_device(q);
   check_lse(lse);
-  check_schedule_args(schedule, sm_margin);
+  check_schedule_args(schedule, deterministic, sm_margin);
   c10::cuda::CUDAGuard guard(q.device());
   dash::BwdParams p;
   p.shape = make_shape(q, k, v, softmax_scale, mask, window_left, window_right, softcap);
@@ -345,7 +348,7 @@ void varlen_bwd(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k
   dash::BwdParams p;
   set_packed_call(p, q, k, v, lse, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k,
                   softmax_scale, mask, window_left, window_right, softcap);
-  check_schedule_args(schedule, sm_margin);
+  check_schedule_args(schedule, deterministic, sm_margin);
   c10::cuda::CUDAGuard guard(q.device());
   set_bwd_tensors(p, dout, q, k, v, out, lse, dq, dk, dv, packed_strides_of);
   run_bwd(p, q, deterministic, schedule, sm_margin, "packed backward");

@@ -47,6 +47,8 @@ constexpr NamedSchedule kSchedules[] = {
     {"ascending", ScheduleKind::kAscending}, {"descending", ScheduleKind::kDescending}, {"spt", ScheduleKind::kSpt},
     {"shift", ScheduleKind::kShift},         {"shift_causal", ScheduleKind::kShiftCausal},
 };
+// Orders only the non-deterministic backward can run (no accumulation order).
+constexpr NamedSchedule kNondetOnlySchedules[] = {{"dynamic", ScheduleKind::kDynamic}};
 
 std::vector<int> built_hdims() {
   std::vector<int> h;
@@ -111,7 +113,8 @@ void usage(const char* argv0) {
       "  --masks full,causal   masks (default both; also window)\n"
       "  --window L,R          the window mask's bounds around the diagonal, -1 = unbounded (default 1024,0)\n"
       "  --schedules a,b       deterministic schedules: ascending,descending,spt,shift,shift_causal (default all)\n"
-      "  --nondet-schedules a,b  visit orders of the non-deterministic backward, one row each (default: auto's)\n"
+      "  --nondet-schedules a,b  visit orders of the non-deterministic backward, one row each (default: auto's);\n"
+      "                        also dynamic (units claimed at run time)\n"
       "  --heads N             query heads (default %d / hdim)\n"
       "  --gqa R               query heads per KV head (default 1)\n"
       "  --softcap C           soft-capped scores, C * tanh(scores / C) (default 0: off; needs a SOFTCAP=1 build)\n"
@@ -214,12 +217,16 @@ Options parse_args(int argc, char** argv) {
       list.clear();
       for (const auto& s : split(value(i))) {
         bool found = false;
-        for (const auto& named : kSchedules) {
-          if (s == named.name) {
-            list.push_back(named);
-            found = true;
+        auto look_up = [&](const auto& table) {
+          for (const auto& named : table) {
+            if (s == named.name) {
+              list.push_back(named);
+              found = true;
+            }
           }
-        }
+        };
+        look_up(kSchedules);
+        if (a == "--nondet-schedules") look_up(kNondetOnlySchedules);
         if (!found) bad_arg(argv[0], a + ": unknown schedule '" + s + "'");
       }
     } else if (a == "--dtype") {

@@ -319,6 +319,8 @@ constexpr float kNoKeyScore = 1e30f;
 //   semaphores int32 (batch, nheads, num_m_blocks, dq_parts)  completed dQ adds per Q tile part (both modes)
 //   split_partials fp32 (2 * split_ctas, 2, block_n * d)  partial dK, dV of the pieces of shift's split tail
 //   split_counters int32 (split_ctas)  pieces finished per tail unit (schedule/tail_split.h, bwd_epilogue.h)
+//   unit_counter uint64  next unclaimed unit (ScheduleKind::kDynamic)
+//   dq_claims  int32 (batch, nheads, num_m_blocks)  visits loaded per Q tile (kDynamic: elects each tile's first add)
 // Index of a Q tile in the per-tile regions (dq_accum tiles, semaphores): the preprocess, the dQ writer and the
 // postprocess all address a tile through it.
 __host__ __device__ inline int64_t q_tile_index(int32_t batch, int32_t head, int32_t nheads, int32_t num_m_blocks,
@@ -341,7 +343,7 @@ struct BwdWorkspaceLayout {
   int32_t seqlen_q_rounded = 0;
   int32_t split_ctas = 0;
   size_t dq_accum = 0, lse_log2 = 0, dsum = 0, gemm_stats = 0, semaphores = 0, split_partials = 0,
-         split_counters = 0, total = 0;
+         split_counters = 0, unit_counter = 0, dq_claims = 0, total = 0;
 };
 
 // Grid size the split-tail regions are sized for: shift's tail is split (schedule/tail_split.h) only in batched
@@ -350,7 +352,11 @@ struct BwdWorkspaceLayout {
 inline int32_t split_tail_ctas(const BwdParams& params) {
   if (params.packed.cu_seqlens_q != nullptr || params.tail_chunk_min <= 0) return 0;
   if (params.shape.mask != MaskKind::kFull) return 0;  // Shift::tail
-  if (params.schedule != ScheduleKind::kShift && params.schedule != ScheduleKind::kShiftCausal) return 0;
+  // kDynamic runs shift_causal's fallback off causal masks (schedule.h: resolve_schedule).
+  if (params.schedule != ScheduleKind::kShift && params.schedule != ScheduleKind::kShiftCausal &&
+      params.schedule != ScheduleKind::kDynamic) {
+    return 0;
+  }
   return params.num_sms > 0 ? params.num_sms : 0;
 }
 
@@ -380,6 +386,10 @@ inline BwdWorkspaceLayout bwd_workspace_layout(const AttnShape& s, int32_t kerne
   off = align(off + 2 * size_t(split_ctas) * split_slot_floats(cfg, kernel_headdim) * sizeof(float));
   w.split_counters = off;
   off = align(off + size_t(split_ctas) * sizeof(int32_t));
+  w.unit_counter = off;
+  off = align(off + sizeof(uint64_t));
+  w.dq_claims = off;
+  off = align(off + bh * w.num_m_blocks * sizeof(int32_t));
   w.total = off;
   return w;
 }

@@ -107,6 +107,8 @@ int dash_bwd_stages(const dash::BwdParams* params, int32_t stages, void* stream)
   const dash::BwdParams& p = *params;
   const dash::AttnShape& s = p.shape;
   if (!(s.softcap >= 0.f) || p.schedule == dash::ScheduleKind::kAuto) return -1;
+  // kDynamic has no accumulation order (schedule/dynamic.h): it cannot run deterministically.
+  if (p.deterministic && p.schedule == dash::ScheduleKind::kDynamic) return -1;
   if (s.batch <= 0 || s.nheads <= 0 || s.nheads_k <= 0 || s.nheads % s.nheads_k != 0) return -1;
   if (s.seqlen_q < 0 || s.seqlen_k < 0 || p.num_sms <= 0) return -1;
   if (p.workspace_bytes < dash::bwd::bwd_workspace_layout(s, dash::kernel_head_dim(s), dash::bwd::split_tail_ctas(p)).total) {

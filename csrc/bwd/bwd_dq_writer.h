@@ -16,7 +16,9 @@
 // are copies of the tile's chain, so the deadlock argument below holds for each of them.
 //
 // Both modes: nothing zeroes the accumulator (bwd_preprocess.h). The tile's first add in schedule order
-// (wait_target 0) is a plain bulk store, completed and released like a deterministic add. The non-deterministic mode
+// (wait_target 0) is a plain bulk store, completed and released like a deterministic add. ScheduleKind::kDynamic has
+// no schedule order: the producer elects the first visit loaded as that store (bwd_producer.h) and gives every
+// other visit wait_target 1. The non-deterministic mode
 // orders only that one: its other adds wait until the semaphore is at least 1 (the store has landed), then add in
 // arrival order. Each of them is counted (+1 on the semaphore, release) once it has completed, which the writer learns
 // without stalling only one add later (wait_group kDqParts), so that the postprocess can convert a tile as soon as

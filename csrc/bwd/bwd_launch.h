@@ -34,6 +34,8 @@ struct BwdWorkspaceViews {
   cutlass::bfloat16_t* gemm_stats;  // RowStats::kGemmInit kernels only, else null
   float* split_partials;            // shift's split tail (split_tail_ctas > 0), else null
   int32_t* split_counters;
+  unsigned long long* unit_counter;  // ScheduleKind::kDynamic's claims (all calls; zeroed by the preprocess)
+  int32_t* dq_claims;
 };
 
 // The schedule's view of this launch: the kernel's tile sizes and mask, and the persistent grid size.
@@ -91,7 +93,9 @@ void launch_bwd_main(const BwdParams& params, const BwdWorkspaceLayout& ws, cons
       make_tma_copy(SM90_TMA_LOAD{}, mV, typename T::SmemLayoutK{}, Shape<BN, HD>{}, _1{}),
       mQ.shape(),
       mK.shape(),
-      ScheduleRef{prob, params.schedule},
+      ScheduleRef{prob, params.schedule == ScheduleKind::kDynamic && !ScheduleRef::claims_units<T>()
+                            ? ScheduleKind::kShiftCausal
+                            : params.schedule},
       params.deterministic,
       ws.seqlen_q_rounded,
       ws.num_m_blocks,
@@ -113,7 +117,9 @@ void launch_bwd_main(const BwdParams& params, const BwdWorkspaceLayout& ws, cons
       params.packed,
       views.gemm_stats,
       views.split_partials,
-      views.split_counters};
+      views.split_counters,
+      views.unit_counter,
+      views.dq_claims};
   if constexpr (T::kStagedEpilogue) {
     // dash_bwd_stages has checked that dk and dv are 16-byte aligned (base and strides), as TMA needs.
     auto mdK = make_qkv(params.dk, rows_k, s.headdim, s.nheads_k, batch, params.dk_stride);
@@ -141,7 +147,9 @@ void launch_bwd(const BwdParams& params, cudaStream_t stream, int32_t stages) {
                                 reinterpret_cast<int32_t*>(base + ws.semaphores),
                                 T::kGemmStats ? reinterpret_cast<cutlass::bfloat16_t*>(base + ws.gemm_stats) : nullptr,
                                 split ? reinterpret_cast<float*>(base + ws.split_partials) : nullptr,
-                                split ? reinterpret_cast<int32_t*>(base + ws.split_counters) : nullptr};
+                                split ? reinterpret_cast<int32_t*>(base + ws.split_counters) : nullptr,
+                                reinterpret_cast<unsigned long long*>(base + ws.unit_counter),
+                                reinterpret_cast<int32_t*>(base + ws.dq_claims)};
   const dim3 tile_grid(ws.num_m_blocks, s.nheads, s.batch);
 
   PreprocessParams pre{params.o, params.dout, params.lse,
@@ -150,7 +158,7 @@ void launch_bwd(const BwdParams& params, cudaStream_t stream, int32_t stages) {
                        views.lse_log2, views.dsum, views.semaphores,
                        s.seqlen_q, ws.seqlen_q_rounded, s.nheads, ws.num_m_blocks, value_head_dim(s),
                        params.packed, views.gemm_stats, 1.f / (score_scales(s).softmax * float(M_LOG2E)),
-                       views.split_counters, ws.split_ctas};
+                       views.split_counters, ws.split_ctas, views.unit_counter, views.dq_claims};
   if ((stages & BwdStage::kPreprocess) && ws.num_m_blocks > 0) {
     bwd_preprocess_kernel<kHeadDim, T::kBlockM, Element, kLayout, T::kGemmStats>
         <<<tile_grid, kPreprocessThreads, 0, stream>>>(pre);

@@ -40,6 +40,10 @@ struct PreprocessParams {
   // Pieces finished per unit of shift's split tail (bwd_epilogue.h): zeroed by the first CTA.
   int32_t* split_counters;
   int32_t num_split_counters;
+  // ScheduleKind::kDynamic's claim counters (schedule/dynamic.h): the unit counter, zeroed by the first CTA, and each
+  // Q tile's count of loaded visits, zeroed with its semaphores.
+  unsigned long long* unit_counter;
+  int32_t* dq_claims;
 };
 
 // x as kGemmStatParts bf16 parts, each the rounding of what the previous ones left.
@@ -133,9 +137,11 @@ __global__ void __launch_bounds__(kPreprocessThreads) bwd_preprocess_kernel(cons
   if (threadIdx.x == 0) {
     int32_t* sems = tile_semaphores<kHeadDim>(p.semaphores, tile_index);
     for (int part = 0; part < BwdConfig<kHeadDim>::kDqParts; ++part) sems[part] = 0;
+    p.dq_claims[tile_index] = 0;
   }
   if (blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0) {
     for (int i = threadIdx.x; i < p.num_split_counters; i += blockDim.x) p.split_counters[i] = 0;
+    if (threadIdx.x == 0) *p.unit_counter = 0;
   }
 }
 

@@ -70,6 +70,16 @@ CUTLASS_DEVICE void producer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<
 
   for (;;) {
     {
+      // ScheduleKind::kDynamic: the item is the next unclaimed unit (its launch index), whichever CTA is free first.
+      if constexpr (ScheduleRef::claims_units<T>()) {
+        if (p.sched.template dynamic<T>()) {
+          unsigned long long claimed = 0;
+          if (lane_id() == 0) claimed = atomicAdd(p.unit_counter, 1ull);
+          claimed = __shfl_sync(0xffffffffu, claimed, 0);
+          set_word(kItemLo, static_cast<uint32_t>(claimed));
+          set_word(kItemHi, static_cast<uint32_t>(claimed >> 32));
+        }
+      }
       const int64_t it = item_index();
       if (it >= p.sched.template num_items<T>(cta_index())) break;
       const KvTileRef tile = p.sched.template item<T>(cta_index(), it);
@@ -163,8 +173,20 @@ CUTLASS_DEVICE void producer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<
         // Every word() is a whole-warp shuffle: all of them above this point, where the warp is converged.
         if (lane_id() != 0 || skip) continue;
         const int32_t flags = (t == first_t ? VisitRecord::kFirst : 0) | (t == last_t ? VisitRecord::kLast : 0) | piece;
+        // kDynamic elects each dQ tile's first add as the visit is loaded (not when the lanes evaluate 32 steps
+        // ahead, which gave a tile's later Q tiles to whoever evaluated them first): the first visit loaded stores
+        // (wait target 0), every later one adds after that store (bwd_dq_writer.h). A CTA loads its visits in its
+        // execution order, so every add waits only for an earlier election: no cycle, whatever the claims. The
+        // atomic's latency overlaps next_stage's wait for the stage.
+        int32_t target = wait_target;
+        if constexpr (ScheduleRef::claims_units<T>()) {
+          if (p.sched.template dynamic<T>()) {
+            const int64_t tile_index = q_tile_index(tile.batch, head, get<2>(p.shape_q), p.num_m_blocks, m_block);
+            target = atomicAdd(p.dq_claims + tile_index, 1) == 0 ? 0 : 1;
+          }
+        }
         const int stage = next_stage(
-            VisitRecord{tile.batch, tile.head_k, tile.n_block, head, m_block, wait_target, flags},
+            VisitRecord{tile.batch, tile.head_k, tile.n_block, head, m_block, target, flags},
             2 * T::kQBytes + (T::kGemmStats ? T::kGemmStatBytes : 2 * T::kRowStatBytes));
         using QTileShape = Shape<typename T::BM, typename T::HD>;
         Tensor gQ = local_tile(sequence_of<T::kLayout>(mQ, head, tile.batch, row_q), QTileShape{},

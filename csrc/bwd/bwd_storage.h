@@ -105,6 +105,10 @@ struct BwdKernelParams {
   // counts of finished pieces; null where the call cannot split.
   float* split_partials;
   int32_t* split_counters;
+  // ScheduleKind::kDynamic (schedule/dynamic.h): the launch index of the next unclaimed unit, and per dQ tile the
+  // number of its visits loaded so far (the first one loaded stores, the others add). Zeroed by the preprocess.
+  unsigned long long* unit_counter;
+  int32_t* dq_claims;
 };
 
 using Barrier = cutlass::arch::ClusterBarrier;

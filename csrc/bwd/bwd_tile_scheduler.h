@@ -35,6 +35,23 @@ struct ScheduleRef {
   static constexpr bool splits_tail() {
     return !Fixed::kPacked && Fixed::kMask == MaskKind::kFull;
   }
+  // Kernels that claim their units at run time (ScheduleKind::kDynamic, schedule/dynamic.h): the batched causal ones,
+  // where units differ in length. The claim and election code cost the producer warp (24 registers) a few spill
+  // bytes in the full and window kernels (hdim 128 full 100 -> 104, hdim 64 window 84 -> 88), which gain nothing
+  // from it (equal units) or were not measured with it; launch_bwd_main runs shift_causal for kDynamic there.
+  template <class Fixed>
+  static constexpr bool claims_units() {
+    return !Fixed::kPacked && Fixed::kMask == MaskKind::kCausal;
+  }
+  template <class Fixed>
+  DASH_HD bool dynamic() const {
+    return claims_units<Fixed>() && kind == ScheduleKind::kDynamic;
+  }
+  // The schedule of `kind`, applied (schedule.h): kernels that never claim units compile no Dynamic code.
+  template <class Fixed, class F>
+  DASH_HD auto dispatch(F&& f) const {
+    return sched::dispatch_resolved<claims_units<Fixed>()>(kind, f);
+  }
   // Item k of a CTA is one of the split tail's (then its tile was run in pieces by consecutive CTAs).
   template <class Fixed>
   DASH_HD bool in_tail(int64_t k) const {
@@ -51,18 +68,21 @@ struct ScheduleRef {
     if constexpr (splits_tail<Fixed>()) {
       if (tail.active) return sched::Shift::num_items_with(pm, tail, cta);
     }
-    return sched::dispatch_resolved(kind, [&](auto s) { return decltype(s)::num_items(pm, cta); });
+    // Claimed units: item k is the unit of launch index k, whichever CTA claimed it.
+    if (dynamic<Fixed>()) return sched::Dynamic::num_units(pm);
+    return dispatch<Fixed>([&](auto s) { return decltype(s)::num_items(pm, cta); });
   }
   template <class Fixed>
   DASH_HD KvTileRef item(int32_t cta, int64_t k) const {
     const sched::Problem pm = fixed<Fixed>();
     if (in_tail<Fixed>(k)) return sched::Shift::item_with(pm, tail, cta, k);
-    return sched::dispatch_resolved(kind, [&](auto s) { return decltype(s)::item(pm, cta, k); });
+    if (dynamic<Fixed>()) return sched::Dynamic::unit(pm, k);
+    return dispatch<Fixed>([&](auto s) { return decltype(s)::item(pm, cta, k); });
   }
   template <class Fixed>
   DASH_HD int32_t num_visits(const KvTileRef& t) const {
     const sched::Problem pm = fixed<Fixed>();
-    return sched::dispatch_resolved(kind, [&](auto s) { return decltype(s)::num_visits(pm, t); });
+    return dispatch<Fixed>([&](auto s) { return decltype(s)::num_visits(pm, t); });
   }
   // Steps [lo, hi) of item k's tile that the item runs: all num_visits of them outside the split tail.
   DASH_HD sched::StepRange tail_steps(int32_t cta, int64_t k) const { return sched::Shift::tail_steps(tail, cta, k); }
@@ -71,7 +91,7 @@ struct ScheduleRef {
   DASH_HD VisitRef visit(int32_t cta, int64_t k, const KvTileRef& t, int32_t step) const {
     const sched::Problem pm = fixed<Fixed>();
     if (in_tail<Fixed>(k)) return sched::Shift::tail_visit(pm, tail, t, step);
-    return sched::dispatch_resolved(kind, [&](auto s) {
+    return dispatch<Fixed>([&](auto s) {
       return decltype(s)::visit_at(pm, t, step, decltype(s)::slot_of_item(pm, cta, k));
     });
   }

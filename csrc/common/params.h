@@ -26,6 +26,7 @@ enum class ScheduleKind : int32_t {
   kSpt = 2,
   kShift = 3,
   kShiftCausal = 4,
+  kDynamic = 5,  // non-deterministic mode only: units claimed at run time (schedule/dynamic.h)
   kAuto = 99,
 };
 

@@ -23,6 +23,7 @@ ScheduleKind to_kind(int32_t id) {
     case static_cast<int32_t>(ScheduleKind::kSpt):
     case static_cast<int32_t>(ScheduleKind::kShift):
     case static_cast<int32_t>(ScheduleKind::kShiftCausal):
+    case static_cast<int32_t>(ScheduleKind::kDynamic):
       return static_cast<ScheduleKind>(id);
     default:
       throw std::invalid_argument("unknown schedule id " + std::to_string(id) + " (kAuto must be resolved first)");
@@ -174,6 +175,7 @@ PYBIND11_MODULE(_sched, m) {
   m.attr("SPT") = static_cast<int32_t>(ScheduleKind::kSpt);
   m.attr("SHIFT") = static_cast<int32_t>(ScheduleKind::kShift);
   m.attr("SHIFT_CAUSAL") = static_cast<int32_t>(ScheduleKind::kShiftCausal);
+  m.attr("DYNAMIC") = static_cast<int32_t>(ScheduleKind::kDynamic);
   m.attr("AUTO") = static_cast<int32_t>(ScheduleKind::kAuto);
   m.attr("DEFAULT_TAIL_CHUNK_MIN") = kDefaultTailChunkMin;
   m.attr("MASK_FULL") = static_cast<int32_t>(MaskKind::kFull);

@@ -26,6 +26,7 @@
 #include <functional>
 #include <list>
 #include <queue>
+#include <type_traits>
 #include <unordered_map>
 #include <utility>
 #include <vector>
@@ -35,8 +36,8 @@
 namespace dash::sched::host {
 
 enum class Dispatch : int32_t {
-  kStatic = 0,  // what the kernel does: CTA c runs item(c, 0), item(c, 1), ...
-  kGreedy = 1,  // model only: an idle CTA takes the next work unit in the schedule's launch order
+  kStatic = 0,  // what the kernel does for the static schedules: CTA c runs item(c, 0), item(c, 1), ...
+  kGreedy = 1,  // an idle CTA takes the next work unit in the schedule's launch order (the kernel's Dynamic)
   kGreedyHeadMajor = 2,  // model only: an idle CTA takes the next KV tile in (batch, head, KV index) order, the
                          // dispatch the DASH closed form for m heads on n SMs assumes
 };
@@ -123,6 +124,7 @@ class Simulator {
     int32_t count = 0;
     double ready = 0.0;
     int64_t last_record = -1;
+    bool elected = false;  // Dynamic, non-deterministic: a visit of the tile has started (it stores)
     // Non-deterministic mode: the tile's first reduction (wait_target 0) has been resolved, its end and record.
     bool first_done = false;
     double first_end = 0.0;
@@ -161,10 +163,18 @@ class Simulator {
       res_.cta_end[c] = now;
       return;
     }
-    const Visit v = S::visit(p_, s.tile, s.next_visit);
-    s.pending = v;
+    Visit v = S::visit(p_, s.tile, s.next_visit);
     const int64_t key = tile_key(s.tile.batch, v.head, v.m_block);
     TileState& t = tiles_[key];
+    // Dynamic's kernel elects each tile's first add when a visit is loaded (schedule/dynamic.h): here, the first
+    // visit of the tile to start computing stores, the others wait for it.
+    if constexpr (std::is_same_v<S, Dynamic>) {
+      if (!o_.deterministic) {
+        v.wait_target = t.elected ? 1 : 0;
+        t.elected = true;
+      }
+    }
+    s.pending = v;
     s.compute_time = o_.c;
     if (o_.l2_tiles > 0) {
       const bool hit = touch_l2(key);

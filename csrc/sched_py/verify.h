@@ -103,6 +103,13 @@ inline std::vector<std::string> verify(ScheduleKind kind, Problem p, int32_t cta
     SimOptions o;
     const SimResult s = simulate(kind, p, o);
     if (s.deadlock) fail(ctas, "deadlock after " + std::to_string(s.visits_done) + " visits");
+    if (kind == ScheduleKind::kDynamic) {
+      // What the kernel runs: claims in launch order, each tile's first add elected at load time (simulate.h).
+      o.deterministic = false;
+      o.dispatch = Dispatch::kGreedy;
+      const SimResult d = simulate(kind, p, o);
+      if (d.deadlock) fail(ctas, "claimed (greedy) run: deadlock after " + std::to_string(d.visits_done) + " visits");
+    }
   }
   return errors;
 }

@@ -11,6 +11,7 @@
 
 #include "schedule/ascending.h"
 #include "schedule/descending.h"
+#include "schedule/dynamic.h"
 #include "schedule/problem.h"
 #include "schedule/shift.h"
 #include "schedule/shift_causal.h"
@@ -20,12 +21,14 @@
 namespace dash::sched {
 
 // Calls f(Sched{}) for the run-time kind. kAuto must be resolved on the host first; it maps to Descending here so
-// that a stray kAuto cannot select undefined behaviour. The exec-check pragma lets a __device__-only functor (the
-// kernel's) and a host-only one (the simulator's) both pass through this __host__ __device__ template.
+// that a stray kAuto cannot select undefined behaviour. kWithDynamic = false leaves Dynamic out (it maps to
+// Descending too): kernels that never claim units (bwd_tile_scheduler.h) then carry none of its code. The exec-check
+// pragma lets a __device__-only functor (the kernel's) and a host-only one (the simulator's) both pass through this
+// __host__ __device__ template.
 #if defined(__CUDACC__)
 #pragma nv_exec_check_disable
 #endif
-template <class F>
+template <bool kWithDynamic = true, class F>
 DASH_HD auto dispatch_schedule(ScheduleKind kind, F&& f) {
   switch (kind) {
     case ScheduleKind::kAscending:
@@ -36,6 +39,9 @@ DASH_HD auto dispatch_schedule(ScheduleKind kind, F&& f) {
       return f(Shift{});
     case ScheduleKind::kShiftCausal:
       return f(ShiftCausal{});
+    case ScheduleKind::kDynamic:
+      if constexpr (kWithDynamic) return f(Dynamic{});
+      [[fallthrough]];
     case ScheduleKind::kDescending:
     default:
       return f(Descending{});
@@ -44,13 +50,17 @@ DASH_HD auto dispatch_schedule(ScheduleKind kind, F&& f) {
 
 // The schedule that `kind` runs on problem p once its preconditions are checked: shift_causal falls back to shift,
 // shift to descending (exactly what their own num_items / item / visit do on every call), kAuto maps to descending.
+// The kernels claim units on causal masks only (Dynamic::applies); elsewhere dynamic runs what shift_causal runs.
 DASH_HD inline ScheduleKind resolve_schedule(ScheduleKind kind, const Problem& p) {
   switch (kind) {
     case ScheduleKind::kAscending:
     case ScheduleKind::kSpt:
       return kind;
+    case ScheduleKind::kDynamic:
+      if (Dynamic::applies(p)) return kind;
+      [[fallthrough]];
     case ScheduleKind::kShiftCausal:
-      if (ShiftCausal::applies(p)) return kind;
+      if (ShiftCausal::applies(p)) return ScheduleKind::kShiftCausal;
       return Shift::applies(p) ? ScheduleKind::kShift : ScheduleKind::kDescending;
     case ScheduleKind::kShift:
       return Shift::applies(p) ? kind : ScheduleKind::kDescending;
@@ -114,9 +124,9 @@ struct Applied<ShiftCausal> : ShiftCausal {
 #if defined(__CUDACC__)
 #pragma nv_exec_check_disable
 #endif
-template <class F>
+template <bool kWithDynamic = true, class F>
 DASH_HD auto dispatch_resolved(ScheduleKind resolved, F&& f) {
-  return dispatch_schedule(resolved, [&](auto s) { return f(Applied<decltype(s)>{}); });
+  return dispatch_schedule<kWithDynamic>(resolved, [&](auto s) { return f(Applied<decltype(s)>{}); });
 }
 
 }  // namespace dash::sched

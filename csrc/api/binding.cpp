@@ -8,6 +8,7 @@
 
 #include <cmath>
 #include <initializer_list>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -16,6 +17,14 @@
 #include "common/seqlens_check.h"
 
 namespace {
+
+// Numbers enter error messages as strings: on the GPU machine (torch 2.11.0+cu130) a TORCH_CHECK whose message
+// streamed an integer through c10::str crashed the process (SIGSEGV) instead of raising, while messages of strings
+// alone raised (2026-12-01, calls straight into this module with a bad mask or schedule id).
+template <class T>
+std::string num(T v) {
+  return std::to_string(v);
+}
 
 bool softcap_built() {
 #ifdef DASH_ENABLE_SOFTCAP
@@ -43,7 +52,7 @@ dash::DType dtype_of(const at::Tensor& t) {
     return dash::DType::kBFloat16;
 #endif
   }
-  TORCH_CHECK_VALUE(false, "dash_attn: dtype ", t.scalar_type(), " is not built into this extension");
+  TORCH_CHECK_VALUE(false, "dash_attn: dtype ", c10::toString(t.scalar_type()), " is not built into this extension");
 }
 
 dash::TensorStrides strides_of(const at::Tensor& t) { return {t.stride(0), t.stride(1), t.stride(2)}; }
@@ -53,16 +62,16 @@ dash::TensorStrides packed_strides_of(const at::Tensor& t) { return {0, t.stride
 
 void check_tensor(const at::Tensor& t, const char* name, const at::Tensor& like, int64_t dims, const char* layout) {
   TORCH_CHECK_VALUE(t.is_cuda(), "dash_attn: ", name, " must be a CUDA tensor");
-  TORCH_CHECK_VALUE(t.dim() == dims, "dash_attn: ", name, " must have ", dims, " dims ", layout);
+  TORCH_CHECK_VALUE(t.dim() == dims, "dash_attn: ", name, " must have ", num(dims), " dims ", layout);
   TORCH_CHECK_VALUE(t.stride(-1) == 1, "dash_attn: ", name, " must have a contiguous last dimension");
   TORCH_CHECK_VALUE(t.scalar_type() == like.scalar_type(), "dash_attn: ", name, " must have dtype ",
-                    like.scalar_type());
+                    c10::toString(like.scalar_type()));
   TORCH_CHECK_VALUE(t.get_device() == like.get_device(), "dash_attn: ", name, " is on another device than q");
   // TMA descriptors need 16-byte aligned base addresses and strides.
   TORCH_CHECK_VALUE(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0, "dash_attn: ", name,
                     " must be 16-byte aligned");
   for (int i = 0; i < dims - 1; ++i) {
-    TORCH_CHECK_VALUE(t.stride(i) * t.element_size() % 16 == 0, "dash_attn: stride ", i, " of ", name,
+    TORCH_CHECK_VALUE(t.stride(i) * t.element_size() % 16 == 0, "dash_attn: stride ", num(i), " of ", name,
                       " must be a multiple of 16 bytes");
   }
 }
@@ -132,25 +141,27 @@ void check_lse(const at::Tensor& lse) {
 // The shape's sizes come from the caller (batched or packed tensors); the rest, and its checks, from here.
 dash::AttnShape finish_shape(dash::AttnShape s, const at::Tensor& q, double softmax_scale, int64_t mask,
                              int64_t window_left, int64_t window_right, double softcap) {
-  TORCH_CHECK_VALUE(mask >= 0 && mask <= 2, "dash_attn: unknown mask id ", mask);
+  TORCH_CHECK_VALUE(mask >= 0 && mask <= 2, "dash_attn: unknown mask id ", num(mask));
   s.dtype = dtype_of(q);
   s.mask = static_cast<dash::MaskKind>(mask);
   s.window_left = static_cast<int32_t>(window_left);
   s.window_right = static_cast<int32_t>(window_right);
   s.softmax_scale = static_cast<float>(softmax_scale);
   s.softcap = static_cast<float>(softcap);
-  TORCH_CHECK_VALUE(dash::kernel_head_dim(s) != 0, "dash_attn: head dims ", s.headdim, " (q, k) and ", s.headdim_v,
-                    " (v) have no kernel: multiples of ", dash::kHeadDimMultiple, " up to the largest built head dim");
-  TORCH_CHECK_VALUE(s.nheads_k > 0 && s.nheads % s.nheads_k == 0, "dash_attn: nheads (", s.nheads,
-                    ") must be divisible by nheads_k (", s.nheads_k, ")");
+  TORCH_CHECK_VALUE(dash::kernel_head_dim(s) != 0, "dash_attn: head dims ", num(s.headdim), " (q, k) and ",
+                    num(s.headdim_v), " (v) have no kernel: multiples of ", num(dash::kHeadDimMultiple),
+                    " up to the largest built head dim");
+  TORCH_CHECK_VALUE(s.nheads_k > 0 && s.nheads % s.nheads_k == 0, "dash_attn: nheads (", num(s.nheads),
+                    ") must be divisible by nheads_k (", num(s.nheads_k), ")");
   TORCH_CHECK_VALUE(std::isfinite(softcap) && softcap >= 0.0, "dash_attn: softcap must be finite and >= 0, got ",
-                    softcap);
+                    num(softcap));
   TORCH_CHECK_VALUE(s.softcap == 0.0f || softcap_built(), "dash_attn: softcap > 0 needs the soft-capped kernels, ",
                     "which this extension was built without (DASH_ATTN_SOFTCAP=0)");
   // int32 bounds (-1: unbounded); the diagonal arithmetic adds them to tile offsets, so they stay below 2^30.
   TORCH_CHECK_VALUE(window_left >= -1 && window_left < (int64_t{1} << 30) && window_right >= -1 &&
                         window_right < (int64_t{1} << 30),
-                    "dash_attn: window bounds must lie in [-1, 2^30), got (", window_left, ", ", window_right, ")");
+                    "dash_attn: window bounds must lie in [-1, 2^30), got (", num(window_left), ", ",
+                    num(window_right), ")");
   return s;
 }
 
@@ -205,7 +216,8 @@ int num_sms(int64_t device_index) {
 void check_device(const at::Tensor& q) {
   int major = device_attribute(cudaDevAttrComputeCapabilityMajor, q.get_device());
   int minor = device_attribute(cudaDevAttrComputeCapabilityMinor, q.get_device());
-  TORCH_CHECK(major == 9 && minor == 0, "dash_attn kernels need an sm90 (Hopper) GPU, found sm", major, minor);
+  TORCH_CHECK(major == 9 && minor == 0, "dash_attn kernels need an sm90 (Hopper) GPU, found sm", num(major),
+              num(minor));
 }
 
 using StridesOf = dash::TensorStrides (*)(const at::Tensor&);
@@ -226,14 +238,14 @@ void set_fwd_tensors(dash::FwdParams& p, const at::Tensor& q, const at::Tensor& 
 
 void run_fwd(dash::FwdParams& p, const char* what) {
   int rc = dash_fwd(&p, c10::cuda::getCurrentCUDAStream().stream());
-  TORCH_CHECK(rc == 0, "dash_attn ", what, " kernel failed (code ", rc, ")");
+  TORCH_CHECK(rc == 0, "dash_attn ", what, " kernel failed (code ", num(rc), ")");
 }
 
 void check_schedule_args(int64_t schedule, bool deterministic, int64_t sm_margin) {
   const int64_t last = static_cast<int64_t>(dash::ScheduleKind::kDynamic);
-  TORCH_CHECK_VALUE(schedule >= 0 && schedule <= last, "dash_attn: schedule id ", schedule,
+  TORCH_CHECK_VALUE(schedule >= 0 && schedule <= last, "dash_attn: schedule id ", num(schedule),
                     " is not a concrete schedule (auto is resolved in Python)");
-  TORCH_CHECK_VALUE(!(deterministic && schedule == last), "dash_attn: schedule id ", schedule,
+  TORCH_CHECK_VALUE(!(deterministic && schedule == last), "dash_attn: schedule id ", num(schedule),
                     " (dynamic) has no fixed accumulation order: it runs only with deterministic=False");
   TORCH_CHECK_VALUE(sm_margin >= 0, "dash_attn: sm_margin must be >= 0");
 }
@@ -273,7 +285,7 @@ void run_bwd(dash::BwdParams& p, const at::Tensor& q, bool deterministic, int64_
   p.workspace = workspace.data_ptr();
   p.workspace_bytes = bytes;
   int rc = dash_bwd(&p, c10::cuda::getCurrentCUDAStream().stream());
-  TORCH_CHECK(rc == 0, "dash_attn ", what, " kernel failed (code ", rc, ")");
+  TORCH_CHECK(rc == 0, "dash_attn ", what, " kernel failed (code ", num(rc), ")");
 }
 
 void fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& out, at::Tensor& lse,

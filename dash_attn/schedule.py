@@ -79,9 +79,9 @@ _L2_MISS_LATENCY = 0.3
 # The non-deterministic backward claims its units at run time (`dynamic`) on causal masks with at least this many
 # KV tiles per head. H200 against non-det shift_causal (benchmarks/RESULTS.md, 2026-12-01 16:00-16:40 UTC): hdim 256
 # (64-wide tiles) 4k-16k +3-5% in both the C++ bench and a 5-round grid; hdim 128 and 64 at 8k/16k (64 and 128
-# tiles) +0.4-1.2% round robin, -1 to +1% in the grids (neutral); at 32 tiles (hdim 128/64 4k) -0.2 to -1.5% round
-# robin. The model (greedy dispatch, no power cap) gives it 2-3% at every length: a static grid's idle last-wave SMs
-# let the busy ones clock higher under the 700 W cap, which the model does not see.
+# tiles) +0.4-1.6% round robin, -1.2 to +1.8% in the grids (neutral); at 32 tiles (hdim 128/64 4k) -0.2 to -1.5%
+# round robin. The model (greedy dispatch, no power cap) gives it 2-3% at every length: a static grid's idle
+# last-wave SMs let the busy ones clock higher under the 700 W cap, which the model does not see.
 _DYNAMIC_MIN_KV_TILES = 64
 # `choose` simulates at most this many visits per schedule; larger problems are scaled down proportionally
 # (fewer (batch, KV head) pairs and CTAs, same tile geometry) so that `auto` stays fast.

@@ -22,7 +22,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from dash_attn import SCHEDULES, flash_attn_func
+from dash_attn import NONDETERMINISTIC_SCHEDULES, SCHEDULES, flash_attn_func
 
 CORPUS_PATH = Path(__file__).resolve().parent / "data" / "corpus.txt"
 
@@ -435,6 +435,9 @@ def _preset_for(device: torch.device, args: argparse.Namespace, corpus: CharCorp
         raise _usage_error(f"--log-every must be >= 1, got {args.log_every}")
     if args.threads < 1:
         raise _usage_error(f"--threads must be >= 1, got {args.threads}")
+    if args.schedule in NONDETERMINISTIC_SCHEDULES and not args.nondeterministic:
+        raise _usage_error(f"--schedule {args.schedule} runs only with --nondeterministic (it has no fixed dQ "
+                           "accumulation order)")
     for name, value in overrides.items():
         if value < 1:
             raise _usage_error(f"--{name} must be >= 1, got {value}")

@@ -93,7 +93,7 @@ def test_loss_difference_is_located():
 
 
 @pytest.mark.parametrize("args", [["--steps", "0"], ["--seqlen", "100000000"], ["--threads", "0"],
-                                  ["--schedule", "no-such-schedule"]])
+                                  ["--schedule", "no-such-schedule"], ["--schedule", "dynamic"]])
 def test_bad_arguments_exit_with_usage_error(args):
     # Status 2, as argparse uses, so a usage error is never read as 1 (the deterministic runs differ).
     with pytest.raises(SystemExit) as exc:

@@ -16,7 +16,7 @@ import torch
 
 DASH_SCHEDULES = ("ascending", "descending", "spt", "shift", "shift_causal", "auto")
 # Visit orders the non-deterministic backward can be asked for beside `auto` (--nondet-schedules).
-DASH_NONDET_SCHEDULES = DASH_SCHEDULES[:-1] + ("dynamic",)
+DASH_NONDET_SCHEDULES = tuple(s for s in DASH_SCHEDULES if s != "auto") + ("dynamic",)
 SCHEDULE_SHORT = {"ascending": "asc", "descending": "desc", "spt": "spt", "shift": "shift",
                   "shift_causal": "shiftc", "auto": "auto", "dynamic": "dyn"}
 PEER_KEYS = ("cudnn", "fa2", "fa2_det", "efficient", "flex", "fa3", "fa3_det")

@@ -203,8 +203,6 @@ def plan(schedule: str, mask: str, seqlen_q: int, seqlen_k: int, block_m: int, b
     grid), which is how the CPU side models varlen; the kernels do not run varlen batches with these schedules yet.
     `dynamic` off causal masks plans what the kernels run for it there: shift_causal (then shift or descending).
     """
-    if schedule in NONDETERMINISTIC_SCHEDULES and mask != "causal":
-        schedule = "shift_causal"  # what the kernels run for it there (csrc/schedule/schedule.h: resolve_schedule)
     schedule_id = _schedule_id(schedule)
     nheads_k = nheads if nheads_k is None else nheads_k
     if cu_seqlens is not None:
@@ -218,6 +216,10 @@ def plan(schedule: str, mask: str, seqlen_q: int, seqlen_k: int, block_m: int, b
         return Plan(schedule, mask, 0, 0, block_m, block_n, nheads, nheads_k, 0, num_sms, window, empty, {},
                     np.zeros(num_sms + 1, np.int64), seqs)
     p = _problem(mask, seqlen_q, seqlen_k, block_m, block_n, nheads, batch, num_sms, window, nheads_k)
+    if schedule in NONDETERMINISTIC_SCHEDULES:
+        # Off causal masks the kernels run shift_causal's order for it (csrc/schedule/schedule.h: resolve_schedule).
+        schedule_id = _sched.resolve(schedule_id, p)
+        schedule = next(name for name, i in SCHEDULE_IDS.items() if i == schedule_id)
     e = _sched.enumerate(schedule_id, p)
     return Plan(schedule, mask, seqlen_q, seqlen_k, block_m, block_n, nheads, nheads_k, batch, num_sms, window,
                 dict(e["visits"]), dict(e["items"]), np.asarray(e["cta_item_offsets"]))

@@ -17,7 +17,6 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
-#include <initializer_list>
 #include <string>
 #include <utility>
 #include <vector>
@@ -168,7 +167,7 @@ int parse_int(const char* argv0, const std::string& flag, const std::string& tex
 // The values of a comma list of names, each looked up in `names`; an unknown name is a usage error.
 template <class V>
 std::vector<V> parse_names(const char* argv0, const std::string& flag, const std::string& text,
-                           std::initializer_list<std::pair<const char*, V>> names) {
+                           const std::vector<std::pair<const char*, V>>& names) {
   std::vector<V> out;
   for (const auto& item : split(text)) {
     const auto it = std::find_if(names.begin(), names.end(), [&](const auto& n) { return item == n.first; });
@@ -214,21 +213,12 @@ Options parse_args(int argc, char** argv) {
       if (o.window_left < 0 && o.window_right < 0) bad_arg(argv[0], "--window -1,-1 is the full mask");
     } else if (a == "--schedules" || a == "--nondet-schedules") {
       std::vector<NamedSchedule>& list = a == "--schedules" ? o.schedules : o.nondet_schedules;
-      list.clear();
-      for (const auto& s : split(value(i))) {
-        bool found = false;
-        auto look_up = [&](const auto& table) {
-          for (const auto& named : table) {
-            if (s == named.name) {
-              list.push_back(named);
-              found = true;
-            }
-          }
-        };
-        look_up(kSchedules);
-        if (a == "--nondet-schedules") look_up(kNondetOnlySchedules);
-        if (!found) bad_arg(argv[0], a + ": unknown schedule '" + s + "'");
+      std::vector<std::pair<const char*, NamedSchedule>> names;
+      for (const NamedSchedule& s : kSchedules) names.emplace_back(s.name, s);
+      if (a == "--nondet-schedules") {
+        for (const NamedSchedule& s : kNondetOnlySchedules) names.emplace_back(s.name, s);
       }
+      list = parse_names(argv[0], a, value(i), names);
     } else if (a == "--dtype") {
       const std::string d = value(i);
       if (d == "bf16") o.dtype = DType::kBFloat16;

@@ -182,6 +182,9 @@ PYBIND11_MODULE(_sched, m) {
   m.attr("MASK_CAUSAL") = static_cast<int32_t>(MaskKind::kCausal);
   m.attr("MASK_WINDOW") = static_cast<int32_t>(MaskKind::kWindow);
 
+  m.def("resolve", [](int32_t kind, const Problem& p) {
+    return static_cast<int32_t>(resolve_schedule(to_kind(kind), p));
+  }, "The schedule the kernels run for `kind` on this problem (fallbacks applied; schedule.h).");
   m.def("num_m_blocks", &num_m_blocks);
   m.def("num_n_blocks", &num_n_blocks);
   m.def("m_block_range", [](const Problem& p, int32_t n) { return range_tuple(m_block_range(p, n)); });

@@ -128,13 +128,13 @@ struct TileUnits {
   DASH_HD static KvTile item(const Problem& p, int32_t cta, int64_t k) {
     return tile_of_unit(p, Snake::unit_at(p.num_ctas, cta, k));
   }
-  // Wave slot of tile t (its launch index mod num_ctas), from the tile, or from the item that produced it.
   // Launch index of tile t (the inverse of tile_of_unit).
   DASH_HD static int64_t unit_of(const Problem& p, const KvTile& t) {
     const int64_t head_index = static_cast<int64_t>(t.batch) * p.nheads_k + t.head_k;
     return kOrder == TileOrder::kHeadMajor ? head_index * num_n_blocks(p) + t.n_block
                                            : head_index + num_kv_heads_total(p) * t.n_block;
   }
+  // Wave slot of tile t (its launch index mod num_ctas), from the tile, or from the item that produced it.
   DASH_HD static int32_t slot_of(const Problem& p, const KvTile& t) { return wave_slot(p.num_ctas, unit_of(p, t)); }
   DASH_HD static int32_t slot_of_item(const Problem& p, int32_t cta, int64_t k) {
     return Snake::slot_at(p.num_ctas, cta, k);

@@ -76,12 +76,15 @@ _L2_MISS_COST = 1.8
 # 2026-11-29 23:51 UTC). Fitted on the 20 descending-vs-shift(_causal) rows of that run (hdim 128 and 64, full and
 # causal, 1k-16k): 0.3 ranks all 20 like the GPU (0 ranked 5 the other way), mean ratio error 0.09 (0: 0.14).
 _L2_MISS_LATENCY = 0.3
-# The non-deterministic backward claims its units at run time (`dynamic`) on causal masks with at least this many
-# KV tiles per head. H200 against non-det shift_causal (benchmarks/RESULTS.md, 2026-12-01 16:00-16:40 UTC): hdim 256
-# (64-wide tiles) 4k-16k +3-5% in both the C++ bench and a 5-round grid; hdim 128 and 64 at 8k/16k (64 and 128
-# tiles) +0.4-1.6% round robin, -1.2 to +1.8% in the grids (neutral); at 32 tiles (hdim 128/64 4k) -0.2 to -1.5%
-# round robin. The model (greedy dispatch, no power cap) gives it 2-3% at every length: a static grid's idle
-# last-wave SMs let the busy ones clock higher under the 700 W cap, which the model does not see.
+# The non-deterministic backward claims its units at run time (`dynamic`) on causal masks with KV tiles at most
+# _DYNAMIC_MAX_BLOCK_N wide and at least _DYNAMIC_MIN_KV_TILES of them per head. H200 against non-det shift_causal
+# (benchmarks/RESULTS.md, 2026-12-01): hdim 256 (64-wide tiles) 4k-16k +3-5% in both the C++ bench and a 5-round
+# grid; hdim 64 (128-wide) at 8k/16k +0.4-1.6% round robin, -1.2 to +1.8% in the grids (neutral), at 4k -0.1%;
+# hdim 128 (128-wide) 16k -0.8%, 8k -0.4 to +0.3% round robin since its causal kernel takes the statistics through
+# the tensor cores (~17:25 UTC; +0.4 to +1.2% before). The model (greedy dispatch, no power cap) gives it 2-3% at every
+# length: a static grid's idle last-wave SMs let the busy ones clock higher under the 700 W cap, which the model does
+# not see.
+_DYNAMIC_MAX_BLOCK_N = 64
 _DYNAMIC_MIN_KV_TILES = 64
 # `choose` simulates at most this many visits per schedule; larger problems are scaled down proportionally
 # (fewer (batch, KV head) pairs and CTAs, same tile geometry) so that `auto` stays fast.
@@ -373,9 +376,10 @@ def choose(mask: str, seqlen_q: int, seqlen_k: int, block_m: int, block_n: int, 
     """The `auto` rule: the schedule with the smallest predicted makespan on `num_sms` CTAs (cached per shape),
     with the L2 term when `l2` is given (l2_model). Makespans within _MODEL_TOLERANCE of the best are ties, broken
     by the measured ranking of the mask. Both modes get the deterministic ranking (see _choose_cached), except that
-    the non-deterministic backward of a causal mask with at least _DYNAMIC_MIN_KV_TILES KV tiles per head claims
-    its units at run time (`dynamic`)."""
-    if not deterministic and mask == "causal" and -(-int(seqlen_k) // int(block_n)) >= _DYNAMIC_MIN_KV_TILES:
+    the non-deterministic backward of a causal mask with KV tiles at most _DYNAMIC_MAX_BLOCK_N wide and at least
+    _DYNAMIC_MIN_KV_TILES of them per head claims its units at run time (`dynamic`)."""
+    if (not deterministic and mask == "causal" and int(block_n) <= _DYNAMIC_MAX_BLOCK_N
+            and -(-int(seqlen_k) // int(block_n)) >= _DYNAMIC_MIN_KV_TILES):
         return "dynamic"
     window = None if window is None else (int(window[0]), int(window[1]))
     return _choose_cached(mask, int(seqlen_q), int(seqlen_k), int(block_m), int(block_n), int(nheads), int(batch),

@@ -144,9 +144,9 @@ def test_choose_follows_the_measured_ranking_within_the_model_tolerance():
     assert schedule.choose("full", 1024, 1024, 64, 128, 16, 16, 132) == "shift"
     for seqlen in (1024, 2048, 4096, 8192, 16384):
         assert schedule.choose("causal", seqlen, seqlen, 64, 128, 16, 16384 // seqlen, 132) == "shift_causal"
-        # The non-deterministic backward claims its units at 8k/16k (test below).
+        # The non-deterministic backward too: `dynamic` only with 64-wide KV tiles (test below).
         assert schedule.choose("causal", seqlen, seqlen, 64, 128, 16, 16384 // seqlen, 132,
-                               deterministic=False) == ("shift_causal" if seqlen < 8192 else "dynamic")
+                               deterministic=False) == "shift_causal"
     for hdim, heads in ((128, 16), (64, 32)):  # the H200 window suite's rows
         block_m, block_n = schedule.tile_shape(hdim, "window")
         l2 = schedule.l2_model(60 << 20, block_m, block_n, hdim)
@@ -175,9 +175,10 @@ def test_choose():
 
 
 def test_choose_non_deterministic_claims_long_causal_heads():
-    """The non-deterministic backward runs `dynamic` on causal masks with >= 64 KV tiles per head (where the H200
-    measured it ahead of every static order), else the deterministic ranking; the deterministic one never does."""
-    for hdim in (128, 64):
+    """The non-deterministic backward runs `dynamic` on causal masks with 64-wide KV tiles (hdim 256) and >= 64 of
+    them per head (where the H200 measured it ahead of every static order), else the deterministic ranking; the
+    deterministic one never does."""
+    for hdim in (256, 128, 64):
         block_m, block_n = schedule.tile_shape(hdim, "causal")
         heads = 2048 // hdim
         for seqlen in (1024, 2048, 4096, 8192, 16384):
@@ -185,8 +186,9 @@ def test_choose_non_deterministic_claims_long_causal_heads():
             nd = schedule.choose("causal", seqlen, seqlen, block_m, block_n, heads, batch, 132, deterministic=False)
             det = schedule.choose("causal", seqlen, seqlen, block_m, block_n, heads, batch, 132)
             assert det in schedule.SCHEDULES
-            long_heads = seqlen // block_n >= schedule._DYNAMIC_MIN_KV_TILES
-            assert nd == ("dynamic" if long_heads else det), (hdim, seqlen)
+            claims = block_n <= schedule._DYNAMIC_MAX_BLOCK_N and seqlen // block_n >= schedule._DYNAMIC_MIN_KV_TILES
+            assert claims == (hdim == 256 and seqlen >= 4096), (hdim, seqlen)
+            assert nd == ("dynamic" if claims else det), (hdim, seqlen)
         for mask, window in (("full", None), ("window", (1024, 0))):
             assert schedule.choose(mask, 16384, 16384, block_m, block_n, heads, 1, 132, window=window,
                                    deterministic=False) in schedule.SCHEDULES
@@ -289,12 +291,11 @@ def test_l2_term_ranks_the_schedules_like_the_h200():
         assert plain["descending"] <= 1.05 * plain["shift"]
     long = _makespans("full", 16384, H200_L2, ("descending", "shift"))
     assert long["shift"] < long["descending"] <= 1.2 * long["shift"]
-    # Among the static orders the non-deterministic backward gets the deterministic ranking (at causal 16k the
-    # arrival-order simulation alone would pick descending, which the H200 measured 2-5% slower than shift_causal
-    # without determinism too); from 64 KV tiles per head (8k) it claims its units instead (`dynamic`), so the
-    # ranking is checked at 4k.
-    assert schedule.choose("causal", 4096, 4096, 64, 128, 16, 4, 132, deterministic=False,
-                           l2=H200_L2) == "shift_causal"
+    # The non-deterministic backward gets the deterministic ranking (at causal 16k the arrival-order simulation
+    # alone would pick descending, which the H200 measured 2-5% slower than shift_causal without determinism too).
+    for seqlen in (4096, 16384):
+        assert schedule.choose("causal", seqlen, seqlen, 64, 128, 16, 16384 // seqlen, 132, deterministic=False,
+                               l2=H200_L2) == "shift_causal"
     for seqlen in (4096, 8192, 16384):
         causal = _makespans("causal", seqlen, H200_L2, ("descending", "shift_causal"))
         assert causal["shift_causal"] < causal["descending"] <= 1.25 * causal["shift_causal"]

@@ -137,14 +137,18 @@ struct BwdConfig<128> {
   // descending 0.92-0.97 of the time at 4k-16k, non-det and shift_causal 0.983-1.02; at full masks it spilled 36 bytes
   // (not run).
   // kGemmInit (H200, 2026-12-01, against these): full, 4 alternations at 4k/8k/16k, deterministic (shift and
-  // shift_causal) 0.972-0.981 of the time, non-deterministic 0.997 / 1.019 / 0.994 (spills 4 -> 52 bytes); causal, 3
-  // alternations at 2k/16k, 0.997-1.004 (36/40 bytes), so causal keeps the shuffles.
+  // shift_causal) 0.972-0.981 of the time, non-deterministic 0.997 / 1.019 / 0.994 (spills 4 -> 52 bytes). Causal with
+  // one step body, 3 alternations at 2k/16k: 0.997-1.004 (36/40 bytes of spills); with two step bodies (masked_steps)
+  // it is spill-free and, against kShuffleAhead with one body (3 alternations, 2026-12-01 ~17:20 UTC, C++ bench),
+  // 16k 0.978-0.984 of the time (non-det shift_causal 565.5 -> 577.5-578.4 TFLOPS, det 563.5 -> 572.5-573.1), 8k
+  // 0.98-0.99 (the kShuffleAhead kernels with two bodies: 1.03).
   static constexpr RowStats row_stats(MaskKind mask) {
-    return mask == MaskKind::kWindow   ? RowStats::kSharedMemory
-           : mask == MaskKind::kCausal ? RowStats::kShuffleAhead
-                                       : RowStats::kGemmInit;
+    return mask == MaskKind::kWindow ? RowStats::kSharedMemory : RowStats::kGemmInit;
   }
-  static constexpr RowStats kGemmInitFallback = RowStats::kShuffle;  // soft-capped full masks: as measured before
+  // The statistics of the kernels that cannot take kGemmInit (soft-capped; packed causal), as measured before it.
+  static constexpr RowStats gemm_init_fallback(MaskKind mask) {
+    return mask == MaskKind::kCausal ? RowStats::kShuffleAhead : RowStats::kShuffle;
+  }
   static constexpr OperandPartition operand_partition(MaskKind mask) {
     return mask == MaskKind::kFull ? OperandPartition::kPerThread : OperandPartition::kPerWarpGroup;
   }
@@ -168,9 +172,12 @@ struct BwdConfig<128> {
   // Two step bodies (H200, 2026-11-30, two runs of 4 alternations against one body): windows (1024, 0) 0.975-0.99 of
   // the time at 4k/16k (spills 32 -> 20 bytes). Full and causal (6 alternations): 1.00-1.08 (full spill-free, 4
   // bytes before; causal 4 bytes stored before the loop), and 1.02-1.10 with the dV GEMM after P on top, so they keep
-  // one body.
-  static constexpr MaskedSteps masked_steps(MaskKind mask) {
-    return mask == MaskKind::kWindow ? MaskedSteps::kTwoBodies : MaskedSteps::kOneBody;
+  // one body. Causal with kGemmInit takes two (see row_stats); with kShuffleAhead two bodies measured 1.03 of the
+  // time of one (2026-12-01), so the fallback kernels keep one.
+  static constexpr MaskedSteps masked_steps(MaskKind mask, RowStats stats) {
+    return mask == MaskKind::kWindow || (mask == MaskKind::kCausal && stats == RowStats::kGemmInit)
+               ? MaskedSteps::kTwoBodies
+               : MaskedSteps::kOneBody;
   }
 };
 
@@ -203,7 +210,8 @@ struct BwdConfig<64> {
   static constexpr RowStats row_stats(MaskKind mask) {
     return mask == MaskKind::kWindow ? RowStats::kSharedMemory : RowStats::kGemmInit;
   }
-  static constexpr RowStats kGemmInitFallback = RowStats::kSharedMemory;  // soft-capped and packed causal kernels
+  // Soft-capped and packed causal kernels.
+  static constexpr RowStats gemm_init_fallback(MaskKind) { return RowStats::kSharedMemory; }
   static constexpr OperandPartition operand_partition(MaskKind) { return OperandPartition::kPerWarpGroup; }
   // dV after dS (H200, 3 alternations against kAfterP): full 0.94-0.96 of the time at 1k-16k with spills 8/16 -> 0
   // bytes; causal 1.00-1.03 with one step body (4 -> 48/72 bytes). With two step bodies see masked_steps.
@@ -224,7 +232,7 @@ struct BwdConfig<64> {
   // windows (1024, 0) 0.99-1.00. ptxas reports more spill bytes (48-84 against 8-44), but they are loop invariants
   // stored before the step loop: the unmasked body, which runs nearly every step, reloads two words a step (causal).
   // With one body, kAfterDs at causal measured 0.98-0.99 and two bodies with kAfterP 1.02-1.05.
-  static constexpr MaskedSteps masked_steps(MaskKind) { return MaskedSteps::kTwoBodies; }
+  static constexpr MaskedSteps masked_steps(MaskKind, RowStats) { return MaskedSteps::kTwoBodies; }
 };
 
 // hdim 256: 64 x 64 tiles, one stage (a second stage of Q and dO would not fit next to K, V and the dQ staging).
@@ -253,7 +261,7 @@ struct BwdConfig<256> {
   // Two step bodies (H200, 2026-11-30, two runs of 4 alternations against one body, all spill-free but windows at
   // 20 bytes either way): causal 0.95-1.02 of the time at 1k-16k, 0.98-0.99 at 16k (non-det and shift_causal); full
   // 1.00-1.02 and windows (1024, 0) 1.00-1.01, so they keep one.
-  static constexpr MaskedSteps masked_steps(MaskKind mask) {
+  static constexpr MaskedSteps masked_steps(MaskKind mask, RowStats) {
     return mask == MaskKind::kCausal ? MaskedSteps::kTwoBodies : MaskedSteps::kOneBody;
   }
 };

@@ -46,14 +46,14 @@ struct BwdTraits {
   static constexpr bool kDvFromRegs = Cfg::kDkvA != DkvOperandA::kSharedMemory;
   static constexpr bool kDkFromRegs = Cfg::kDkvA == DkvOperandA::kRegisters;
   static constexpr bool kOperandsPerWarpGroup = Cfg::operand_partition(kMask) == OperandPartition::kPerWarpGroup;
-  // Soft-capped kernels of a kGemmInit config read the statistics the config's kGemmInitFallback way (soft-capping
+  // Soft-capped kernels of a kGemmInit config read the statistics the config's gemm_init_fallback way (soft-capping
   // applies tanh before LSE), and so do the packed-sequence causal ones: with the stats WGMMAs' selection registers
   // ptxas spilled 196/288 bytes there (hdim 64, 48/88 with shared memory; not timed).
   static constexpr bool kGemmStats = Cfg::row_stats(kMask) == RowStats::kGemmInit && !kSoftcap &&
                                      !(kLayout_ == SeqLayout::kPacked && kMask_ == MaskKind::kCausal);
   static constexpr RowStats row_stats_kind() {
     if constexpr (Cfg::row_stats(kMask) == RowStats::kGemmInit && !kGemmStats) {
-      return Cfg::kGemmInitFallback;
+      return Cfg::gemm_init_fallback(kMask);
     } else {
       return Cfg::row_stats(kMask);
     }
@@ -81,7 +81,7 @@ struct BwdTraits {
                            GMMA::Major::MN, GMMA::Major::MN>(),
       AtomLayout<typename Cfg::dQSplit>{}));
   static constexpr bool kDvAfterDs = Cfg::dv_issue(kMask) == DvIssue::kAfterDs;
-  static constexpr bool kTwoStepBodies = Cfg::masked_steps(kMask) == MaskedSteps::kTwoBodies;
+  static constexpr bool kTwoStepBodies = Cfg::masked_steps(kMask, kRowStats) == MaskedSteps::kTwoBodies;
   static_assert(!kDvAfterDs || kDvFromRegs, "the late dV issue is the register-sourced dV GEMM's");
 
   // Shared-memory layouts. Q/dO/K/V are stored row-major (d contiguous, K-major for S^T and dP^T); the transposed

@@ -149,8 +149,14 @@ struct BwdConfig<128> {
   static constexpr RowStats gemm_init_fallback(MaskKind mask) {
     return mask == MaskKind::kCausal ? RowStats::kShuffleAhead : RowStats::kShuffle;
   }
-  static constexpr OperandPartition operand_partition(MaskKind mask) {
-    return mask == MaskKind::kFull ? OperandPartition::kPerThread : OperandPartition::kPerWarpGroup;
+  // Full with kGemmInit and two step bodies (H200, 2026-12-01 ~17:33 UTC, C++ bench, 3 alternations against per
+  // thread with one body): 16k 0.969 of the time (non-det shift 586.4-586.6 -> 605.2-605.3 TFLOPS, det shift
+  // 582.7-583.5 -> 600.4-601.2), 8k 0.97, 4k 0.98-1.00 (2k noisy both ways); spills 64/100 -> 28/64 bytes. Two bodies
+  // with per-thread operands: 16k 0.985-0.995 (40/76 bytes). The soft-capped full kernels (shuffled statistics) keep
+  // per thread and one body.
+  static constexpr OperandPartition operand_partition(MaskKind mask, RowStats stats) {
+    return mask == MaskKind::kFull && stats != RowStats::kGemmInit ? OperandPartition::kPerThread
+                                                                   : OperandPartition::kPerWarpGroup;
   }
   // dV after dS (H200, 3 alternations against kAfterP): full 0.98-0.99 of the time at 1k-16k, causal 0.98-1.01,
   // windows (1024, 0) and (512, 512) at 4k/16k 0.97-0.995 (spills 28 -> 32/36 bytes).
@@ -172,12 +178,11 @@ struct BwdConfig<128> {
   // Two step bodies (H200, 2026-11-30, two runs of 4 alternations against one body): windows (1024, 0) 0.975-0.99 of
   // the time at 4k/16k (spills 32 -> 20 bytes). Full and causal (6 alternations): 1.00-1.08 (full spill-free, 4
   // bytes before; causal 4 bytes stored before the loop), and 1.02-1.10 with the dV GEMM after P on top, so they keep
-  // one body. Causal with kGemmInit takes two (see row_stats); with kShuffleAhead two bodies measured 1.03 of the
-  // time of one (2026-12-01), so the fallback kernels keep one.
+  // one body. With kGemmInit both take two (see row_stats and operand_partition); with kShuffleAhead two bodies
+  // measured 1.03 of the time of one at causal (2026-12-01), so the fallback kernels keep one.
   static constexpr MaskedSteps masked_steps(MaskKind mask, RowStats stats) {
-    return mask == MaskKind::kWindow || (mask == MaskKind::kCausal && stats == RowStats::kGemmInit)
-               ? MaskedSteps::kTwoBodies
-               : MaskedSteps::kOneBody;
+    return mask == MaskKind::kWindow || stats == RowStats::kGemmInit ? MaskedSteps::kTwoBodies
+                                                                      : MaskedSteps::kOneBody;
   }
 };
 
@@ -212,7 +217,7 @@ struct BwdConfig<64> {
   }
   // Soft-capped and packed causal kernels.
   static constexpr RowStats gemm_init_fallback(MaskKind) { return RowStats::kSharedMemory; }
-  static constexpr OperandPartition operand_partition(MaskKind) { return OperandPartition::kPerWarpGroup; }
+  static constexpr OperandPartition operand_partition(MaskKind, RowStats) { return OperandPartition::kPerWarpGroup; }
   // dV after dS (H200, 3 alternations against kAfterP): full 0.94-0.96 of the time at 1k-16k with spills 8/16 -> 0
   // bytes; causal 1.00-1.03 with one step body (4 -> 48/72 bytes). With two step bodies see masked_steps.
   static constexpr DvIssue dv_issue(MaskKind) { return DvIssue::kAfterDs; }
@@ -252,7 +257,7 @@ struct BwdConfig<256> {
   // A warpgroup's S^T covers half the query columns, so the statistics cannot be shuffled within a warp's row.
   static constexpr RowStats row_stats(MaskKind) { return RowStats::kSharedMemory; }
   // Per warpgroup: within +-1% of per thread at every row measured (H200, 3 alternating runs).
-  static constexpr OperandPartition operand_partition(MaskKind) { return OperandPartition::kPerWarpGroup; }
+  static constexpr OperandPartition operand_partition(MaskKind, RowStats) { return OperandPartition::kPerWarpGroup; }
   static constexpr DvIssue dv_issue(MaskKind) { return DvIssue::kAfterP; }  // P^T goes through shared memory here
   // A warpgroup owns half of d, not whole rows (dKVSplit = <1, 2>).
   static constexpr DkDvEpilogue dkdv_epilogue(MaskKind) { return DkDvEpilogue::kRegisterStores; }

@@ -45,7 +45,6 @@ struct BwdTraits {
       AtomLayout<typename Cfg::SdPSplit>{}));
   static constexpr bool kDvFromRegs = Cfg::kDkvA != DkvOperandA::kSharedMemory;
   static constexpr bool kDkFromRegs = Cfg::kDkvA == DkvOperandA::kRegisters;
-  static constexpr bool kOperandsPerWarpGroup = Cfg::operand_partition(kMask) == OperandPartition::kPerWarpGroup;
   // Soft-capped kernels of a kGemmInit config read the statistics the config's gemm_init_fallback way (soft-capping
   // applies tanh before LSE), and so do the packed-sequence causal ones: with the stats WGMMAs' selection registers
   // ptxas spilled 196/288 bytes there (hdim 64, 48/88 with shared memory; not timed).
@@ -61,6 +60,8 @@ struct BwdTraits {
   static constexpr RowStats kRowStats = row_stats_kind();
   static constexpr bool kShuffleStats = kRowStats == RowStats::kShuffle || kRowStats == RowStats::kShuffleAhead;
   static constexpr bool kLseAhead = kRowStats == RowStats::kShuffleAhead;
+  static constexpr bool kOperandsPerWarpGroup =
+      Cfg::operand_partition(kMask, kRowStats) == OperandPartition::kPerWarpGroup;
   static_assert(!kShuffleStats || Cfg::SdPSplit::kAlongN == 1, "shuffled statistics need a warpgroup per query row");
   static_assert(!kGemmStats || Cfg::SdPSplit::kAlongN == 1, "the stats WGMMA spans a warpgroup's whole query extent");
   static_assert(!kDvFromRegs || (Cfg::SdPSplit::kAlongN == 1 && Cfg::dKVSplit::kAlongN == 1 &&

@@ -58,9 +58,10 @@ ALLOWANCES = [
     (r"bwd_main_kernel.*BwdTraitsILi64E.*MaskKindE0", 128, "hdim 64 full: 100/128 bytes (split tail)"),
     # Hdim 128 full with the statistics through the tensor cores (RowStats::kGemmInit, 2026-12-01): the selection
     # operands are loop invariants (4 -> 52 bytes); H200: deterministic 0.972-0.981 of the time at 4k-16k against the
-    # shuffled statistics, non-deterministic 0.994-1.019.
-    (r"bwd_main_kernel.*BwdTraitsILi128E.*MaskKindE0", 100,
-     "hdim 128 full: 64/100 bytes, 40 frame (split tail, spread start tiles)"),
+    # shuffled statistics, non-deterministic 0.994-1.019. With two step bodies and per-warpgroup operands (same day,
+    # ~17:40 UTC) 28/64 bytes, 16 frame, and 0.97-0.985 of the time again at 1k-16k.
+    (r"bwd_main_kernel.*BwdTraitsILi128E.*MaskKindE0", 64,
+     "hdim 128 full: 28/64 bytes, 16 frame (split tail, spread start tiles)"),
     (r"bwd_main_kernel.*BwdTraitsILi256E.*MaskKindE0", 8, "hdim 256 full: 4/8 bytes (split tail)"),
 ]
 

@@ -2,10 +2,10 @@
 
 Same tolerance scheme as the forward tests: error <= max(2 x error of a plain PyTorch autograd backward in the input
 dtype, a small floor). The floor of dq and dk adds twice the error that row statistics carried to 16 significant bits
-can cause (reference.row_statistic_error_bound): the hdim 64 and hdim 128 full and causal kernels add LSE and D to
-their accumulators as two bf16 parts each. It decides only where the baseline is exact, one key per query (dS = 0).
-Gradients go through `flash_attn_func(...)` and autograd, so the registered autograd formula is what is tested; the
-reference is `attention_bwd_ref` fed with the float32 reference forward's out and lse.
+can cause (reference.row_statistic_error_bound): the hdim 64 full/causal and hdim 128 full/causal/window kernels add
+LSE and D to their accumulators as two bf16 parts each. It decides only where the baseline is exact, one key per
+query (dS = 0). Gradients go through `flash_attn_func(...)` and autograd, so the registered autograd formula is what
+is tested; the reference is `attention_bwd_ref` fed with the float32 reference forward's out and lse.
 """
 import math
 import os

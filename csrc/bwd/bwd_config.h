@@ -129,7 +129,7 @@ struct BwdConfig<128> {
   using dQSplit = WarpGroupSplit<1, 2>;   // dQ (64 x 128): each warpgroup owns 64 columns of d
   static constexpr DkvOperandA kDkvA = DkvOperandA::kRegisters;
   // Shuffled statistics (H200, three A/B runs of 2-3 alternations): causal 0.95-1.00 of the time at 1k-16k (non-det
-  // and shift_causal); windows 1.08-1.11 (20 bytes of spills), so they keep shared memory. Full: 0.98-1.02 and
+  // and shift_causal); windows 1.08-1.11 (20 bytes of spills), so they kept shared memory (now kGemmInit). Full: 0.98-1.02 and
   // 0.99-1.01 while the shuffles ran after the S wait; with them issued during the GEMMs (consumer_loop; 2026-11-30,
   // three runs of 3-4 alternations against shared memory): 0.975-0.992 at 4k-16k, 0.95-1.02 at 2k, 0.99-1.016 at
   // 1k, with 4 bytes of spills (check_spills.py).
@@ -142,12 +142,15 @@ struct BwdConfig<128> {
   // it is spill-free and, against kShuffleAhead with one body (3 alternations, 2026-12-01 ~17:20 UTC, C++ bench),
   // 16k 0.978-0.984 of the time (non-det shift_causal 565.5 -> 577.5-578.4 TFLOPS, det 563.5 -> 572.5-573.1), 8k
   // 0.98-0.99 (the kShuffleAhead kernels with two bodies: 1.03).
-  static constexpr RowStats row_stats(MaskKind mask) {
-    return mask == MaskKind::kWindow ? RowStats::kSharedMemory : RowStats::kGemmInit;
-  }
+  // Windows with kGemmInit (their two step bodies and per-warpgroup operands as before; H200, 2026-12-01 ~18:08 UTC,
+  // C++ bench, 3 alternations against shared memory, spt): (1024, 0) 16k 0.96-0.99 of the time, (512, 512) 16k
+  // 0.93-0.95, 4k 0.98-1.00 (both windows, both modes); spills 28/28 -> 48/48 bytes.
+  static constexpr RowStats row_stats(MaskKind) { return RowStats::kGemmInit; }
   // The statistics of the kernels that cannot take kGemmInit (soft-capped; packed causal), as measured before it.
   static constexpr RowStats gemm_init_fallback(MaskKind mask) {
-    return mask == MaskKind::kCausal ? RowStats::kShuffleAhead : RowStats::kShuffle;
+    return mask == MaskKind::kCausal   ? RowStats::kShuffleAhead
+           : mask == MaskKind::kWindow ? RowStats::kSharedMemory
+                                       : RowStats::kShuffle;
   }
   // Full with kGemmInit and two step bodies (H200, 2026-12-01 ~17:33 UTC, C++ bench, 3 alternations against per
   // thread with one body): 16k 0.969 of the time (non-det shift 586.4-586.6 -> 605.2-605.3 TFLOPS, det shift

@@ -129,10 +129,10 @@ struct BwdConfig<128> {
   using dQSplit = WarpGroupSplit<1, 2>;   // dQ (64 x 128): each warpgroup owns 64 columns of d
   static constexpr DkvOperandA kDkvA = DkvOperandA::kRegisters;
   // Shuffled statistics (H200, three A/B runs of 2-3 alternations): causal 0.95-1.00 of the time at 1k-16k (non-det
-  // and shift_causal); windows 1.08-1.11 (20 bytes of spills), so they kept shared memory (now kGemmInit). Full: 0.98-1.02 and
-  // 0.99-1.01 while the shuffles ran after the S wait; with them issued during the GEMMs (consumer_loop; 2026-11-30,
-  // three runs of 3-4 alternations against shared memory): 0.975-0.992 at 4k-16k, 0.95-1.02 at 2k, 0.99-1.016 at
-  // 1k, with 4 bytes of spills (check_spills.py).
+  // and shift_causal); windows 1.08-1.11 (20 bytes of spills), so they kept shared memory (now kGemmInit). Full:
+  // 0.98-1.02 and 0.99-1.01 while the shuffles ran after the S wait; with them issued during the GEMMs
+  // (consumer_loop; 2026-11-30, three runs of 3-4 alternations against shared memory): 0.975-0.992 at 4k-16k,
+  // 0.95-1.02 at 2k, 0.99-1.016 at 1k, with 4 bytes of spills (check_spills.py).
   // Causal with the LSE shuffled a step ahead (H200, 2026-11-30, two runs of 4 alternations against kShuffle):
   // descending 0.92-0.97 of the time at 4k-16k, non-det and shift_causal 0.983-1.02; at full masks it spilled 36 bytes
   // (not run).
@@ -181,8 +181,8 @@ struct BwdConfig<128> {
   // Two step bodies (H200, 2026-11-30, two runs of 4 alternations against one body): windows (1024, 0) 0.975-0.99 of
   // the time at 4k/16k (spills 32 -> 20 bytes). Full and causal (6 alternations): 1.00-1.08 (full spill-free, 4
   // bytes before; causal 4 bytes stored before the loop), and 1.02-1.10 with the dV GEMM after P on top, so they keep
-  // one body. With kGemmInit both take two (see row_stats and operand_partition); with kShuffleAhead two bodies
-  // measured 1.03 of the time of one at causal (2026-12-01), so the fallback kernels keep one.
+  // one body. With kGemmInit every mask takes two (see row_stats and operand_partition); with kShuffleAhead two
+  // bodies measured 1.03 of the time of one at causal (2026-12-01), so the fallback kernels keep one.
   static constexpr MaskedSteps masked_steps(MaskKind mask, RowStats stats) {
     return mask == MaskKind::kWindow || stats == RowStats::kGemmInit ? MaskedSteps::kTwoBodies
                                                                       : MaskedSteps::kOneBody;

@@ -142,7 +142,7 @@ struct BwdConfig<128> {
   // it is spill-free and, against kShuffleAhead with one body (3 alternations, 2026-12-01 ~17:20 UTC, C++ bench),
   // 16k 0.978-0.984 of the time (non-det shift_causal 565.5 -> 577.5-578.4 TFLOPS, det 563.5 -> 572.5-573.1), 8k
   // 0.98-0.99 (the kShuffleAhead kernels with two bodies: 1.03).
-  // Windows with kGemmInit (their two step bodies and per-warpgroup operands as before; H200, 2026-12-01 ~18:08 UTC,
+  // Windows with kGemmInit (their two step bodies and per-warpgroup operands as before; H200, 2026-12-01 ~17:55 UTC,
   // C++ bench, 3 alternations against shared memory, spt): (1024, 0) 16k 0.96-0.99 of the time, (512, 512) 16k
   // 0.93-0.95, 4k 0.98-1.00 (both windows, both modes); spills 28/28 -> 48/48 bytes.
   static constexpr RowStats row_stats(MaskKind) { return RowStats::kGemmInit; }

@@ -22,15 +22,16 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from . import _sched
+from .validation import NONDETERMINISTIC_SCHEDULES
 
 __all__ = ["SCHEDULES", "NONDETERMINISTIC_SCHEDULES", "SCHEDULE_IDS", "MASKS", "Plan", "SimResult", "tile_shape",
            "plan", "simulate", "choose", "gantt", "gantt_compare", "main"]
 
 SCHEDULES = ("ascending", "descending", "spt", "shift", "shift_causal")
-# Orders of the non-deterministic backward only: `dynamic` claims its units at run time (csrc/schedule/dynamic.h).
-# Its plan is the static stand-in the engine enumerates (ascending KV index as the accumulation order); what the
-# kernel runs is simulate(..., deterministic=False, dispatch="greedy").
-NONDETERMINISTIC_SCHEDULES = ("dynamic",)
+# NONDETERMINISTIC_SCHEDULES (from validation, the API's list): orders of the non-deterministic backward only.
+# `dynamic` claims its units at run time (csrc/schedule/dynamic.h); its plan is the static stand-in the engine
+# enumerates (ascending KV index as the accumulation order); what the kernel runs is simulate(...,
+# deterministic=False, dispatch="greedy").
 # Mirrors dash::ScheduleKind (csrc/common/params.h).
 SCHEDULE_IDS: Dict[str, int] = {
     "ascending": _sched.ASCENDING,

@@ -5,6 +5,11 @@ The tolerance scheme is described in test_gpu_forward.py's docstring.
 import pytest
 import torch
 
+import dash_attn
+
+# The schedules a deterministic backward can run (dash_attn.NONDETERMINISTIC_SCHEDULES have no accumulation order).
+DET_SCHEDULES = [s for s in dash_attn.SCHEDULES if s not in dash_attn.NONDETERMINISTIC_SCHEDULES]
+
 
 @pytest.fixture(autouse=True)
 def exact_float32_matmul():

@@ -15,14 +15,12 @@ import torch
 
 import dash_attn
 from gpu_common import (exact_float32_matmul, supported_head_dims, main_head_dim,  # noqa: F401 (fixture)
-                        assert_grads_within, assert_compiled_step_matches_eager, poison_allocator)
+                        assert_grads_within, assert_compiled_step_matches_eager, poison_allocator, DET_SCHEDULES)
 from dash_attn.reference import attention_bwd_ref, attention_ref, row_statistic_error_bound
 
 pytestmark = pytest.mark.gpu
 
 SEED = int(os.environ.get("DASH_TEST_SEED", "0"))
-# The schedules a deterministic backward can run ("dynamic" has no accumulation order: tested below, non-det).
-SCHEDULES = [s for s in dash_attn.SCHEDULES if s not in dash_attn.NONDETERMINISTIC_SCHEDULES]
 
 
 def make_inputs(batch, seqlen_q, seqlen_k, nheads, nheads_k, headdim, dtype, seed=SEED):
@@ -75,7 +73,7 @@ BWD_SEQLENS = [(1, 1), (17, 17), (113, 257), (257, 113), (1023, 1023)]
 @pytest.mark.parametrize("seqlen_q, seqlen_k", BWD_SEQLENS, ids=[f"{a}x{b}" for a, b in BWD_SEQLENS])
 @pytest.mark.parametrize("group", [1, 2, 8])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("schedule", SCHEDULES)
+@pytest.mark.parametrize("schedule", DET_SCHEDULES)
 def test_backward_schedule_mask_gqa_shapes(seqlen_q, seqlen_k, group, causal, schedule):
     """Every schedule x mask x GQA ratio x odd shape, deterministic mode, bf16, the main head dim."""
     check_backward(2, seqlen_q, seqlen_k, 8, 8 // group, main_head_dim(), torch.bfloat16, causal, schedule, True)
@@ -90,7 +88,7 @@ WINDOWS = [(64, 64), (100, 0), (-1, 40), (300, -1), (5, 3), (0, 0)]
 @pytest.mark.parametrize("seqlen_q, seqlen_k", [(113, 257), (257, 113), (1023, 1023)],
                          ids=["113x257", "257x113", "1023x1023"])
 @pytest.mark.parametrize("window", WINDOWS, ids=[f"w{a}_{b}" for a, b in WINDOWS])
-@pytest.mark.parametrize("schedule", SCHEDULES)
+@pytest.mark.parametrize("schedule", DET_SCHEDULES)
 def test_backward_sliding_window(seqlen_q, seqlen_k, window, schedule):
     """Every schedule x window x odd shape, deterministic mode, GQA 4:2, bf16, the main head dim."""
     check_backward(2, seqlen_q, seqlen_k, 4, 2, main_head_dim(), torch.bfloat16, False, schedule, True,

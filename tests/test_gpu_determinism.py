@@ -9,14 +9,13 @@ import pytest
 import torch
 
 import dash_attn
-from gpu_common import main_head_dim, supported_head_dims
+from gpu_common import DET_SCHEDULES, main_head_dim, supported_head_dims
 
 pytestmark = pytest.mark.gpu
 
 SEED = int(os.environ.get("DASH_TEST_SEED", "0"))
 REPEATS = int(os.environ.get("DASH_DET_REPEATS", "1000"))
 # The schedules of a deterministic backward ("dynamic" runs only non-deterministically).
-DET_SCHEDULES = [s for s in dash_attn.SCHEDULES if s not in dash_attn.NONDETERMINISTIC_SCHEDULES]
 EXPLICIT_SCHEDULES = [s for s in DET_SCHEDULES if s != "auto"]
 # Only these orders are a function of the KV index alone (tests/test_schedule_invariance.py proves it on the CPU);
 # spt/shift/shift_causal order by wave, and waves depend on the grid size.

@@ -16,7 +16,7 @@ import torch
 import dash_attn
 import dash_attn.interface as interface
 import test_gpu_varlen as varlen
-from gpu_common import main_head_dim, requires_softcap, supported_head_dims
+from gpu_common import DET_SCHEDULES, main_head_dim, requires_softcap, supported_head_dims
 
 pytestmark = pytest.mark.gpu
 
@@ -50,11 +50,6 @@ def packed_calls(monkeypatch):
 
     monkeypatch.setattr(interface, "_packed_launch", recording)
     return calls
-
-
-# The schedules of a deterministic backward ("dynamic": non-deterministic only; the packed kernels run shift_causal
-# for it, checked below).
-DET_SCHEDULES = [s for s in dash_attn.SCHEDULES if s not in dash_attn.NONDETERMINISTIC_SCHEDULES]
 
 
 def _extension_has_packed_kernels():
@@ -122,6 +117,7 @@ def test_packed_every_schedule_with_poisoned_outputs(packed_calls, schedule, cau
     _check(packed_calls, "docs", 4, 4, main_head_dim(), torch.bfloat16, causal, schedule=schedule, poison=True)
 
 
+# The packed kernels claim no units: they run shift_causal's order for "dynamic".
 @pytest.mark.parametrize("schedule", dash_attn.NONDETERMINISTIC_SCHEDULES)
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_packed_nondeterministic_schedules(packed_calls, schedule, causal):

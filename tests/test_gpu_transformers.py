@@ -1,0 +1,215 @@
+"""attn_implementation="dash_attn" in Hugging Face transformers models on the GPU, bf16 (marker `gpu`; skipped without
+an sm90 GPU, the built extension or transformers).
+
+Small random models (Llama; Mistral with a sliding window; Gemma 2 with softcap, head dim 256 and alternating sliding
+and full layers; Qwen 3 with head dim 128), built from configs:
+- logits of dense, padded and padding-free packed batches against a float32 eager reference, within the tolerance
+  scheme of test_gpu_forward.py: twice the error of the bf16 baseline implementation (sdpa; eager for Gemma 2, whose
+  softcap sdpa ignores), or bf16 rounding;
+- 10 training steps (dense, padded and packed batches, bf16 autocast over float32 weights) run twice: bitwise the same
+  losses and weights, deterministic through FLASH_ATTENTION_DETERMINISTIC=1 or torch.use_deterministic_algorithms;
+- greedy generate() of 32 tokens with the KV cache: the baseline's tokens, except from a step where the two
+  candidates are a near tie (random models have them; within bf16 noise either choice is right).
+"""
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+
+from gpu_common import assert_within, exact_float32_matmul, tolerance  # noqa: E402,F401 (fixture)
+
+pytestmark = pytest.mark.gpu
+
+ARCHS = ["llama", "mistral", "gemma2", "qwen3"]
+VOCAB = 512
+SEQLEN = 256
+WINDOW = 48
+# An initializer range above the default 0.02 so that attention is far from uniform and masks matter.
+COMMON = dict(vocab_size=VOCAB, hidden_size=256, intermediate_size=512, num_hidden_layers=2, num_attention_heads=4,
+              num_key_value_heads=2, max_position_embeddings=1024, initializer_range=0.1, pad_token_id=0)
+# Two logits closer than this (a few bf16 ulps at the logits' magnitude) are a tie within bf16 noise.
+NEAR_TIE = 0.125
+
+
+@pytest.fixture(scope="module", autouse=True)
+def registered():
+    from dash_attn.integrations.transformers import register
+    register()
+
+
+def _config(arch):
+    if arch == "llama":
+        return transformers.LlamaConfig(**COMMON)
+    if arch == "mistral":
+        return transformers.MistralConfig(**COMMON, sliding_window=WINDOW)
+    if arch == "gemma2":
+        return transformers.Gemma2Config(**COMMON, head_dim=256, sliding_window=WINDOW, attn_logit_softcapping=5.0,
+                                         query_pre_attn_scalar=256)
+    if arch == "qwen3":
+        return transformers.Qwen3Config(**COMMON, head_dim=128)
+    raise ValueError(arch)
+
+
+def _baseline(arch):
+    return "eager" if arch == "gemma2" else "sdpa"
+
+
+def _models(arch):
+    """The same random weights as dash_attn (bf16), the baseline implementation (bf16) and eager (float32)."""
+    torch.manual_seed(0)
+    state = transformers.AutoModelForCausalLM.from_config(_config(arch), attn_implementation="eager").state_dict()
+    models = {}
+    for name, impl, dtype in (("dash", "dash_attn", torch.bfloat16), ("base", _baseline(arch), torch.bfloat16),
+                              ("ref", "eager", torch.float32)):
+        model = transformers.AutoModelForCausalLM.from_config(_config(arch), attn_implementation=impl)
+        model.load_state_dict(state)
+        models[name] = model.to("cuda", dtype).eval()
+    return models
+
+
+def _ids(batch, seqlen, seed=2):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    return torch.randint(1, VOCAB, (batch, seqlen), generator=gen, device="cuda")
+
+
+def _padding_mask(batch, seqlen):
+    """Row 0 padded on the left, row 1 on the right, the others not."""
+    mask = torch.ones(batch, seqlen, dtype=torch.long, device="cuda")
+    mask[0, :37] = 0
+    if batch > 1:
+        mask[1, seqlen - 61:] = 0
+    return mask
+
+
+def _assert_logits(name, models, keep, run):
+    with torch.no_grad():
+        logits = {key: run(model).float()[keep] for key, model in models.items()}
+    assert torch.isfinite(logits["dash"]).all(), f"{name}: non-finite logits"
+    assert_within(name, logits["dash"], logits["ref"], tolerance(logits["base"], logits["ref"], torch.bfloat16))
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Logits
+# ----------------------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("padded", [False, True])
+@pytest.mark.parametrize("arch", ARCHS)
+def test_logits_match_baseline(arch, padded):
+    models = _models(arch)
+    ids = _ids(3, SEQLEN)
+    mask = _padding_mask(3, SEQLEN) if padded else None
+    keep = mask.bool() if padded else torch.ones_like(ids, dtype=torch.bool)
+    _assert_logits(f"{arch} logits", models, keep, lambda m: m(input_ids=ids, attention_mask=mask).logits)
+
+
+def _packed(lengths, seed=3):
+    ids = _ids(1, sum(lengths), seed)
+    position_ids = torch.cat([torch.arange(n, device="cuda") for n in lengths]).unsqueeze(0)
+    return ids, position_ids
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_packed_batch_matches_separate_sequences(arch):
+    """A padding-free batch (position_ids restarting) under dash_attn; the baseline and reference run each sequence
+    on its own, which needs no packing support from them."""
+    models = _models(arch)
+    lengths = (100, 37, 1, 118)
+    ids, position_ids = _packed(lengths)
+    starts = [sum(lengths[:i]) for i in range(len(lengths))]
+
+    def run(model):
+        if model is models["dash"]:
+            return model(input_ids=ids, position_ids=position_ids).logits
+        return torch.cat([model(input_ids=ids[:, s:s + n]).logits for s, n in zip(starts, lengths)], dim=1)
+
+    _assert_logits(f"{arch} packed logits", models, torch.ones_like(ids, dtype=torch.bool), run)
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Deterministic training
+# ----------------------------------------------------------------------------------------------------------------------
+
+def _train(arch, steps=10):
+    """Training steps over dense, padded and packed batches; the losses and the final weights."""
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(_config(arch), attn_implementation="dash_attn")
+    model = model.to("cuda").train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    losses = []
+    for step in range(steps):
+        inputs = {"input_ids": _ids(4, SEQLEN, seed=10 + step)}
+        if step % 3 == 1:
+            inputs["attention_mask"] = _padding_mask(4, SEQLEN)
+            inputs["labels"] = inputs["input_ids"].masked_fill(inputs["attention_mask"] == 0, -100)
+        elif step % 3 == 2:
+            inputs["input_ids"], inputs["position_ids"] = _packed((300, 11, 200, 1, 512), seed=10 + step)
+        inputs.setdefault("labels", inputs["input_ids"])
+        with torch.autocast("cuda", dtype=torch.bfloat16):
+            loss = model(**inputs).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(loss.detach())
+    return torch.stack(losses), [p.detach().clone() for p in model.parameters()]
+
+
+def check_training_is_bitwise_reproducible(arch):
+    (losses, weights), (losses2, weights2) = _train(arch), _train(arch)
+    assert torch.isfinite(losses).all()
+    assert torch.equal(losses, losses2), f"losses differ: {losses.tolist()} vs {losses2.tolist()}"
+    assert all(torch.equal(a, b) for a, b in zip(weights, weights2)), "weights differ after identical training"
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma2"])
+def test_training_deterministic_through_env(arch, monkeypatch):
+    monkeypatch.setenv("FLASH_ATTENTION_DETERMINISTIC", "1")
+    check_training_is_bitwise_reproducible(arch)
+
+
+def test_training_deterministic_through_torch_flag():
+    """torch.use_deterministic_algorithms needs cuBLAS's workspace setting before CUDA starts: a fresh process."""
+    code = ("import sys, torch; sys.path.insert(0, sys.argv[1]); import test_gpu_transformers as t; "
+            "from dash_attn.integrations.transformers import register; register(); "
+            "torch.use_deterministic_algorithms(True); t.check_training_is_bitwise_reproducible('llama')")
+    env = {k: v for k, v in os.environ.items() if k != "FLASH_ATTENTION_DETERMINISTIC"}
+    env["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
+    result = subprocess.run([sys.executable, "-c", code, os.path.dirname(__file__)], env=env, capture_output=True,
+                            text=True)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Greedy generation with the KV cache
+# ----------------------------------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("padded", [False, True])
+@pytest.mark.parametrize("arch", ARCHS)
+def test_greedy_generation_matches_baseline(arch, padded):
+    models = _models(arch)
+    prompt = 64
+    ids = _ids(2, prompt, seed=4)
+    mask = _padding_mask(2, prompt) if padded else torch.ones_like(ids)
+    if padded:
+        mask[1] = 1  # generation pads on the left
+    options = dict(attention_mask=mask, max_new_tokens=32, min_new_tokens=32, do_sample=False, pad_token_id=0,
+                   output_logits=True, return_dict_in_generate=True)
+    with torch.no_grad():
+        out = models["dash"].generate(ids, **options)
+        ref = models["base"].generate(ids, **options)
+    tokens, ref_tokens = out.sequences[:, prompt:], ref.sequences[:, prompt:]
+    assert tokens.shape == ref_tokens.shape == (2, 32)
+    for row in range(2):
+        differ = (tokens[row] != ref_tokens[row]).nonzero()
+        if differ.numel() == 0:
+            continue
+        # Both saw the same prefix up to the first difference; there the two choices must be a near tie.
+        step = int(differ[0])
+        ours, theirs = int(tokens[row, step]), int(ref_tokens[row, step])
+        for name, logits in (("dash_attn", out.logits[step][row]), ("baseline", ref.logits[step][row])):
+            gap = (logits[ours] - logits[theirs]).abs().item()
+            assert gap <= NEAR_TIE, (f"{arch} row {row}: tokens differ from step {step} ({ours} vs {theirs}) though "
+                                     f"{name}'s logits separate them by {gap:.3f} > {NEAR_TIE}")

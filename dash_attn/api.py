@@ -20,48 +20,84 @@ def _common_args(q, softmax_scale, causal, window_size, softcap, deterministic, 
     softcap = validation.check_softcap(softcap)
     validation.check_deterministic(deterministic)
     validation.check_schedule(schedule)
-    validation.check_sm_margin(sm_margin)
+    sm_margin = validation.check_sm_margin(sm_margin)
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(q.shape[-1])
     mask, window_left, window_right = _mask_args(window_left, window_right)
     deterministic = _resolve_deterministic(deterministic)
     validation.check_schedule_mode(schedule, deterministic)
-    return (float(softmax_scale), mask, window_left, window_right, softcap, deterministic, schedule, int(sm_margin))
+    return (float(softmax_scale), mask, window_left, window_right, softcap, deterministic, schedule, sm_margin)
 
 
-def flash_attn_func(q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, deterministic=None,
-                    schedule="auto", sm_margin=0, return_attn_probs=False, **fa3_options):
-    """Scaled dot-product attention with FlashAttention-3's interface.
-
-    q: (batch, seqlen_q, nheads, headdim); k: (batch, seqlen_k, nheads_k, headdim), nheads % nheads_k == 0; v:
-    (batch, seqlen_k, nheads_k, headdim_v), headdim_v = headdim or another (e.g. 192 / 128); out takes headdim_v.
-    Head dims: multiples of 8 up to 256; on CUDA the kernel is the smallest built one (64, 128, 256) that holds both,
-    the missing columns read as zeros, at its cost. softmax_scale: default 1/sqrt(headdim).
-    causal: bottom-right aligned (query i sees key j <= i + seqlen_k - seqlen_q). window_size: (left, right), -1
-    unbounded. softcap > 0: scores = softcap * tanh(scores / softcap).
-    deterministic: bitwise-reproducible backward; None follows torch.are_deterministic_algorithms_enabled().
-    schedule: backward schedule name from SCHEDULES ("auto" = cost model; "dynamic", units claimed at run time, only
-    with deterministic=False). sm_margin: SMs the backward leaves free.
-    Returns out (batch, seqlen_q, nheads, headdim_v), or (out, lse) with return_attn_probs, lse float32 (batch,
-    nheads, seqlen_q), natural log.
-    fa3_options: FlashAttention-3's other keywords (qv, q/k/v_descale, attention_chunk, num_splits, pack_gqa), so
-    that its calls run unchanged: the tuning hints are accepted and ignored, the features only when off.
-    """
-    validation.check_fa3_options("flash_attn_func", fa3_options)
+# The bodies of the public functions. The public functions check their own extra arguments and call these, never each
+# other: validation.public_entry names the function the user called in every error, once.
+def _attention(q, k, v, softmax_scale, causal, window_size, softcap, deterministic, sm_margin, return_attn_probs,
+               schedule):
     validation.check_qkv(q, k, v, varlen=False)
     args = _common_args(q, softmax_scale, causal, window_size, softcap, deterministic, schedule, sm_margin)
     out, lse = (_EagerAttention.apply if _eager_cuda(q, k, v) else _fwd)(q, k, v, *args)
     return (out, lse) if return_attn_probs else out
 
 
+def _varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k,
+                      softmax_scale, causal, window_size, softcap, deterministic, sm_margin, return_attn_probs,
+                      schedule):
+    validation.check_qkv(q, k, v, varlen=True)
+    max_seqlen_q, max_seqlen_k = validation.check_cu_seqlens_meta(q, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
+                                                                  max_seqlen_k)
+    validation.check_seqused_meta(q, cu_seqlens_q, seqused_q, seqused_k)
+    args = _common_args(q, softmax_scale, causal, window_size, softcap, deterministic, schedule, sm_margin)
+    op = _EagerVarlenAttention.apply if _eager_cuda(q, k, v) else _varlen_fwd
+    out, lse = op(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k, *args)
+    return (out, lse) if return_attn_probs else out
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# FlashAttention-3's functions: its parameters in its order (hopper/flash_attn_interface.py), dash_attn's own after
+# them, keyword-only. deterministic defaults to None (FA3: False): follow torch.are_deterministic_algorithms_enabled().
+# ----------------------------------------------------------------------------------------------------------------------
+
+@validation.public_entry
+def flash_attn_func(q, k, v, softmax_scale=None, causal=False, qv=None, q_descale=None, k_descale=None,
+                    v_descale=None, window_size=(-1, -1), attention_chunk=0, softcap=0.0, num_splits=1, pack_gqa=None,
+                    deterministic=None, sm_margin=0, return_attn_probs=False, *, schedule="auto"):
+    """Scaled dot-product attention with FlashAttention-3's interface.
+
+    q: (batch, seqlen_q, nheads, headdim); k: (batch, seqlen_k, nheads_k, headdim), nheads % nheads_k == 0; v:
+    (batch, seqlen_k, nheads_k, headdim_v), headdim_v = headdim or another (e.g. 192 / 128); out takes headdim_v.
+    Head dims: multiples of 8 up to 256; on CUDA the kernel is the smallest built one (64, 128, 256) that holds both,
+    the missing columns read as zeros, at its cost. softmax_scale: default 1/sqrt(headdim).
+    causal: bottom-right aligned (query i sees key j <= i + seqlen_k - seqlen_q). window_size: (left, right) around
+    the same diagonal, integers (ints, numpy integers, 0-d integer tensors); a negative side is unbounded, as is a
+    side wider than the sequences; causal=True sets the right side to 0 (FlashAttention-3's rules).
+    softcap > 0: scores = softcap * tanh(scores / softcap).
+    deterministic: bitwise-reproducible backward; None follows torch.are_deterministic_algorithms_enabled().
+    sm_margin: SMs the backward leaves free. schedule (keyword-only): backward schedule name from SCHEDULES ("auto" =
+    cost model; "dynamic", units claimed at run time, only with deterministic=False).
+    Returns out (batch, seqlen_q, nheads, headdim_v), or (out, lse) with return_attn_probs, lse float32 (batch,
+    nheads, seqlen_q), natural log.
+    FlashAttention-3's other parameters run unchanged at their defaults: qv, q/k/v_descale (None) and
+    attention_chunk (0) are features dash_attn lacks, refused otherwise; num_splits takes 1 or 0 (FA3's split-KV
+    forward is not built); pack_gqa is accepted and ignored (it changes FA3's tiling, not the result).
+    """
+    validation.check_fa3_options(dict(qv=qv, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale,
+                                      attention_chunk=attention_chunk, num_splits=num_splits, pack_gqa=pack_gqa))
+    return _attention(q, k, v, softmax_scale, causal, window_size, softcap, deterministic, sm_margin,
+                      return_attn_probs, schedule)
+
+
+@validation.public_entry
 def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q=None,
-                           seqused_k=None, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
-                           deterministic=None, schedule="auto", sm_margin=0, return_attn_probs=False, **fa3_options):
+                           seqused_k=None, softmax_scale=None, causal=False, qv=None, q_descale=None, k_descale=None,
+                           v_descale=None, window_size=(-1, -1), attention_chunk=0, softcap=0.0, num_splits=1,
+                           pack_gqa=None, deterministic=None, sm_margin=0, return_attn_probs=False, *,
+                           schedule="auto"):
     """Attention over sequences packed along dim 0 (FlashAttention-3's varlen interface).
 
     q: (total_q, nheads, headdim); k, v: (total_k, nheads_k, headdim); cu_seqlens_q/k: int32 (batch + 1,) prefix sums
-    of the sequence lengths; max_seqlen_q/k: the longest sequence. Other arguments as in flash_attn_func; each
-    sequence is masked on its own. Returns out, or (out, lse) with lse float32 (nheads, total_q).
+    of the sequence lengths; max_seqlen_q/k: the longest sequence (integers). Other arguments as in flash_attn_func;
+    each sequence is masked on its own, and a window side wider than max_seqlen is unbounded. Returns out, or (out,
+    lse) with lse float32 (nheads, total_q).
     On CUDA one launch per direction runs all sequences (the packed-sequence kernels) where each sequence's causal
     or window band lies inside the longest sequences' and the head dim is a kernel's own, else the dense kernels run
     once per run of consecutive sequences with equal lengths. cu_seqlens is read on the host (checks, planning); from
@@ -73,71 +109,82 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     first); the rows past them take no part (out and their gradients 0, lse -inf). Such calls run in the packed
     kernels (a kernel's own head dim, each sequence's band inside the longest ones').
     """
-    validation.check_fa3_options("flash_attn_varlen_func", fa3_options)
-    validation.check_qkv(q, k, v, varlen=True)
-    validation.check_cu_seqlens_meta(q, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k)
-    validation.check_seqused_meta(q, cu_seqlens_q, seqused_q, seqused_k)
-    args = _common_args(q, softmax_scale, causal, window_size, softcap, deterministic, schedule, sm_margin)
-    op = _EagerVarlenAttention.apply if _eager_cuda(q, k, v) else _varlen_fwd
-    out, lse = op(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, int(max_seqlen_q), int(max_seqlen_k),
-                  *args)
-    return (out, lse) if return_attn_probs else out
+    validation.check_fa3_options(dict(qv=qv, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale,
+                                      attention_chunk=attention_chunk, num_splits=num_splits, pack_gqa=pack_gqa))
+    return _varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k,
+                             softmax_scale, causal, window_size, softcap, deterministic, sm_margin, return_attn_probs,
+                             schedule)
 
 
-def flash_attn_qkvpacked_func(qkv, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
-                              deterministic=None, num_heads_q=None, schedule="auto", sm_margin=0,
-                              return_attn_probs=False, **fa3_options):
+@validation.public_entry
+def flash_attn_qkvpacked_func(qkv, softmax_scale=None, causal=False, q_descale=None, k_descale=None, v_descale=None,
+                              window_size=(-1, -1), attention_chunk=0, softcap=0.0, deterministic=None,
+                              num_heads_q=None, sm_margin=0, return_attn_probs=False, *, schedule="auto"):
     """flash_attn_func on q, k, v packed in one tensor (FlashAttention-3's qkvpacked interface).
 
     qkv: (batch, seqlen, 3, nheads, headdim), or with num_heads_q given (batch, seqlen, num_heads_q + 2 * nheads_k,
     headdim): the query heads, then the key heads, then the value heads (MQA/GQA). The kernels read the three slices
     in place; their gradients come back packed like qkv. Other arguments and the result as in flash_attn_func.
     """
+    validation.check_fa3_options(dict(q_descale=q_descale, k_descale=k_descale, v_descale=v_descale,
+                                      attention_chunk=attention_chunk))
     q, k, v = validation.unpack_qkv(qkv, num_heads_q)
-    return flash_attn_func(q, k, v, softmax_scale=softmax_scale, causal=causal, window_size=window_size,
-                           softcap=softcap, deterministic=deterministic, schedule=schedule, sm_margin=sm_margin,
-                           return_attn_probs=return_attn_probs, **fa3_options)
+    return _attention(q, k, v, softmax_scale, causal, window_size, softcap, deterministic, sm_margin,
+                      return_attn_probs, schedule)
 
 
-def flash_attn_kvpacked_func(q, kv, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
-                             deterministic=None, schedule="auto", sm_margin=0, return_attn_probs=False,
-                             **fa3_options):
+# ----------------------------------------------------------------------------------------------------------------------
+# FlashAttention-2's packed functions (FA3 has no such names): FA2's parameters in its order, dropout_p and
+# alibi_slopes only at their 'off' values; then keyword-only dash_attn's own and FlashAttention-3's options
+# (validation.FA3_OPTIONS), so that a call ported from FA3's keywords runs too.
+# ----------------------------------------------------------------------------------------------------------------------
+
+@validation.public_entry
+def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
+                             softcap=0.0, alibi_slopes=None, deterministic=None, return_attn_probs=False, *,
+                             sm_margin=0, schedule="auto", **fa3_options):
     """flash_attn_func with k and v packed in one tensor (FlashAttention-2's kvpacked interface).
 
     q: (batch, seqlen_q, nheads, headdim); kv: (batch, seqlen_k, 2, nheads_k, headdim). Other arguments and the
     result as in flash_attn_func.
     """
+    validation.check_fa2_options(dropout_p, alibi_slopes)
+    validation.check_fa3_options(fa3_options)
     k, v = validation.unpack_kv(kv)
-    return flash_attn_func(q, k, v, softmax_scale=softmax_scale, causal=causal, window_size=window_size,
-                           softcap=softcap, deterministic=deterministic, schedule=schedule, sm_margin=sm_margin,
-                           return_attn_probs=return_attn_probs, **fa3_options)
+    return _attention(q, k, v, softmax_scale, causal, window_size, softcap, deterministic, sm_margin,
+                      return_attn_probs, schedule)
 
 
-def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, softmax_scale=None, causal=False,
-                                     window_size=(-1, -1), softcap=0.0, deterministic=None, num_heads_q=None,
-                                     schedule="auto", sm_margin=0, return_attn_probs=False, **fa3_options):
+@validation.public_entry
+def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0, softmax_scale=None, causal=False,
+                                     window_size=(-1, -1), softcap=0.0, alibi_slopes=None, deterministic=None,
+                                     return_attn_probs=False, *, num_heads_q=None, sm_margin=0, schedule="auto",
+                                     **fa3_options):
     """flash_attn_varlen_func on packed sequences whose q, k, v share one tensor (FlashAttention-2's interface).
 
     qkv: (total, 3, nheads, headdim), or with num_heads_q (total, num_heads_q + 2 * nheads_k, headdim); cu_seqlens and
     max_seqlen serve both queries and keys. Other arguments and the result as in flash_attn_varlen_func.
     """
+    validation.check_fa2_options(dropout_p, alibi_slopes)
+    validation.check_fa3_options(fa3_options)
     q, k, v = validation.unpack_qkv(qkv, num_heads_q, varlen=True)
-    return flash_attn_varlen_func(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, softmax_scale=softmax_scale,
-                                  causal=causal, window_size=window_size, softcap=softcap,
-                                  deterministic=deterministic, schedule=schedule, sm_margin=sm_margin,
-                                  return_attn_probs=return_attn_probs, **fa3_options)
+    return _varlen_attention(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, None, None, softmax_scale,
+                             causal, window_size, softcap, deterministic, sm_margin, return_attn_probs, schedule)
 
 
-def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, softmax_scale=None,
-                                    causal=False, window_size=(-1, -1), softcap=0.0, deterministic=None,
-                                    schedule="auto", sm_margin=0, return_attn_probs=False, **fa3_options):
+@validation.public_entry
+def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
+                                    softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
+                                    alibi_slopes=None, deterministic=None, return_attn_probs=False, *, sm_margin=0,
+                                    schedule="auto", **fa3_options):
     """flash_attn_varlen_func with k and v packed in one tensor (FlashAttention-2's interface).
 
     q: (total_q, nheads, headdim); kv: (total_k, 2, nheads_k, headdim). Other arguments and the result as in
     flash_attn_varlen_func.
     """
+    validation.check_fa2_options(dropout_p, alibi_slopes)
+    validation.check_fa3_options(fa3_options)
     k, v = validation.unpack_kv(kv, varlen=True)
-    return flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k,
-                                  softmax_scale=softmax_scale, causal=causal, window_size=window_size,
-                                  softcap=softcap, deterministic=deterministic, schedule=schedule,
-                                  sm_margin=sm_margin, return_attn_probs=return_attn_probs, **fa3_options)
+    return _varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, None, None,
+                             softmax_scale, causal, window_size, softcap, deterministic, sm_margin, return_attn_probs,
+                             schedule)

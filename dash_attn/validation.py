@@ -7,7 +7,9 @@ Shape/dtype checks here only read metadata so they also run on the fake tensors 
 """
 from __future__ import annotations
 
+import functools
 import math
+import operator
 from typing import Optional, Sequence, Tuple
 
 import torch
@@ -22,6 +24,33 @@ KERNEL_DTYPES = (torch.float16, torch.bfloat16)
 CPU_DTYPES = KERNEL_DTYPES + (torch.float32, torch.float64)
 MAX_HEADDIM = 256
 HEADDIM_MULTIPLE = 8
+
+
+# The exception types whose messages name the public function that was called. Exact types only: subclasses
+# (torch.OutOfMemoryError, NotImplementedError, ...) carry their own meaning and pass through unchanged.
+_NAMED_ERRORS = (ValueError, TypeError, RuntimeError)
+
+
+def public_entry(fn):
+    """Makes every ValueError, TypeError and RuntimeError raised by a call of `fn` name it: "fn(): <message>". The
+    checks themselves do not know which public function runs them (the packed functions share flash_attn_func's and
+    flash_attn_varlen_func's, the custom ops check tensor contents): the public functions are the only ones wrapped,
+    and they call each other's unwrapped bodies, so one message names the function the user called. A message that
+    already starts with it (Python's own, for a wrong keyword or argument count) is left as it is. Under
+    torch.compile the checks the ops run at graph run time (cu_seqlens contents) raise outside this wrapper, unnamed."""
+    name = fn.__name__
+
+    @functools.wraps(fn)
+    def call(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except _NAMED_ERRORS as exc:
+            message = exc.args[0] if exc.args else None
+            if type(exc) in _NAMED_ERRORS and isinstance(message, str) and not message.startswith(name + "("):
+                exc.args = (f"{name}(): {message}",) + exc.args[1:]
+            raise
+
+    return call
 
 
 def _check_tensor(name: str, t) -> None:
@@ -84,8 +113,7 @@ def unpack_qkv(qkv: torch.Tensor, num_heads_q, varlen: bool = False) -> Tuple[to
             raise ValueError(f"qkv must be ({rows}, 3, nheads, headdim), got shape {tuple(qkv.shape)}; for "
                              f"({rows}, nheads_q + 2 * nheads_k, headdim) pass num_heads_q")
         return qkv.unbind(dim)
-    if isinstance(num_heads_q, bool) or not isinstance(num_heads_q, int):
-        raise ValueError(f"num_heads_q must be an int or None, got {num_heads_q!r}")
+    num_heads_q = as_int("num_heads_q", num_heads_q)
     if qkv.dim() != dim + 2:
         raise ValueError(f"qkv with num_heads_q must be ({rows}, nheads_q + 2 * nheads_k, headdim), got shape "
                          f"{tuple(qkv.shape)}")
@@ -106,25 +134,35 @@ def unpack_kv(kv: torch.Tensor, varlen: bool = False) -> Tuple[torch.Tensor, tor
     return kv.unbind(dim)
 
 
+# A window side this wide is wider than any sequence a tensor can hold: larger values are clamped to it, so that the
+# ops' int arguments never overflow (the ops drop window sides wider than the sequences, as FlashAttention-3 does).
+WINDOW_CLAMP = 2**31 - 1
+
+
+def as_int(name: str, value) -> int:
+    """An integer-like argument (int, numpy integer, 0-d integer tensor: anything operator.index takes) as an int.
+    bool is refused: True / False as a length or a head count is a mistake, not a 1 or a 0."""
+    if isinstance(value, bool) or (isinstance(value, torch.Tensor) and value.dtype == torch.bool):
+        raise ValueError(f"{name} must be an int, got {value!r}")
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise ValueError(f"{name} must be an int, got {value!r}") from None
+
+
 def check_window(causal: bool, window_size: Sequence[int]) -> Tuple[int, int]:
-    """Returns (window_left, window_right) as ints with causal folded in (causal == window_right 0)."""
+    """(window_left, window_right) as ints with causal folded in, FlashAttention-3's rules: any negative side is
+    unbounded (-1); causal forces the right side to 0 whatever was given (causal == a right window of 0). Sides wider
+    than the sequences are dropped later, where the lengths are known (interface._effective_mask)."""
     if not isinstance(causal, bool):
         raise ValueError(f"causal must be a bool, got {causal!r}")
     try:
         left, right = window_size
     except (TypeError, ValueError):
         raise ValueError(f"window_size must be a pair (left, right), got {window_size!r}") from None
-    for side, value in (("left", left), ("right", right)):
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise ValueError(f"window_size {side} must be an int, got {value!r}")
-        if value < -1:
-            raise ValueError(f"window_size {side} must be >= -1 (-1 means unbounded), got {value}")
-    if causal and right > 0:
-        raise ValueError(f"causal=True contradicts window_size right = {right} (causal means a right window of 0): "
-                         "drop causal or pass window_size=(left, 0)")
-    if causal:
-        right = 0
-    return int(left), int(right)
+    left, right = (min(max(as_int(f"window_size {side}", value), -1), WINDOW_CLAMP)
+                   for side, value in (("left", left), ("right", right)))
+    return left, 0 if causal else right
 
 
 def _is_finite(x) -> bool:
@@ -160,38 +198,53 @@ def check_schedule_mode(schedule: str, deterministic: bool) -> None:
                          "backward")
 
 
-def check_sm_margin(sm_margin: int) -> None:
-    if isinstance(sm_margin, bool) or not isinstance(sm_margin, int) or sm_margin < 0:
+def check_sm_margin(sm_margin) -> int:
+    value = as_int("sm_margin", sm_margin)
+    if value < 0:
         raise ValueError(f"sm_margin must be an int >= 0 (SMs left free for other work), got {sm_margin!r}")
+    return value
 
 
-FA3_OPTIONS = ("qv", "q_descale", "k_descale", "v_descale", "attention_chunk", "num_splits", "pack_gqa")
+# FlashAttention-3's keywords for features dash_attn lacks or tuning it does not need, with their defaults.
+FA3_OPTIONS = {"qv": None, "q_descale": None, "k_descale": None, "v_descale": None, "attention_chunk": 0,
+               "num_splits": 1, "pack_gqa": None}
 
 
-def check_fa3_options(caller: str, options: dict) -> None:
-    """FlashAttention-3 keywords, accepted so that its calls run unchanged. num_splits and pack_gqa only tune FA3's
-    kernels (any valid value is accepted and changes nothing here); the features behind the others are not built:
-    refuse them unless they are off. Any other keyword is a TypeError, as for a Python function."""
+def check_fa3_options(options: dict) -> None:
+    """FlashAttention-3's keywords of FA3_OPTIONS, so that its calls run unchanged: each is refused only when it asks
+    for something dash_attn does not do. qv, the FP8 descale factors and attention_chunk are features that are not
+    built; num_splits 0 (FA3's heuristic) or 1 (no split) is what the forward does, a larger value asks for FA3's
+    split-KV forward, which is not built either; pack_gqa only changes how FA3 tiles the query heads of a KV head, not
+    the result, and GQA needs no packing here: any of its values is accepted and ignored. A name outside FA3_OPTIONS is
+    a TypeError, as for a Python function."""
     for name in options:
         if name not in FA3_OPTIONS:
-            raise TypeError(f"{caller}() got an unexpected keyword argument {name!r}")
-    qv, q_descale, k_descale, v_descale = (options.get(n) for n in ("qv", "q_descale", "k_descale", "v_descale"))
-    attention_chunk = options.get("attention_chunk", 0)
-    num_splits = options.get("num_splits", 1)
-    pack_gqa = options.get("pack_gqa")
-    for name, value, feature in (("qv", qv, "the extra query-value product (qv)"),
-                                 ("q_descale", q_descale, "FP8 inputs (descale factors)"),
-                                 ("k_descale", k_descale, "FP8 inputs (descale factors)"),
-                                 ("v_descale", v_descale, "FP8 inputs (descale factors)")):
-        if value is not None:
+            raise TypeError(f"got an unexpected keyword argument {name!r}")
+    for name, feature in (("qv", "the extra query-value product (qv)"), ("q_descale", "FP8 inputs (descale factors)"),
+                          ("k_descale", "FP8 inputs (descale factors)"),
+                          ("v_descale", "FP8 inputs (descale factors)")):
+        if options.get(name) is not None:
             raise ValueError(f"{name} must be None: {feature} is not supported by dash_attn")
-    if attention_chunk not in (0, None):
+    attention_chunk = options.get("attention_chunk", 0)
+    if attention_chunk is not None and (isinstance(attention_chunk, bool) or attention_chunk != 0):
         raise ValueError(f"attention_chunk must be 0: chunked attention is not supported by dash_attn, got "
                          f"{attention_chunk!r}")
-    if isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits < 0:
-        raise ValueError(f"num_splits must be an int >= 0 (FlashAttention-3's split-KV hint), got {num_splits!r}")
+    num_splits = options.get("num_splits", 1)
+    if isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits not in (0, 1):
+        raise ValueError(f"num_splits must be 1 or 0 (FlashAttention-3's heuristic): its split-KV forward is not "
+                         f"supported by dash_attn, got {num_splits!r}")
+    pack_gqa = options.get("pack_gqa")
     if pack_gqa is not None and not isinstance(pack_gqa, bool):
         raise ValueError(f"pack_gqa must be True, False or None, got {pack_gqa!r}")
+
+
+def check_fa2_options(dropout_p, alibi_slopes) -> None:
+    """FlashAttention-2's positional dropout_p and alibi_slopes of the FA2-named packed functions: only their 'off'
+    values (FlashAttention-3 has neither)."""
+    if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)) or dropout_p != 0:
+        raise ValueError(f"dropout_p must be 0.0: attention dropout is not supported by dash_attn, got {dropout_p!r}")
+    if alibi_slopes is not None:
+        raise ValueError("alibi_slopes must be None: ALiBi biases are not supported by dash_attn")
 
 
 def check_deterministic(deterministic) -> None:
@@ -201,8 +254,8 @@ def check_deterministic(deterministic) -> None:
 
 
 def check_cu_seqlens_meta(q: torch.Tensor, cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
-                          max_seqlen_q: int, max_seqlen_k: int) -> None:
-    """Metadata of the varlen arguments: dtype, rank, device, matching batch sizes, max_seqlen type."""
+                          max_seqlen_q: int, max_seqlen_k: int) -> Tuple[int, int]:
+    """Metadata of the varlen arguments: dtype, rank, device, matching batch sizes; returns max_seqlen_q/k as ints."""
     for name, cu in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k)):
         if not isinstance(cu, torch.Tensor):
             raise ValueError(f"{name} must be a torch.Tensor of int32, got {type(cu).__name__}")
@@ -215,9 +268,12 @@ def check_cu_seqlens_meta(q: torch.Tensor, cu_seqlens_q: torch.Tensor, cu_seqlen
     if cu_seqlens_q.shape[0] != cu_seqlens_k.shape[0]:
         raise ValueError(f"cu_seqlens_q and cu_seqlens_k must both have length batch + 1, got "
                          f"{cu_seqlens_q.shape[0]} and {cu_seqlens_k.shape[0]}")
+    bounds = []
     for name, value in (("max_seqlen_q", max_seqlen_q), ("max_seqlen_k", max_seqlen_k)):
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        bounds.append(as_int(name, value))
+        if bounds[-1] < 0:
             raise ValueError(f"{name} must be an int >= 0 (the longest sequence), got {value!r}")
+    return bounds[0], bounds[1]
 
 
 def check_seqused_meta(q: torch.Tensor, cu_seqlens_q: torch.Tensor, seqused_q, seqused_k) -> None:
@@ -309,13 +365,13 @@ def check_unplanned_varlen(q: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch
     for name, t in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k), ("seqused_q", seqused_q),
                     ("seqused_k", seqused_k)):
         if capturing and t is not None and t.device != q.device:
-            raise RuntimeError(f"flash_attn_varlen_func inside a CUDA graph capture needs {name} on q's device "
+            raise RuntimeError(f"a varlen call inside a CUDA graph capture needs {name} on q's device "
                                f"({q.device}), got {t.device}: the captured kernels read it there at every replay")
     if not packed_built:
-        raise RuntimeError(f"flash_attn_varlen_func {why} runs the packed-sequence kernels, which this build skipped "
+        raise RuntimeError(f"a varlen call {why} runs the packed-sequence kernels, which this build skipped "
                            "(DASH_ATTN_PACKED=0): rebuild without it")
     if q.shape[-1] != v.shape[-1] or q.shape[-1] not in kernel_head_dims:
-        raise RuntimeError(f"flash_attn_varlen_func {why} runs the packed-sequence kernels, which take head dims "
+        raise RuntimeError(f"a varlen call {why} runs the packed-sequence kernels, which take head dims "
                            f"{sorted(kernel_head_dims)} with v's equal to q's, got q/k {q.shape[-1]} and v "
                            f"{v.shape[-1]}: pad the head dims"
                            + (", or call it outside the capture" if capturing else ""))

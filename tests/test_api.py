@@ -1,5 +1,6 @@
-"""Public API on the CPU path: argument checks, deterministic=None, results and gradients, varlen, packed layouts
-and FA3's keywords. The CUDA plumbing, checked on the CPU with a stand-in extension, is in test_api_cuda_path.py."""
+"""Public API on the CPU path: argument checks, deterministic=None, results and gradients, varlen and packed layouts.
+FA3's and FA2's signatures, keywords and input rules are in test_api_fa3.py; the CUDA plumbing, checked on the CPU with
+a stand-in extension, in test_api_cuda_path.py."""
 import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
@@ -35,18 +36,6 @@ def test_exports():
     assert callable(dash_attn.flash_attn_func) and callable(dash_attn.flash_attn_varlen_func)
 
 
-def test_signatures_follow_flash_attention_3():
-    import inspect
-    dense = list(inspect.signature(dash_attn.flash_attn_func).parameters)
-    assert dense == ["q", "k", "v", "softmax_scale", "causal", "window_size", "softcap", "deterministic", "schedule",
-                     "sm_margin", "return_attn_probs", "fa3_options"]
-    varlen = list(inspect.signature(dash_attn.flash_attn_varlen_func).parameters)
-    assert varlen == ["q", "k", "v", "cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k", "seqused_q",
-                      "seqused_k"] + dense[3:]
-    defaults = {name: p.default for name, p in inspect.signature(dash_attn.flash_attn_func).parameters.items()}
-    assert defaults["window_size"] == (-1, -1) and defaults["deterministic"] is None and defaults["schedule"] == "auto"
-
-
 def test_schedule_ids_mirror_params_h():
     assert interface.SCHEDULE_IDS == {"ascending": 0, "descending": 1, "spt": 2, "shift": 3, "shift_causal": 4,
                                       "dynamic": 5}
@@ -75,10 +64,8 @@ BAD_ARGUMENTS = [
     (dict(q=torch.zeros(2, 9, 4, 264), k=torch.zeros(2, 9, 2, 264), v=torch.zeros(2, 9, 2, 264)), "head dim 264"),
     (dict(q=torch.zeros(2, 9, 16, 4).transpose(2, 3)), "contiguous last dimension"),
     (dict(v=torch.zeros(2, 9, 16, 2).transpose(2, 3)), "v must have a contiguous"),
-    (dict(window_size=(-2, 0)), "window_size left"),
     (dict(window_size=(3,)), "window_size"),
     (dict(window_size=(1.5, 0)), "window_size left"),
-    (dict(causal=True, window_size=(4, 2)), "causal"),
     (dict(causal=1), "causal"),
     (dict(softcap=-1.0), "softcap"),
     (dict(softcap=float("nan")), "softcap"),
@@ -291,7 +278,7 @@ def test_gradcheck_through_the_op(seqlen_q, seqlen_k, nheads, nheads_k, causal, 
     q, k, v = qkv(1, seqlen_q, seqlen_k, nheads, nheads_k, 8, dtype=torch.float64, requires_grad=True)
 
     def fn(q, k, v):
-        return dash_attn.flash_attn_func(q, k, v, 0.4, causal, window, softcap)
+        return dash_attn.flash_attn_func(q, k, v, 0.4, causal, window_size=window, softcap=softcap)
 
     assert torch.autograd.gradcheck(fn, (q, k, v), eps=1e-6, atol=1e-7, fast_mode=True)
 
@@ -410,38 +397,6 @@ def test_kvpacked_matches_separate_tensors():
 def test_packed_layouts_are_checked(call, message):
     with pytest.raises(ValueError, match=message):
         call()
-
-
-def test_fa3_keywords_at_their_defaults_and_tuning_hints_are_accepted():
-    q, k, v = qkv(dtype=torch.float64)
-    ref = dash_attn.flash_attn_func(q, k, v, causal=True)
-    out = dash_attn.flash_attn_func(q, k, v, causal=True, qv=None, q_descale=None, k_descale=None, v_descale=None,
-                                    attention_chunk=0, num_splits=4, pack_gqa=True)
-    assert torch.equal(out, ref)
-    kv = torch.stack([k, v], 2)
-    assert torch.equal(dash_attn.flash_attn_kvpacked_func(q, kv, causal=True, num_splits=0), ref)
-
-
-@pytest.mark.parametrize("option, message", [
-    (dict(qv=torch.zeros(1)), "qv must be None"),
-    (dict(q_descale=torch.ones(1)), "q_descale must be None: FP8"),
-    (dict(v_descale=torch.ones(1)), "v_descale must be None"),
-    (dict(attention_chunk=128), "attention_chunk must be 0"),
-    (dict(num_splits=-1), "num_splits must be an int"),
-    (dict(num_splits=True), "num_splits must be an int"),
-    (dict(pack_gqa="yes"), "pack_gqa must be"),
-])
-def test_fa3_features_we_lack_are_refused(option, message):
-    with pytest.raises(ValueError, match=message):
-        _call(**option)
-
-
-def test_unknown_keywords_are_a_type_error():
-    with pytest.raises(TypeError, match="flash_attn_func\\(\\) got an unexpected keyword argument 'dropout_p'"):
-        _call(dropout_p=0.1)
-    q, k, v, cu_q, cu_k, max_q, max_k = varlen_inputs()
-    with pytest.raises(TypeError, match="flash_attn_varlen_func\\(\\) got an unexpected keyword argument 'alibi'"):
-        dash_attn.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max_q, max_k, alibi=None)
 
 
 @pytest.mark.parametrize("causal", [False, True])

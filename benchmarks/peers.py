@@ -14,11 +14,12 @@ import importlib
 
 import torch
 
-DASH_SCHEDULES = ("ascending", "descending", "spt", "shift", "shift_causal", "auto")
+DASH_SCHEDULES = ("ascending", "descending", "spt", "shift", "shift_causal", "shift_runs", "shift_causal_runs", "auto")
 # Visit orders the non-deterministic backward can be asked for beside `auto` (--nondet-schedules).
 DASH_NONDET_SCHEDULES = tuple(s for s in DASH_SCHEDULES if s != "auto") + ("dynamic",)
 SCHEDULE_SHORT = {"ascending": "asc", "descending": "desc", "spt": "spt", "shift": "shift",
-                  "shift_causal": "shiftc", "auto": "auto", "dynamic": "dyn"}
+                  "shift_causal": "shiftc", "shift_runs": "shiftr", "shift_causal_runs": "shiftcr", "auto": "auto",
+                  "dynamic": "dyn"}
 PEER_KEYS = ("cudnn", "fa2", "fa2_det", "efficient", "flex", "fa3", "fa3_det")
 
 # torch.compile recompiles flex_attention for every new shape of the grid; the default limit (8) would silently

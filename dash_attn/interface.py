@@ -147,6 +147,8 @@ def _resolve_schedule_for(schedule: str, device: torch.device, batch: int, seqle
                           deterministic: bool, sm_margin: int) -> int:
     """The schedule id of a launch of that (batch, seqlen) problem; headdim: the head dim whose kernel runs."""
     validation.check_schedule_mode(schedule, deterministic)  # the ops are public too: never launch a det "dynamic"
+    if schedule == "auto" and deterministic:
+        schedule = validation.INVARIANT_SCHEDULES[MaskKind(mask).name.lower()]
     if schedule == "auto":
         block_m, block_n = _bwd_tile_shape(headdim, mask)
         ctas = max(1, _num_sms(device.index) - sm_margin)
@@ -154,6 +156,14 @@ def _resolve_schedule_for(schedule: str, device: torch.device, batch: int, seqle
         schedule = _choose_schedule(mask, seqlen_q, seqlen_k, block_m, block_n, nheads, batch, ctas, window,
                                     nheads_k, deterministic, headdim, _l2_bytes(device.index))
     return SCHEDULE_IDS[schedule]
+
+
+def _varlen_schedule(schedule: str, mask: int, deterministic: bool) -> str:
+    """A varlen call's schedule name: deterministic `auto` takes the varlen invariant pick for the mask, the same for
+    the packed kernels and for runs of equal lengths, so that neither the path nor the neighbours change the bits."""
+    if schedule == "auto" and deterministic:
+        return validation.INVARIANT_VARLEN_SCHEDULES[MaskKind(mask).name.lower()]
+    return schedule
 
 
 def _device_guard(device: torch.device):
@@ -525,6 +535,7 @@ def _varlen_fwd_cuda(ext, q, k, v, cu_seqlens_q, cu_seqlens_k, cq, ck, softmax_s
 def _varlen_bwd_cuda(ext, dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, cq, ck, softmax_scale, mask,
                      window_left, window_right, softcap, deterministic, schedule, sm_margin):
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    schedule = _varlen_schedule(schedule, mask, deterministic)
     packed = _packed_launch(ext, q, k, v, cq, ck, mask, window_left, window_right)
     if packed is not None:
         max_q, max_k = packed
@@ -602,6 +613,7 @@ def _varlen_bwd_unplanned(ext, dout, q, k, v, out, lse, seqs, bounds, softmax_sc
     # Gradients the kernel does not write (rows past seqused, or all of them when no query sees a key) start as 0.
     untouched_rows = used_q is not None or used_k is not None or no_key_seen
     dq, dk, dv = ((torch.zeros_like if untouched_rows else torch.empty_like)(t) for t in (q, k, v))
+    schedule = _varlen_schedule(schedule, mask, deterministic)
     with _device_guard(q.device):
         if not no_key_seen:
             schedule_id = _resolve_schedule_for(schedule, q.device, cu_q.shape[0] - 1, max_q, max_k, q.shape[1],

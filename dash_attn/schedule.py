@@ -27,7 +27,7 @@ from .validation import NONDETERMINISTIC_SCHEDULES
 __all__ = ["SCHEDULES", "NONDETERMINISTIC_SCHEDULES", "SCHEDULE_IDS", "MASKS", "Plan", "SimResult", "tile_shape",
            "plan", "simulate", "choose", "gantt", "gantt_compare", "main"]
 
-SCHEDULES = ("ascending", "descending", "spt", "shift", "shift_causal")
+SCHEDULES = ("ascending", "descending", "spt", "shift", "shift_causal", "shift_runs", "shift_causal_runs")
 # NONDETERMINISTIC_SCHEDULES (from validation, the API's list): orders of the non-deterministic backward only.
 # `dynamic` claims its units at run time (csrc/schedule/dynamic.h); its plan is the static stand-in the engine
 # enumerates (ascending KV index as the accumulation order); what the kernel runs is simulate(...,
@@ -40,6 +40,8 @@ SCHEDULE_IDS: Dict[str, int] = {
     "shift": _sched.SHIFT,
     "shift_causal": _sched.SHIFT_CAUSAL,
     "dynamic": _sched.DYNAMIC,
+    "shift_runs": _sched.SHIFT_RUNS,
+    "shift_causal_runs": _sched.SHIFT_CAUSAL_RUNS,
 }
 MASKS: Dict[str, int] = {"full": _sched.MASK_FULL, "causal": _sched.MASK_CAUSAL, "window": _sched.MASK_WINDOW}
 DISPATCH = {"static": 0, "greedy": 1, "greedy_head_major": 2}
@@ -133,7 +135,8 @@ class Plan:
     """What the static persistent grid executes for one schedule.
 
     `visits`: per-visit numpy columns in execution order (grouped by CTA, then item, then step): cta, item (index in
-    the CTA's list), batch, head, head_k, n_block, m_block, step, wait_target. `items`: per KV-tile columns (cta,
+    the CTA's list), batch, head, head_k, n_block, m_block, step, wait_target, run (the dQ tile's accumulator:
+    0, or 1 in the invariant schedules' second one, csrc/schedule/runs.h). `items`: per KV-tile columns (cta,
     batch, head_k, n_block, num_visits, first_step, unit, first_visit; an item runs steps [first_step, first_step +
     num_visits) of its KV tile: all of them except in shift's split tail). CTA c's visits are
     visits[cta_visit_offsets[c]:cta_visit_offsets[c + 1]]. For varlen, `sequences` holds one Plan per sequence and
@@ -183,18 +186,31 @@ class Plan:
         v = self.visits
         return (v["batch"].astype(np.int64) * self.nheads + v["head"]) * max(self.num_m_blocks, 1) + v["m_block"]
 
+    def chain_keys(self) -> np.ndarray:
+        """The accumulator each visit adds into: dq_tile_keys() and the run (each run has its own semaphore chain)."""
+        return self.dq_tile_keys() * 2 + self.visits["run"]
+
     def accumulation_orders(self) -> Dict[Tuple[int, int, int], np.ndarray]:
-        """(batch, head, m_block) -> KV tile indices in the order they add into that dQ tile (by wait target)."""
+        """(batch, head, m_block) -> KV tile indices in the order they add into that dQ tile: by accumulator run,
+        then wait target. The postprocess adds run 0 then run 1, so this with accumulation_runs() is the whole
+        summation order of the tile."""
+        return self._per_tile("n_block")
+
+    def accumulation_runs(self) -> Dict[Tuple[int, int, int], np.ndarray]:
+        """(batch, head, m_block) -> the accumulator run of each entry of accumulation_orders()."""
+        return self._per_tile("run")
+
+    def _per_tile(self, column: str) -> Dict[Tuple[int, int, int], np.ndarray]:
         v = self.visits
         keys = self.dq_tile_keys()
-        order = np.lexsort((v["wait_target"], keys))
+        order = np.lexsort((v["wait_target"], v["run"], keys))
         keys_sorted = keys[order]
         bounds = np.flatnonzero(np.diff(keys_sorted)) + 1
         out = {}
         for idx in np.split(order, bounds):
             if idx.size:
                 i = idx[0]
-                out[(int(v["batch"][i]), int(v["head"][i]), int(v["m_block"][i]))] = v["n_block"][idx]
+                out[(int(v["batch"][i]), int(v["head"][i]), int(v["m_block"][i]))] = v[column][idx]
         return out
 
 
@@ -216,7 +232,7 @@ def plan(schedule: str, mask: str, seqlen_q: int, seqlen_k: int, block_m: int, b
         seqs = [plan(schedule, mask, int(cu_q[i + 1] - cu_q[i]), int(cu_k[i + 1] - cu_k[i]), block_m, block_n,
                      nheads, 1, num_sms, window, nheads_k) for i in range(cu_q.size - 1)]
         empty = {k: np.zeros(0, np.int32) for k in ("cta", "item", "batch", "head", "head_k", "n_block", "m_block",
-                                                     "step", "wait_target")}
+                                                     "step", "wait_target", "run")}
         return Plan(schedule, mask, 0, 0, block_m, block_n, nheads, nheads_k, 0, num_sms, window, empty, {},
                     np.zeros(num_sms + 1, np.int64), seqs)
     p = _problem(mask, seqlen_q, seqlen_k, block_m, block_n, nheads, batch, num_sms, window, nheads_k)

@@ -123,7 +123,7 @@ def _python_deadlock_free(pl) -> bool:
     """Static persistent grid: each CTA advances while the semaphore of its next visit equals the wait target."""
     v = pl.visits
     off = pl.cta_visit_offsets
-    keys = pl.dq_tile_keys()
+    keys = pl.chain_keys()
     sem = {}
     pos = off[:-1].copy()
     progress = True
@@ -162,7 +162,7 @@ def test_python_rederivation(name):
             # Fixed order: wait targets of each dQ tile are 0..k-1.
             for key, order in pl.accumulation_orders().items():
                 assert order.size == live[key[2]].sum()
-            keys = pl.dq_tile_keys()
+            keys = pl.chain_keys()
             srt = np.lexsort((v["wait_target"], keys))
             k_s, w_s = keys[srt], v["wait_target"][srt]
             starts = np.r_[0, np.flatnonzero(np.diff(k_s)) + 1]
@@ -220,9 +220,11 @@ def test_schedule_ids_match_params_h():
     ids = {m.group(1): int(m.group(2)) for m in re.finditer(r"k(\w+) = (\d+)", text.split("enum class ScheduleKind")[1]
                                                             .split("};")[0])}
     expected = {"ascending": ids["Ascending"], "descending": ids["Descending"], "spt": ids["Spt"],
-                "shift": ids["Shift"], "shift_causal": ids["ShiftCausal"], "dynamic": ids["Dynamic"]}
+                "shift": ids["Shift"], "shift_causal": ids["ShiftCausal"], "dynamic": ids["Dynamic"],
+                "shift_runs": ids["ShiftRuns"], "shift_causal_runs": ids["ShiftCausalRuns"]}
     assert schedule.SCHEDULE_IDS == expected
-    assert schedule.SCHEDULES == ("ascending", "descending", "spt", "shift", "shift_causal")
+    assert schedule.SCHEDULES == ("ascending", "descending", "spt", "shift", "shift_causal", "shift_runs",
+                                  "shift_causal_runs")
     assert schedule.NONDETERMINISTIC_SCHEDULES == ("dynamic",)
 
 

@@ -242,8 +242,9 @@ void run_fwd(dash::FwdParams& p, const char* what) {
 }
 
 void check_schedule_args(int64_t schedule, bool deterministic, int64_t sm_margin) {
-  const int64_t dynamic = static_cast<int64_t>(dash::ScheduleKind::kDynamic);  // the last concrete id
-  TORCH_CHECK_VALUE(schedule >= 0 && schedule <= dynamic, "dash_attn: schedule id ", num(schedule),
+  const int64_t dynamic = static_cast<int64_t>(dash::ScheduleKind::kDynamic);
+  const int64_t last = static_cast<int64_t>(dash::ScheduleKind::kShiftCausalRuns);  // the last concrete id
+  TORCH_CHECK_VALUE(schedule >= 0 && schedule <= last, "dash_attn: schedule id ", num(schedule),
                     " is not a concrete schedule (auto is resolved in Python)");
   TORCH_CHECK_VALUE(!(deterministic && schedule == dynamic), "dash_attn: schedule id ", num(schedule),
                     " (dynamic) has no fixed accumulation order: it runs only with deterministic=False");

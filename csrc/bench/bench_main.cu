@@ -45,6 +45,7 @@ struct NamedSchedule {
 constexpr NamedSchedule kSchedules[] = {
     {"ascending", ScheduleKind::kAscending}, {"descending", ScheduleKind::kDescending}, {"spt", ScheduleKind::kSpt},
     {"shift", ScheduleKind::kShift},         {"shift_causal", ScheduleKind::kShiftCausal},
+    {"shift_runs", ScheduleKind::kShiftRuns}, {"shift_causal_runs", ScheduleKind::kShiftCausalRuns},
 };
 // Orders only the non-deterministic backward can run (no accumulation order).
 constexpr NamedSchedule kNondetOnlySchedules[] = {{"dynamic", ScheduleKind::kDynamic}};

@@ -16,6 +16,7 @@
 #include <cstdint>
 
 #include "common/params.h"
+#include "schedule/runs.h"
 
 namespace dash::bwd {
 
@@ -328,11 +329,12 @@ constexpr float kNoKeyScore = 1e30f;
 
 // Workspace of one backward call (dash_bwd_workspace_bytes), byte offsets from the workspace base, each region
 // 128-byte aligned:
-//   dq_accum   fp32 (batch, nheads, seqlen_q rounded up to kBlockM, d), tiles in the dQ writer's permuted order
+//   dq_accum   fp32 (dq_runs, batch, nheads, seqlen_q rounded up to kBlockM, d), tiles in the dQ writer's permuted
+//              order; two runs for the invariant schedules (schedule/runs.h), one otherwise
 //   lse_log2   fp32 (batch, nheads, seqlen_q_rounded)
 //   dsum       fp32 (batch, nheads, seqlen_q_rounded)   D = rowsum(dO * O)
 //   gemm_stats bf16 (batch, nheads, seqlen_q_rounded, 4)  GemmStatLines (RowStats::kGemmInit configs only)
-//   semaphores int32 (batch, nheads, num_m_blocks, dq_parts)  completed dQ adds per Q tile part (both modes)
+//   semaphores int32 (dq_runs, batch, nheads, num_m_blocks, dq_parts)  completed dQ adds per accumulator part
 //   split_partials fp32 (2 * split_ctas, 2, block_n * d)  partial dK, dV of the pieces of shift's split tail
 //   split_counters int32 (split_ctas)  pieces finished per tail unit (schedule/tail_split.h, bwd_epilogue.h)
 //   unit_counter uint64  next unclaimed unit (ScheduleKind::kDynamic)
@@ -343,7 +345,11 @@ __host__ __device__ inline int64_t q_tile_index(int32_t batch, int32_t head, int
                                                 int32_t m_block) {
   return (int64_t(batch) * nheads + head) * num_m_blocks + m_block;
 }
-// The semaphores of Q tile `tile_index` (q_tile_index), one per dQ part.
+// Index of accumulator `run` of Q tile tile_index in the same regions: the runs follow one another, num_q_tiles apart.
+__host__ __device__ inline int64_t run_tile_index(int64_t tile_index, int32_t run, int64_t num_q_tiles) {
+  return tile_index + run * num_q_tiles;
+}
+// The semaphores of Q tile `tile_index` (q_tile_index, run_tile_index), one per dQ part.
 template <int kHeadDim, class Sem>
 __host__ __device__ inline Sem* tile_semaphores(Sem* semaphores, int64_t tile_index) {
   return semaphores + tile_index * BwdConfig<kHeadDim>::kDqParts;
@@ -358,6 +364,8 @@ struct BwdWorkspaceLayout {
   int32_t num_m_blocks = 0;
   int32_t seqlen_q_rounded = 0;
   int32_t split_ctas = 0;
+  int32_t dq_runs = 1;
+  int64_t num_q_tiles = 0;  // batch * nheads * num_m_blocks: the distance between runs (run_tile_index)
   size_t dq_accum = 0, lse_log2 = 0, dsum = 0, gemm_stats = 0, semaphores = 0, split_partials = 0,
          split_counters = 0, unit_counter = 0, dq_claims = 0, total = 0;
 };
@@ -377,8 +385,9 @@ inline int32_t split_tail_ctas(const BwdParams& params) {
 }
 
 // kernel_headdim: the head dim of the kernel that runs the call (common/head_dims.h); its dQ tiles are that wide.
-// split_ctas: split_tail_ctas of the call.
-inline BwdWorkspaceLayout bwd_workspace_layout(const AttnShape& s, int32_t kernel_headdim, int32_t split_ctas) {
+// split_ctas: split_tail_ctas of the call; dq_runs: accumulators per dQ tile of its schedule (schedule/runs.h).
+inline BwdWorkspaceLayout bwd_workspace_layout(const AttnShape& s, int32_t kernel_headdim, int32_t split_ctas,
+                                               int32_t dq_runs) {
   auto align = [](size_t x) { return (x + 127) / 128 * 128; };
   BwdWorkspaceLayout w;
   const BwdTileConfig cfg = bwd_tile_config(kernel_headdim);
@@ -386,9 +395,11 @@ inline BwdWorkspaceLayout bwd_workspace_layout(const AttnShape& s, int32_t kerne
   w.num_m_blocks = (s.seqlen_q + cfg.block_m - 1) / cfg.block_m;
   w.seqlen_q_rounded = w.num_m_blocks * cfg.block_m;
   const size_t bh = size_t(s.batch) * size_t(s.nheads);
+  w.dq_runs = dq_runs;
+  w.num_q_tiles = int64_t(bh) * w.num_m_blocks;
   size_t off = 0;
   w.dq_accum = off;
-  off = align(off + bh * w.seqlen_q_rounded * size_t(kernel_headdim) * sizeof(float));
+  off = align(off + size_t(dq_runs) * bh * w.seqlen_q_rounded * size_t(kernel_headdim) * sizeof(float));
   w.lse_log2 = off;
   off = align(off + bh * w.seqlen_q_rounded * sizeof(float));
   w.dsum = off;
@@ -396,7 +407,7 @@ inline BwdWorkspaceLayout bwd_workspace_layout(const AttnShape& s, int32_t kerne
   w.gemm_stats = off;
   if (cfg.gemm_stats) off = align(off + bh * w.seqlen_q_rounded * kGemmStatRowBytes);
   w.semaphores = off;
-  off = align(off + bh * w.num_m_blocks * size_t(cfg.dq_parts) * sizeof(int32_t));
+  off = align(off + size_t(dq_runs) * bh * w.num_m_blocks * size_t(cfg.dq_parts) * sizeof(int32_t));
   w.split_ctas = split_ctas;
   w.split_partials = off;
   off = align(off + 2 * size_t(split_ctas) * split_slot_floats(cfg, kernel_headdim) * sizeof(float));
@@ -408,6 +419,12 @@ inline BwdWorkspaceLayout bwd_workspace_layout(const AttnShape& s, int32_t kerne
   off = align(off + bh * w.num_m_blocks * sizeof(int32_t));
   w.total = off;
   return w;
+}
+
+// The layout of a call: kernel_head_dim(params.shape) is the head dim of the kernel that runs it. The requested
+// schedule sizes the dQ runs (one that resolves to a single-run schedule leaves the second run unused).
+inline BwdWorkspaceLayout bwd_workspace_layout(const BwdParams& params, int32_t kernel_headdim) {
+  return bwd_workspace_layout(params.shape, kernel_headdim, split_tail_ctas(params), sched::dq_runs(params.schedule));
 }
 
 // Thread roles of the CTA.

@@ -88,7 +88,7 @@ extern "C" {
 size_t dash_bwd_workspace_bytes(const dash::BwdParams* params) {
   if (params == nullptr) return 0;
   const dash::AttnShape& s = params->shape;
-  return dash::bwd::bwd_workspace_layout(s, dash::kernel_head_dim(s), dash::bwd::split_tail_ctas(*params)).total;
+  return dash::bwd::bwd_workspace_layout(*params, dash::kernel_head_dim(s)).total;
 }
 
 void dash_bwd_tile_shape(int32_t headdim, int32_t /*mask: same tiles for every mask*/, int32_t* block_m,
@@ -111,7 +111,7 @@ int dash_bwd_stages(const dash::BwdParams* params, int32_t stages, void* stream)
   if (p.deterministic && p.schedule == dash::ScheduleKind::kDynamic) return -1;
   if (s.batch <= 0 || s.nheads <= 0 || s.nheads_k <= 0 || s.nheads % s.nheads_k != 0) return -1;
   if (s.seqlen_q < 0 || s.seqlen_k < 0 || p.num_sms <= 0) return -1;
-  if (p.workspace_bytes < dash::bwd::bwd_workspace_layout(s, dash::kernel_head_dim(s), dash::bwd::split_tail_ctas(p)).total) {
+  if (p.workspace_bytes < dash::bwd::bwd_workspace_layout(p, dash::kernel_head_dim(s)).total) {
     return -1;
   }
   // dQ is written at least two elements (4 bytes) at a time. dK and dV leave by TMA where the kernel stages them

@@ -1,6 +1,9 @@
 // dQ writer: one thread of a dedicated warp adds each partial dQ tile, staged in shared memory by the consumers, into
 // the fp32 accumulator with a bulk reduce-add (cp.reduce.async.bulk .add.f32), in the CTA's visit order.
 //
+// Schedules with two accumulators per tile (schedule/runs.h): a visit's record says which (kRun1); each run is a
+// tile of its own here, with its own semaphores and chain.
+//
 // Staging layout: consumer thread `tid` (0..kNumMmaThreads-1) puts its accumulator elements 4c..4c+3 at float4 slot
 // c * kNumMmaThreads + tid (conflict-free stores). The accumulator tile (batch, head, m_block) is a contiguous
 // kBlockM x d block of floats in that same permuted order, so one 1-D bulk reduce adds the whole tile; the
@@ -137,7 +140,8 @@ CUTLASS_DEVICE void dq_writer_loop(BwdKernelParams<T> const& p, BwdSharedStorage
     wait_barrier(ss.dq_full[buf], pos.phase, WaitSite::kDqFull);
     const VisitRecord rec = ss.dq_rec[buf];
     if (rec.flags & VisitRecord::kEnd) break;
-    const int64_t tile_index = q_tile_index(rec.batch, rec.head, nheads, p.num_m_blocks, rec.m_block);
+    const int64_t tile_index = run_tile_index(q_tile_index(rec.batch, rec.head, nheads, p.num_m_blocks, rec.m_block),
+                                              (rec.flags & VisitRecord::kRun1) ? 1 : 0, p.num_q_tiles);
     float* gdq = p.dq_accum + tile_index * T::kDqElems;
     int32_t* sems = tile_semaphores<T::kHeadDim>(p.semaphores, tile_index);
     const bool first = rec.wait_target == 0;

@@ -119,7 +119,8 @@ void launch_bwd_main(const BwdParams& params, const BwdWorkspaceLayout& ws, cons
       views.split_partials,
       views.split_counters,
       views.unit_counter,
-      views.dq_claims};
+      views.dq_claims,
+      ws.num_q_tiles};
   if constexpr (T::kStagedEpilogue) {
     // dash_bwd_stages has checked that dk and dv are 16-byte aligned (base and strides), as TMA needs.
     auto mdK = make_qkv(params.dk, rows_k, s.headdim, s.nheads_k, batch, params.dk_stride);
@@ -139,7 +140,7 @@ template <int kHeadDim, class Element, MaskKind kMask, ScoreMod kScoreMod, SeqLa
 void launch_bwd(const BwdParams& params, cudaStream_t stream, int32_t stages) {
   using T = BwdTraits<kHeadDim, Element, kMask, kScoreMod, kLayout>;
   const AttnShape& s = params.shape;
-  const BwdWorkspaceLayout ws = bwd_workspace_layout(s, kHeadDim, split_tail_ctas(params));
+  const BwdWorkspaceLayout ws = bwd_workspace_layout(params, kHeadDim);
   char* base = static_cast<char*>(params.workspace);
   const bool split = ws.split_ctas > 0;
   const BwdWorkspaceViews views{reinterpret_cast<float*>(base + ws.lse_log2), reinterpret_cast<float*>(base + ws.dsum),
@@ -158,7 +159,8 @@ void launch_bwd(const BwdParams& params, cudaStream_t stream, int32_t stages) {
                        views.lse_log2, views.dsum, views.semaphores,
                        s.seqlen_q, ws.seqlen_q_rounded, s.nheads, ws.num_m_blocks, value_head_dim(s),
                        params.packed, views.gemm_stats, 1.f / (score_scales(s).softmax * float(M_LOG2E)),
-                       views.split_counters, ws.split_ctas, views.unit_counter, views.dq_claims};
+                       views.split_counters, ws.split_ctas, views.unit_counter, views.dq_claims,
+                       ws.dq_runs, ws.num_q_tiles};
   if ((stages & BwdStage::kPreprocess) && ws.num_m_blocks > 0) {
     bwd_preprocess_kernel<kHeadDim, T::kBlockM, Element, kLayout, T::kGemmStats>
         <<<tile_grid, kPreprocessThreads, 0, stream>>>(pre);
@@ -170,7 +172,8 @@ void launch_bwd(const BwdParams& params, cudaStream_t stream, int32_t stages) {
 
   PostprocessParams post{views.dq_accum, params.dq, params.dq_stride.row, params.dq_stride.head, params.dq_stride.batch,
                          s.seqlen_q, s.nheads, ws.num_m_blocks, s.softmax_scale, aligned16(params.dq, params.dq_stride),
-                         views.semaphores, bwd_problem<T>(params), s.headdim, params.packed};
+                         views.semaphores, bwd_problem<T>(params), s.headdim, params.packed,
+                         sched::resolve_schedule(params.schedule, bwd_problem<T>(params)), ws.num_q_tiles};
   if ((stages & BwdStage::kPostprocess) && ws.num_m_blocks > 0) {
     cudaLaunchAttribute overlap{};
     overlap.id = cudaLaunchAttributeProgrammaticStreamSerialization;

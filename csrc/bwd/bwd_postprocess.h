@@ -24,6 +24,9 @@ struct PostprocessParams {
   sched::Problem problem;  // the main kernel's tiling and mask: a tile's number of contributing KV tiles
   int32_t headdim;  // of dq; may be below T::kHeadDim (common/head_dims.h): the columns past it are not stored
   PackedSeqs packed;  // T::kPacked: dq rows of sequence `batch` from its first row
+  // The schedule the main kernel ran (resolved) and the distance between a tile's accumulator runs (schedule/runs.h).
+  ScheduleKind schedule;
+  int64_t num_q_tiles;
 };
 
 // Returns once all adds into the tile have completed (its semaphore equals the number of
@@ -56,17 +59,24 @@ __global__ void __launch_bounds__(T::kNumMmaThreads) bwd_postprocess_kernel(cons
   const int m_block = blockIdx.x, head = blockIdx.y, batch = blockIdx.z;
   const int tid = threadIdx.x;
   const int64_t tile_index = q_tile_index(batch, head, p.nheads, p.num_m_blocks, m_block);
-  const float4* acc = reinterpret_cast<const float4*>(p.dq_accum + tile_index * T::kDqElems);
   const SeqRows seq = seq_rows<T::kLayout>(p.packed, batch, p.seqlen_q, 0);
   const int rows = min(T::kBlockM, seq.len_q - m_block * T::kBlockM);
-  // A tile without contributing KV tiles was never written (nothing zeroes the accumulator): its dQ is 0.
-  const int32_t contributors = sched::n_block_range(p.problem, m_block).size();
-  const bool never_added = contributors == 0;
+  // Per accumulator run (schedule/runs.h): its adds, and its tile. A run without contributing KV tiles was never
+  // written (nothing zeroes the accumulator): it adds 0. Runs are summed in run order, a fixed order.
+  int32_t contributors[sched::kMaxDqRuns];
+  const float4* acc[sched::kMaxDqRuns];
+  const int32_t runs = sched::dq_runs(p.schedule);
+  for (int run = 0; run < sched::kMaxDqRuns; ++run) {
+    contributors[run] = run < runs ? sched::run_contributors(p.schedule, p.problem, m_block, run) : 0;
+    acc[run] = reinterpret_cast<const float4*>(p.dq_accum +
+                                               run_tile_index(tile_index, run, p.num_q_tiles) * T::kDqElems);
+  }
   // Packed sequences: a tile past its sequence's end had no visits (bwd_producer.h) and has no rows to write.
   const bool past_end = T::kPacked && rows <= 0;
   if (threadIdx.x == 0 && !past_end) {
-    for (int part = 0; part < T::kDqParts; ++part) {
-      wait_tile_complete(tile_semaphores<T::kHeadDim>(p.semaphores, tile_index) + part, contributors);
+    for (int run = 0; run < runs; ++run) {
+      const int32_t* sems = tile_semaphores<T::kHeadDim>(p.semaphores, run_tile_index(tile_index, run, p.num_q_tiles));
+      for (int part = 0; part < T::kDqParts; ++part) wait_tile_complete(sems + part, contributors[run]);
     }
   }
   __syncthreads();
@@ -79,7 +89,15 @@ __global__ void __launch_bounds__(T::kNumMmaThreads) bwd_postprocess_kernel(cons
   CUTLASS_PRAGMA_UNROLL
   for (int c = 0; c < T::kDqPerThread / 4; ++c) {
     // L2: written by bulk reduces of other SMs, possibly while this CTA already ran.
-    const float4 v = never_added ? make_float4(0.f, 0.f, 0.f, 0.f) : __ldcg(acc + c * T::kNumMmaThreads + tid);
+    float4 v = make_float4(0.f, 0.f, 0.f, 0.f);
+    bool written = false;
+    CUTLASS_PRAGMA_UNROLL
+    for (int run = 0; run < sched::kMaxDqRuns; ++run) {
+      if (contributors[run] == 0) continue;
+      const float4 a = __ldcg(acc[run] + c * T::kNumMmaThreads + tid);
+      v = written ? make_float4(v.x + a.x, v.y + a.y, v.z + a.z, v.w + a.w) : a;
+      written = true;
+    }
     const float vals[4] = {v.x, v.y, v.z, v.w};
     CUTLASS_PRAGMA_UNROLL
     for (int e = 0; e < 4; e += 2) {

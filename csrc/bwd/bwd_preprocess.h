@@ -28,7 +28,7 @@ struct PreprocessParams {
   int64_t do_row, do_head, do_batch;
   float* lse_log2;  // (batch, nheads, seqlen_q_rounded)
   float* dsum;      // (batch, nheads, seqlen_q_rounded)
-  int32_t* semaphores;
+  int32_t* semaphores;  // dq_runs runs, num_q_tiles apart (run_tile_index)
   int32_t seqlen_q, seqlen_q_rounded, nheads, num_m_blocks;
   int32_t headdim;  // of o and dout (value_head_dim); may be below kHeadDim (common/head_dims.h)
   // SeqLayout::kPacked: o and dout rows of sequence `batch` from its first row, lse (nheads, total_q).
@@ -44,6 +44,8 @@ struct PreprocessParams {
   // Q tile's count of loaded visits, zeroed with its semaphores.
   unsigned long long* unit_counter;
   int32_t* dq_claims;
+  int32_t dq_runs;
+  int64_t num_q_tiles;
 };
 
 // x as kGemmStatParts bf16 parts, each the rounding of what the previous ones left.
@@ -135,8 +137,10 @@ __global__ void __launch_bounds__(kPreprocessThreads) bwd_preprocess_kernel(cons
   }
 
   if (threadIdx.x == 0) {
-    int32_t* sems = tile_semaphores<kHeadDim>(p.semaphores, tile_index);
-    for (int part = 0; part < BwdConfig<kHeadDim>::kDqParts; ++part) sems[part] = 0;
+    for (int run = 0; run < p.dq_runs; ++run) {
+      int32_t* sems = tile_semaphores<kHeadDim>(p.semaphores, run_tile_index(tile_index, run, p.num_q_tiles));
+      for (int part = 0; part < BwdConfig<kHeadDim>::kDqParts; ++part) sems[part] = 0;
+    }
     p.dq_claims[tile_index] = 0;
   }
   if (blockIdx.x == 0 && blockIdx.y == 0 && blockIdx.z == 0) {

@@ -161,7 +161,9 @@ CUTLASS_DEVICE void producer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<
       for (int32_t j = 0; j < min(32, end - t0); ++j) {
         const int32_t head = __shfl_sync(0xffffffffu, mine.head, j);
         const int32_t m_block = __shfl_sync(0xffffffffu, mine.m_block, j);
-        const int32_t wait_target = __shfl_sync(0xffffffffu, mine.wait_target, j);
+        // The run (schedule/runs.h) rides in bit 30 of the wait target: one shuffle for both (targets < 2^30).
+        const int32_t target_run = __shfl_sync(0xffffffffu, mine.wait_target | (mine.run << 30), j);
+        const int32_t wait_target = target_run & ((1 << 30) - 1);
         const KvTileRef tile = current_tile();
         const int32_t t = t0 + j;
         // Packed sequences: the tile's first and last visits with rows carry kFirst and kLast.
@@ -172,7 +174,8 @@ CUTLASS_DEVICE void producer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<
         const int32_t piece = static_cast<int32_t>(word(kPiece));
         // Every word() is a whole-warp shuffle: all of them above this point, where the warp is converged.
         if (lane_id() != 0 || skip) continue;
-        const int32_t flags = (t == first_t ? VisitRecord::kFirst : 0) | (t == last_t ? VisitRecord::kLast : 0) | piece;
+        const int32_t flags = (t == first_t ? VisitRecord::kFirst : 0) | (t == last_t ? VisitRecord::kLast : 0) | piece |
+                              ((target_run >> 30) != 0 ? VisitRecord::kRun1 : 0);
         // kDynamic elects each dQ tile's first add as the visit is loaded (not when the lanes evaluate 32 steps
         // ahead, which gave a tile's later Q tiles to whoever evaluated them first): the first visit loaded stores
         // (wait target 0), every later one adds after that store (bwd_dq_writer.h). A CTA loads its visits in its

@@ -15,7 +15,8 @@ namespace dash::bwd {
 struct VisitRecord {
   // kPiece: the visit's item runs only part of its tile's steps (shift's split tail); the dK/dV it ends with are a
   // partial sum (bwd_epilogue.h).
-  enum Flags : int32_t { kFirst = 1, kLast = 2, kEmptyTile = 4, kEnd = 8, kPiece = 16 };
+  // kRun1: the partial dQ goes to the tile's second accumulator (schedule/runs.h).
+  enum Flags : int32_t { kFirst = 1, kLast = 2, kEmptyTile = 4, kEnd = 8, kPiece = 16, kRun1 = 32 };
   int32_t batch, head_k, n_block;  // the KV tile
   int32_t head, m_block, wait_target;
   int32_t flags;
@@ -109,6 +110,7 @@ struct BwdKernelParams {
   // number of its visits loaded so far (the first one loaded stores, the others add). Zeroed by the preprocess.
   unsigned long long* unit_counter;
   int32_t* dq_claims;
+  int64_t num_q_tiles;  // distance between a tile's accumulator runs (run_tile_index)
 };
 
 using Barrier = cutlass::arch::ClusterBarrier;

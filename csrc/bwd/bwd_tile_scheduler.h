@@ -47,10 +47,11 @@ struct ScheduleRef {
   DASH_HD bool dynamic() const {
     return claims_units<Fixed>() && kind == ScheduleKind::kDynamic;
   }
-  // The schedule of `kind`, applied (schedule.h): kernels that never claim units compile no Dynamic code.
+  // The schedule of `kind`, applied (schedule.h): kernels that never claim units compile no Dynamic code, full-mask
+  // kernels none of the paired causal schedules (a full mask never resolves to them).
   template <class Fixed, class F>
   DASH_HD auto dispatch(F&& f) const {
-    return sched::dispatch_resolved<claims_units<Fixed>()>(kind, f);
+    return sched::dispatch_resolved<claims_units<Fixed>(), Fixed::kMask != MaskKind::kFull>(kind, f);
   }
   // Item k of a CTA is one of the split tail's (then its tile was run in pieces by consecutive CTAs).
   template <class Fixed>

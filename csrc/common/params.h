@@ -27,6 +27,8 @@ enum class ScheduleKind : int32_t {
   kShift = 3,
   kShiftCausal = 4,
   kDynamic = 5,  // non-deterministic mode only: units claimed at run time (schedule/dynamic.h)
+  kShiftRuns = 6,        // invariant: shift's walk, dQ in two accumulators (schedule/runs.h)
+  kShiftCausalRuns = 7,  // invariant: paired causal tiles, dQ in two accumulators (schedule/runs.h)
   kAuto = 99,
 };
 

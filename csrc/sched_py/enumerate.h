@@ -11,7 +11,7 @@ namespace dash::sched::host {
 
 // One executed step, flattened over the whole grid.
 struct VisitRecord {
-  int32_t cta, item, batch, head, head_k, n_block, m_block, step, wait_target;
+  int32_t cta, item, batch, head, head_k, n_block, m_block, step, wait_target, run;
 };
 
 struct ItemRecord {
@@ -35,7 +35,7 @@ int64_t unit_of_item(const Problem& p, int32_t cta, int64_t k) {
     const TailSplit ts = Shift::applies(p) ? Shift::tail(p) : TailSplit{};
     if (Shift::in_tail(ts, k)) return ts.unit_of_item(cta, k);
   }
-  if constexpr (std::is_same_v<S, ShiftCausal>) {
+  if constexpr (std::is_same_v<S, ShiftCausal> || std::is_same_v<S, ShiftCausalRuns>) {
     if (ShiftCausal::applies(p)) {
       const auto l = ShiftCausal::layout(p);
       const int64_t pairs = Snake::units_on(l.pair_units, p.num_ctas, cta);
@@ -62,7 +62,7 @@ Enumeration enumerate_schedule(const Problem& p, bool with_visits) {
       for (int32_t t = steps.lo; t < steps.hi; ++t) {
         const Visit v = S::visit(p, tile, t);
         e.visits.push_back(VisitRecord{c, static_cast<int32_t>(k), tile.batch, v.head, tile.head_k, tile.n_block,
-                                       v.m_block, t, v.wait_target});
+                                       v.m_block, t, v.wait_target, v.run});
       }
     }
   }
@@ -70,8 +70,14 @@ Enumeration enumerate_schedule(const Problem& p, bool with_visits) {
   return e;
 }
 
+// The kind the host entry points run: the invariant schedules (runs.h) carry no fallback of their own, so they are
+// resolved here as the kernel resolves them; the others keep theirs (dynamic's static stand-in included).
+inline ScheduleKind host_kind(ScheduleKind kind, const Problem& p) {
+  return dq_runs(kind) > 1 ? resolve_schedule(kind, p) : kind;
+}
+
 inline Enumeration enumerate(ScheduleKind kind, const Problem& p, bool with_visits) {
-  return dispatch_schedule(kind, [&](auto s) { return enumerate_schedule<decltype(s)>(p, with_visits); });
+  return dispatch_schedule(host_kind(kind, p), [&](auto s) { return enumerate_schedule<decltype(s)>(p, with_visits); });
 }
 
 }  // namespace dash::sched::host

@@ -24,6 +24,8 @@ ScheduleKind to_kind(int32_t id) {
     case static_cast<int32_t>(ScheduleKind::kShift):
     case static_cast<int32_t>(ScheduleKind::kShiftCausal):
     case static_cast<int32_t>(ScheduleKind::kDynamic):
+    case static_cast<int32_t>(ScheduleKind::kShiftRuns):
+    case static_cast<int32_t>(ScheduleKind::kShiftCausalRuns):
       return static_cast<ScheduleKind>(id);
     default:
       throw std::invalid_argument("unknown schedule id " + std::to_string(id) + " (kAuto must be resolved first)");
@@ -70,6 +72,7 @@ py::dict visits_dict(const std::vector<host::VisitRecord>& v) {
   d["m_block"] = column<int32_t>(n, [&](size_t i) { return v[i].m_block; });
   d["step"] = column<int32_t>(n, [&](size_t i) { return v[i].step; });
   d["wait_target"] = column<int32_t>(n, [&](size_t i) { return v[i].wait_target; });
+  d["run"] = column<int32_t>(n, [&](size_t i) { return v[i].run; });
   return d;
 }
 
@@ -176,6 +179,8 @@ PYBIND11_MODULE(_sched, m) {
   m.attr("SHIFT") = static_cast<int32_t>(ScheduleKind::kShift);
   m.attr("SHIFT_CAUSAL") = static_cast<int32_t>(ScheduleKind::kShiftCausal);
   m.attr("DYNAMIC") = static_cast<int32_t>(ScheduleKind::kDynamic);
+  m.attr("SHIFT_RUNS") = static_cast<int32_t>(ScheduleKind::kShiftRuns);
+  m.attr("SHIFT_CAUSAL_RUNS") = static_cast<int32_t>(ScheduleKind::kShiftCausalRuns);
   m.attr("AUTO") = static_cast<int32_t>(ScheduleKind::kAuto);
   m.attr("DEFAULT_TAIL_CHUNK_MIN") = kDefaultTailChunkMin;
   m.attr("MASK_FULL") = static_cast<int32_t>(MaskKind::kFull);
@@ -185,19 +190,25 @@ PYBIND11_MODULE(_sched, m) {
   m.def("resolve", [](int32_t kind, const Problem& p) {
     return static_cast<int32_t>(resolve_schedule(to_kind(kind), p));
   }, "The schedule the kernels run for `kind` on this problem (fallbacks applied; schedule.h).");
+  m.def("dq_runs", [](int32_t kind) { return dq_runs(to_kind(kind)); },
+        "Accumulators per dQ tile of a resolved schedule (2 for the invariant ones, runs.h).");
+  m.def("run_contributors", [](int32_t kind, const Problem& p, int32_t m_block, int32_t run) {
+    return run_contributors(resolve_schedule(to_kind(kind), p), p, m_block, run);
+  }, "Adds into accumulator `run` of Q tile m_block (what the postprocess waits for).");
   m.def("num_m_blocks", &num_m_blocks);
   m.def("num_n_blocks", &num_n_blocks);
   m.def("m_block_range", [](const Problem& p, int32_t n) { return range_tuple(m_block_range(p, n)); });
   m.def("n_block_range", [](const Problem& p, int32_t mb) { return range_tuple(n_block_range(p, mb)); });
   m.def("num_items", [](int32_t kind, const Problem& p, int32_t cta) {
-    return dispatch_schedule(to_kind(kind), [&](auto s) { return decltype(s)::num_items(p, cta); });
+    return dispatch_schedule(host::host_kind(to_kind(kind), p), [&](auto s) { return decltype(s)::num_items(p, cta); });
   });
   m.def("item", [](int32_t kind, const Problem& p, int32_t cta, int64_t k) {
-    const KvTile t = dispatch_schedule(to_kind(kind), [&](auto s) { return decltype(s)::item(p, cta, k); });
+    const KvTile t =
+        dispatch_schedule(host::host_kind(to_kind(kind), p), [&](auto s) { return decltype(s)::item(p, cta, k); });
     return py::make_tuple(t.batch, t.head_k, t.n_block);
   });
   m.def("item_steps", [](int32_t kind, const Problem& p, int32_t cta, int64_t k) {
-    const StepRange r = dispatch_schedule(to_kind(kind), [&](auto s) {
+    const StepRange r = dispatch_schedule(host::host_kind(to_kind(kind), p), [&](auto s) {
       using S = decltype(s);
       return item_steps_of<S>(p, cta, k, S::item(p, cta, k));
     });
@@ -205,12 +216,13 @@ PYBIND11_MODULE(_sched, m) {
   });
   m.def("num_visits", [](int32_t kind, const Problem& p, int32_t batch, int32_t head_k, int32_t n_block) {
     const KvTile t{batch, head_k, n_block};
-    return dispatch_schedule(to_kind(kind), [&](auto s) { return decltype(s)::num_visits(p, t); });
+    return dispatch_schedule(host::host_kind(to_kind(kind), p), [&](auto s) { return decltype(s)::num_visits(p, t); });
   });
   m.def("visit", [](int32_t kind, const Problem& p, int32_t batch, int32_t head_k, int32_t n_block, int32_t step) {
     const KvTile t{batch, head_k, n_block};
-    const Visit v = dispatch_schedule(to_kind(kind), [&](auto s) { return decltype(s)::visit(p, t, step); });
-    return py::make_tuple(v.head, v.m_block, v.wait_target);
+    const Visit v =
+        dispatch_schedule(host::host_kind(to_kind(kind), p), [&](auto s) { return decltype(s)::visit(p, t, step); });
+    return py::make_tuple(v.head, v.m_block, v.wait_target, v.run);
   });
   m.def("enumerate", &enumerate_py, py::arg("kind"), py::arg("problem"),
         "Everything the static persistent grid executes: per-visit and per-item columns (numpy).");

@@ -131,8 +131,9 @@ class Simulator {
     int64_t first_record = -1;
   };
 
-  int64_t tile_key(int32_t batch, int32_t head, int32_t m) const {
-    return (static_cast<int64_t>(batch) * p_.nheads + head) * M_ + m;
+  // One chain per accumulator: (batch, head, Q tile, run).
+  int64_t tile_key(int32_t batch, int32_t head, int32_t m, int32_t run) const {
+    return ((static_cast<int64_t>(batch) * p_.nheads + head) * M_ + m) * kMaxDqRuns + run;
   }
 
   // Loads the CTA's next item with at least one visit; false when the CTA has no work left.
@@ -164,7 +165,7 @@ class Simulator {
       return;
     }
     Visit v = S::visit(p_, s.tile, s.next_visit);
-    const int64_t key = tile_key(s.tile.batch, v.head, v.m_block);
+    const int64_t key = tile_key(s.tile.batch, v.head, v.m_block, v.run);
     TileState& t = tiles_[key];
     // Dynamic's kernel elects each tile's first add when a visit is loaded (schedule/dynamic.h): here, the first
     // visit of the tile to start computing stores, the others wait for it.
@@ -177,7 +178,7 @@ class Simulator {
     s.pending = v;
     s.compute_time = o_.c;
     if (o_.l2_tiles > 0) {
-      const bool hit = touch_l2(key);
+      const bool hit = touch_l2(key / kMaxDqRuns);  // the Q/dO tile set, whichever run
       const double f = record_miss(!hit);
       res_.l2_misses += !hit;
       if (!hit) s.compute_time = std::max(o_.c + o_.miss_latency, f * o_.miss);
@@ -275,7 +276,7 @@ class Simulator {
     CtaState& s = ctas_[c];
     const int64_t id = static_cast<int64_t>(res_.visits.size());
     res_.visits.push_back(VisitRecord{c, s.item_index, s.tile.batch, s.pending.head, s.tile.head_k, s.tile.n_block,
-                                      s.pending.m_block, s.next_visit, s.pending.wait_target});
+                                      s.pending.m_block, s.next_visit, s.pending.wait_target, s.pending.run});
     res_.compute_start.push_back(cs);
     compute_time_.push_back(s.compute_time);
     res_.reduce_start.push_back(rs);
@@ -283,7 +284,7 @@ class Simulator {
     cta_pred_.push_back(s.last_record);
     chain_pred_.push_back(chain);
     s.last_record = id;
-    tiles_[tile_key(s.tile.batch, s.pending.head, s.pending.m_block)].last_record = id;
+    tiles_[tile_key(s.tile.batch, s.pending.head, s.pending.m_block, s.pending.run)].last_record = id;
   }
 
   void finish() {
@@ -330,7 +331,7 @@ class Simulator {
 };
 
 inline SimResult simulate(ScheduleKind kind, const Problem& p, const SimOptions& o) {
-  return dispatch_schedule(kind, [&](auto s) { return Simulator<decltype(s)>(p, o).run(); });
+  return dispatch_schedule(host_kind(kind, p), [&](auto s) { return Simulator<decltype(s)>(p, o).run(); });
 }
 
 }  // namespace dash::sched::host

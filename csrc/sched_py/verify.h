@@ -71,32 +71,43 @@ inline std::vector<std::string> verify(ScheduleKind kind, Problem p, int32_t cta
                        std::to_string(want) + " steps");
       }
     }
-    // Per dQ tile (batch, head, m): which KV tiles visited it and which positions they took.
+    // Per dQ tile (batch, head, m): which KV tiles visited it; per accumulator run, which positions they took.
     const size_t dq_tiles = static_cast<size_t>(p.batch) * p.nheads * M;
-    std::vector<std::vector<int32_t>> seen_n(dq_tiles), seen_pos(dq_tiles);
+    const ScheduleKind resolved = resolve_schedule(kind, p);
+    std::vector<std::vector<int32_t>> seen_n(dq_tiles), seen_pos(dq_tiles * kMaxDqRuns);
     for (const VisitRecord& v : e.visits) {
-      if (v.m_block < 0 || v.m_block >= M || v.head / g != v.head_k) {
+      if (v.m_block < 0 || v.m_block >= M || v.head / g != v.head_k || v.run < 0 || v.run >= dq_runs(resolved)) {
         fail(ctas, "visit out of range");
         continue;
       }
       if (!live[static_cast<size_t>(v.m_block) * N + v.n_block]) fail(ctas, "visit of a masked tile pair");
       const size_t key = (static_cast<size_t>(v.batch) * p.nheads + v.head) * M + v.m_block;
       seen_n[key].push_back(v.n_block);
-      seen_pos[key].push_back(v.wait_target);
+      seen_pos[key * kMaxDqRuns + v.run].push_back(v.wait_target);
     }
     for (size_t key = 0; key < dq_tiles && errors.size() < max_errors; ++key) {
       const int32_t m = static_cast<int32_t>(key % M);
-      auto ns = seen_n[key], pos = seen_pos[key];
+      auto ns = seen_n[key];
       std::sort(ns.begin(), ns.end());
-      std::sort(pos.begin(), pos.end());
       if (static_cast<int32_t>(ns.size()) != live_per_m[m] || std::adjacent_find(ns.begin(), ns.end()) != ns.end()) {
         fail(ctas, "dQ tile " + std::to_string(key) + ": coverage " + std::to_string(ns.size()) + " visits for " +
                        std::to_string(live_per_m[m]) + " live KV tiles");
       }
-      for (size_t i = 0; i < pos.size(); ++i) {
-        if (pos[i] != static_cast<int32_t>(i)) {
-          fail(ctas, "dQ tile " + std::to_string(key) + ": wait targets are not a permutation of 0..k-1");
-          break;
+      for (int32_t run = 0; run < kMaxDqRuns; ++run) {
+        auto pos = seen_pos[key * kMaxDqRuns + run];
+        std::sort(pos.begin(), pos.end());
+        for (size_t i = 0; i < pos.size(); ++i) {
+          if (pos[i] != static_cast<int32_t>(i)) {
+            fail(ctas, "dQ tile " + std::to_string(key) + ": wait targets are not a permutation of 0..k-1");
+            break;
+          }
+        }
+        // The postprocess waits for this many adds (dynamic's static stand-in is not what its kernel counts).
+        if (kind != ScheduleKind::kDynamic &&
+            static_cast<int32_t>(pos.size()) != run_contributors(resolved, p, m, run)) {
+          fail(ctas, "dQ tile " + std::to_string(key) + " run " + std::to_string(run) + ": " +
+                         std::to_string(pos.size()) + " adds, run_contributors says " +
+                         std::to_string(run_contributors(resolved, p, m, run)));
         }
       }
     }

@@ -33,11 +33,13 @@ struct KvTile {
 
 // One step of a work item: query head, Q tile and the accumulation position of this KV tile's partial dQ in the dQ
 // tile (batch, head, m_block). Deterministic mode spins until that tile's semaphore equals wait_target, adds, then
-// releases wait_target + 1.
+// releases wait_target + 1. `run` picks the tile's accumulator where a schedule keeps two (runs.h); each run has its
+// own semaphore and its own positions 0, 1, ...
 struct Visit {
   int32_t head;
   int32_t m_block;
   int32_t wait_target;
+  int32_t run = 0;
 };
 
 // Half-open range [lo, hi) of tile indices; empty when lo >= hi.

@@ -13,6 +13,7 @@
 #include "schedule/descending.h"
 #include "schedule/dynamic.h"
 #include "schedule/problem.h"
+#include "schedule/runs.h"
 #include "schedule/shift.h"
 #include "schedule/shift_causal.h"
 #include "schedule/spt.h"
@@ -21,14 +22,16 @@
 namespace dash::sched {
 
 // Calls f(Sched{}) for the run-time kind. kAuto must be resolved on the host first; it maps to Descending here so
-// that a stray kAuto cannot select undefined behaviour. kWithDynamic = false leaves Dynamic out (it maps to
+// that a stray kAuto cannot select undefined behaviour. kWithCausal = false leaves out the paired causal schedules,
+// which never resolve on a full mask (resolve_schedule: they need a band that leaves some tile pair masked), so
+// that full-mask kernels carry none of their code (mapped to Descending like kAuto). kWithDynamic = false leaves Dynamic out (it maps to
 // Descending too): kernels that never claim units (bwd_tile_scheduler.h) then carry none of its code. The exec-check
 // pragma lets a __device__-only functor (the kernel's) and a host-only one (the simulator's) both pass through this
 // __host__ __device__ template.
 #if defined(__CUDACC__)
 #pragma nv_exec_check_disable
 #endif
-template <bool kWithDynamic = true, class F>
+template <bool kWithDynamic = true, bool kWithCausal = true, class F>
 DASH_HD auto dispatch_schedule(ScheduleKind kind, F&& f) {
   switch (kind) {
     case ScheduleKind::kAscending:
@@ -38,7 +41,13 @@ DASH_HD auto dispatch_schedule(ScheduleKind kind, F&& f) {
     case ScheduleKind::kShift:
       return f(Shift{});
     case ScheduleKind::kShiftCausal:
-      return f(ShiftCausal{});
+      if constexpr (kWithCausal) return f(ShiftCausal{});
+      return f(Descending{});
+    case ScheduleKind::kShiftRuns:
+      return f(ShiftRuns{});
+    case ScheduleKind::kShiftCausalRuns:
+      if constexpr (kWithCausal) return f(ShiftCausalRuns{});
+      return f(Descending{});
     case ScheduleKind::kDynamic:
       if constexpr (kWithDynamic) return f(Dynamic{});
       [[fallthrough]];
@@ -50,6 +59,8 @@ DASH_HD auto dispatch_schedule(ScheduleKind kind, F&& f) {
 
 // The schedule that `kind` runs on problem p once its preconditions are checked: shift_causal falls back to shift,
 // shift to descending (exactly what their own num_items / item / visit do on every call), kAuto maps to descending.
+// The invariant schedules (runs.h) have no fallback of their own: shift_causal_runs falls back to shift_runs, that
+// to descending, and only resolved kinds reach them (the kernel's ScheduleRef, the CPU module's entry points).
 // The kernels claim units on causal masks only (Dynamic::applies); elsewhere dynamic runs what shift_causal runs.
 DASH_HD inline ScheduleKind resolve_schedule(ScheduleKind kind, const Problem& p) {
   switch (kind) {
@@ -64,6 +75,11 @@ DASH_HD inline ScheduleKind resolve_schedule(ScheduleKind kind, const Problem& p
       return Shift::applies(p) ? ScheduleKind::kShift : ScheduleKind::kDescending;
     case ScheduleKind::kShift:
       return Shift::applies(p) ? kind : ScheduleKind::kDescending;
+    case ScheduleKind::kShiftCausalRuns:
+      if (ShiftCausalRuns::applies(p)) return kind;
+      [[fallthrough]];
+    case ScheduleKind::kShiftRuns:
+      return ShiftRuns::applies(p) ? ScheduleKind::kShiftRuns : ScheduleKind::kDescending;
     case ScheduleKind::kDescending:
     default:
       return ScheduleKind::kDescending;
@@ -124,9 +140,9 @@ struct Applied<ShiftCausal> : ShiftCausal {
 #if defined(__CUDACC__)
 #pragma nv_exec_check_disable
 #endif
-template <bool kWithDynamic = true, class F>
+template <bool kWithDynamic = true, bool kWithCausal = true, class F>
 DASH_HD auto dispatch_resolved(ScheduleKind resolved, F&& f) {
-  return dispatch_schedule<kWithDynamic>(resolved, [&](auto s) { return f(Applied<decltype(s)>{}); });
+  return dispatch_schedule<kWithDynamic, kWithCausal>(resolved, [&](auto s) { return f(Applied<decltype(s)>{}); });
 }
 
 }  // namespace dash::sched

@@ -62,8 +62,8 @@ ALLOWANCES = [
     # operands are loop invariants (4 -> 52 bytes); H200: deterministic 0.972-0.981 of the time at 4k-16k against the
     # shuffled statistics, non-deterministic 0.994-1.019. With two step bodies and per-warpgroup operands (same day,
     # ~17:40 UTC) 28/64 bytes, 16 frame, and 0.97-0.985 of the time again at 1k-16k.
-    (r"bwd_main_kernel.*BwdTraitsILi128E.*MaskKindE0", 64,
-     "hdim 128 full: 28/64 bytes, 16 frame (split tail, spread start tiles)"),
+    (r"bwd_main_kernel.*BwdTraitsILi128E.*MaskKindE0", 80,
+     "hdim 128 full: 68/76 bytes, 24 frame (split tail, spread start tiles, shift_runs' dQ runs)"),
     (r"bwd_main_kernel.*BwdTraitsILi256E.*MaskKindE0", 8, "hdim 256 full: 4/8 bytes (split tail)"),
 ]
 

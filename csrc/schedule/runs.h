@@ -1,0 +1,139 @@
+// The invariant deterministic schedules: every bit of a sequence's dQ, dK and dV depends on that sequence's geometry
+// alone, not on the CTA count, the batch or where the sequence sits in it, at the speed of the arrival-order ones.
+//
+// Why two accumulators. A KV tile runs all of its visits on one CTA, so with one CTA the adds into every dQ tile
+// arrive in the order the tiles run: an order that is the same for every CTA count must be one linear order of a
+// head's KV tiles, shared by all of its Q tiles. Shift's cyclic walk (every Q tile receives its KV tiles in a rotated
+// order, so no add waits) is no such order. But at Q tile m a rotation is two runs, each linear: the tiles that
+// reached m before wrapping around and those that reached it after. Each run gets its own fp32 accumulator ("run"
+// 0 and 1, Visit::run); the postprocess adds run 0 and run 1 of a tile in that order. Inside each run the order is
+// descending KV index, and a head's units launch in that order too, so every add waits only for units launched
+// earlier (deadlock-free for any grid, waves.h) and, when a head's tiles start together, for nobody.
+//
+// Which run and which position a visit takes are functions of (KV tile, Q tile, tile counts, spacing) only. The unit
+// layout over the grid may depend on anything; it changes when adds happen, never what they sum to. dK/dV: every KV
+// tile runs whole, walking its Q tiles in an order fixed by the geometry, so its in-register sums are invariant too
+// (no split tail: a split's pieces would follow the grid).
+#pragma once
+#include "schedule/shift_causal.h"
+
+namespace dash::sched {
+
+// Accumulators per dQ tile a schedule uses (ScheduleKind): 2 for the invariant ones, 1 otherwise.
+constexpr int32_t kMaxDqRuns = 2;
+DASH_HD inline int32_t dq_runs(ScheduleKind kind) {
+  return kind == ScheduleKind::kShiftRuns || kind == ScheduleKind::kShiftCausalRuns ? 2 : 1;
+}
+
+// Full masks (every tile pair live). Per (batch, KV head): KV tile j walks Q tiles (k j + s) mod M, s = 0 .. M-1,
+// k the spacing: 2 where Q tiles are at most half as tall as KV tiles (hdim 128), else 1. At Q tile m, run 0 holds
+// the tiles with k j <= m (they arrive at step m - k j) and run 1 the others (step m - k j + M): both in descending
+// j, which is their arrival order while k j < M (always where seqlen_q >= seqlen_k; elsewhere some adds wait). k
+// depends on the tile shape alone, not on M and N as shift's does: a sequence packed with longer ones (varlen) is
+// scheduled on the longest one's tile counts and must still take the walk and the runs it takes alone.
+// Units: head-major, descending j within a head.
+struct ShiftRuns {
+  DASH_HD static bool applies(const Problem& p) { return covers_all_tiles(p); }
+  DASH_HD static int32_t spacing(const Problem& p) {
+    return p.shift_spacing == ShiftSpacing::kAdjacent || 2 * p.block_m > p.block_n ? 1 : 2;
+  }
+  DASH_HD static int64_t num_units(const Problem& p) { return num_kv_heads_total(p) * num_n_blocks(p); }
+  DASH_HD static int64_t num_items(const Problem& p, int32_t cta) {
+    return Snake::units_on(num_units(p), p.num_ctas, cta);
+  }
+  DASH_HD static KvTile item(const Problem& p, int32_t cta, int64_t k) {
+    const int32_t N = num_n_blocks(p);
+    const DivMod64 hu = divmod_nonneg(Snake::unit_at(p.num_ctas, cta, k), N);
+    const DivMod64 bh = divmod_nonneg(hu.q, p.nheads_k);
+    return KvTile{static_cast<int32_t>(bh.q), static_cast<int32_t>(bh.r), N - 1 - static_cast<int32_t>(hu.r)};
+  }
+  DASH_HD static int32_t num_visits(const Problem& p, const KvTile& t) {
+    return group_size(p) * m_block_range(p, t.n_block).size();
+  }
+  // Run-0 contributors of Q tile m: KV tiles j < N with k j <= m.
+  DASH_HD static int32_t run0_size(const Problem& p, int32_t m) {
+    const int32_t n = (m >> (spacing(p) - 1)) + 1, N = num_n_blocks(p);  // k is 1 or 2
+    return n < N ? n : N;
+  }
+  DASH_HD static int32_t contributors(const Problem& p, int32_t m, int32_t run) {
+    return run == 0 ? run0_size(p, m) : num_n_blocks(p) - run0_size(p, m);
+  }
+  DASH_HD static Visit visit(const Problem& p, const KvTile& t, int32_t step) {
+    const int32_t M = num_m_blocks(p), N = num_n_blocks(p);
+    const int32_t j = t.n_block, k = spacing(p);
+    const StepSplit st = split_step(step, group_size(p), t.head_k);
+    // k j < M unless seqlen_q < seqlen_k: the division only there (the producer warp's registers are few).
+    const int32_t kj = k * j;
+    const int32_t start = kj < M ? kj : static_cast<int32_t>(static_cast<uint32_t>(kj) % static_cast<uint32_t>(M));
+    const int32_t m = pos_mod_near(start + st.s, M);
+    if (k * j <= m) return Visit{st.head, m, run0_size(p, m) - 1 - j, 0};
+    return Visit{st.head, m, N - 1 - j, 1};
+  }
+};
+
+// Bands without a left bound (causal, causal-like windows), any tile counts and seqlen_q != seqlen_k. Per (batch, KV
+// head) with N KV tiles, Q = N / 2 pairs: unit u pairs long tile u with short tile N-1-u on one CTA, so units carry
+// equal work and a head's units stay in step. The long tile walks up from its first live Q tile lo_u and arrives at
+// Q tile m at step m - lo_u: the longs arrive in descending u (run 0). The short tile then walks down from the last
+// Q tile and arrives at step (M - lo_u) + (M - 1 - m): the shorts arrive in descending u too (run 1). With odd N the
+// middle tile Q is a unit of its own, launched after every pair unit of the grid, and adds last in run 1. Pair units
+// launch head-major in descending u. Falls back to ShiftRuns for a full mask and to Descending with a left bound.
+struct ShiftCausalRuns {
+  DASH_HD static bool applies(const Problem& p) { return ShiftCausal::applies(p); }
+  using Layout = ShiftCausal::Layout;
+  DASH_HD static Layout layout(const Problem& p) { return ShiftCausal::layout(p); }
+
+  DASH_HD static int64_t num_items(const Problem& p, int32_t cta) { return ShiftCausal::num_items_applied(p, cta); }
+  DASH_HD static KvTile item(const Problem& p, int32_t cta, int64_t k) {
+    const Layout l = layout(p);
+    const int64_t pairs = Snake::units_on(l.pair_units, p.num_ctas, cta);
+    int64_t head_index;
+    int32_t n;
+    if (k < 2 * pairs) {
+      const DivMod64 hu = divmod_nonneg(Snake::unit_at(p.num_ctas, cta, k / 2), l.Q);
+      head_index = hu.q;
+      const int32_t u = l.Q - 1 - static_cast<int32_t>(hu.r);
+      n = (k % 2 == 0) ? u : l.N - 1 - u;
+    } else {
+      head_index = Snake::unit_at(p.num_ctas, cta, pairs + (k - 2 * pairs)) - l.pair_units;
+      n = l.Q;
+    }
+    const DivMod64 bh = divmod_nonneg(head_index, p.nheads_k);
+    return KvTile{static_cast<int32_t>(bh.q), static_cast<int32_t>(bh.r), n};
+  }
+  DASH_HD static int32_t num_visits(const Problem& p, const KvTile& t) { return ShiftRuns::num_visits(p, t); }
+
+  // Contributors of Q tile m are the KV tiles [0, hi); longs are [0, Q), shorts [N - Q, N), the middle Q.
+  DASH_HD static int32_t contributors(const Problem& p, int32_t m, int32_t run) {
+    const Layout l = layout(p);
+    const int32_t hi = n_block_range(p, m).hi;
+    if (run == 0) return hi < l.Q ? hi : l.Q;
+    const int32_t shorts = hi > l.N - l.Q ? hi - (l.N - l.Q) : 0;
+    return shorts + (l.has_middle && hi > l.Q ? 1 : 0);
+  }
+  DASH_HD static Visit visit(const Problem& p, const KvTile& t, int32_t step) {
+    const Layout l = layout(p);
+    const StepSplit st = split_step(step, group_size(p), t.head_k);
+    const int32_t n = t.n_block;
+    if (n < l.Q) {  // long: up from its first live Q tile
+      const int32_t m = m_block_range(p, n).lo + st.s;
+      return Visit{st.head, m, contributors(p, m, 0) - 1 - n, 0};
+    }
+    const int32_t m = l.M - 1 - st.s;
+    if (l.has_middle && n == l.Q) {  // after every short of m
+      const int32_t hi = n_block_range(p, m).hi;
+      return Visit{st.head, m, hi > l.N - l.Q ? hi - (l.N - l.Q) : 0, 1};
+    }
+    return Visit{st.head, m, n - (l.N - l.Q), 1};  // short: every short below it contributes to m too
+  }
+};
+
+// Adds into accumulator `run` of Q tile m under the resolved kind `kind` (resolve_schedule): what the postprocess
+// waits for before it reads the run. Every other schedule keeps one accumulator per tile.
+DASH_HD inline int32_t run_contributors(ScheduleKind kind, const Problem& p, int32_t m, int32_t run) {
+  if (kind == ScheduleKind::kShiftRuns) return ShiftRuns::contributors(p, m, run);
+  if (kind == ScheduleKind::kShiftCausalRuns) return ShiftCausalRuns::contributors(p, m, run);
+  return run == 0 ? n_block_range(p, m).size() : 0;
+}
+
+}  // namespace dash::sched

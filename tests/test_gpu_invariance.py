@@ -1,0 +1,104 @@
+"""Invariant determinism on the GPU (marker `gpu`): with deterministic=True and schedule="auto", a sequence's dQ, dK
+and dV are bitwise the same whatever the SM count left by sm_margin, the batch around it, its position in the batch,
+or (varlen) the sequences packed with it and their order. The CPU side proves the orders (test_schedule_invariance.py);
+this checks the bits, with random other content so that nothing but the sequence itself is shared.
+"""
+import os
+
+import pytest
+import torch
+
+import dash_attn
+from gpu_common import assert_grads_within, requires_softcap, supported_head_dims, tolerance  # noqa: F401
+
+pytestmark = pytest.mark.gpu
+
+SEED = int(os.environ.get("DASH_TEST_SEED", "0"))
+SM_MARGINS = (0, 4, 18, 54, 100)
+CASES = [  # (causal, window, softcap, nheads, nheads_k, seqlen)
+    (False, (-1, -1), 0.0, 8, 8, 1013),
+    (True, (-1, -1), 0.0, 8, 2, 1013),
+    (False, (200, 0), 0.0, 4, 4, 777),
+    (True, (-1, -1), 30.0, 4, 2, 640),
+]
+
+
+def _ids(c):
+    return f"{'causal' if c[0] else 'full'}-w{c[1][0]}_{c[1][1]}-cap{c[2]:g}-h{c[3]}:{c[4]}-s{c[5]}"
+
+
+def _rand(gen, shape, dtype):
+    return torch.randn(shape, generator=gen, device="cuda", dtype=dtype)
+
+
+def _grads(q, k, v, dout, causal, window, softcap, sm_margin=0):
+    q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+    out = dash_attn.flash_attn_func(q, k, v, causal=causal, window_size=window, softcap=softcap,
+                                    deterministic=True, sm_margin=sm_margin)
+    out = out[0] if isinstance(out, tuple) else out
+    return torch.autograd.grad(out, (q, k, v), dout)
+
+
+def _seq(gen, seqlen, nheads, nheads_k, hdim, dtype):
+    return (_rand(gen, (1, seqlen, nheads, hdim), dtype), _rand(gen, (1, seqlen, nheads_k, hdim), dtype),
+            _rand(gen, (1, seqlen, nheads_k, hdim), dtype), _rand(gen, (1, seqlen, nheads, hdim), dtype))
+
+
+def _skip_if_unbuilt(hdim, softcap):
+    if hdim not in supported_head_dims():
+        pytest.skip(f"hdim {hdim} not built")
+    if softcap and not dash_attn._C.softcap_built():
+        pytest.skip("soft-capped kernels not built")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("hdim", [64, 128, 256])
+@pytest.mark.parametrize("case", CASES, ids=_ids)
+def test_invariant_across_sm_margin_and_batch(case, hdim, dtype):
+    causal, window, softcap, nheads, nheads_k, seqlen = case
+    _skip_if_unbuilt(hdim, softcap)
+    gen = torch.Generator(device="cuda").manual_seed(SEED)
+    mine = _seq(gen, seqlen, nheads, nheads_k, hdim, dtype)
+    ref = _grads(*mine, causal, window, softcap)
+    for margin in SM_MARGINS[1:]:
+        got = _grads(*mine, causal, window, softcap, sm_margin=margin)
+        for name, a, b in zip("qkv", got, ref):
+            assert torch.equal(a, b), f"d{name} changed with sm_margin={margin}"
+    for batch in (2, 5):
+        for pos in (0, batch - 1):
+            others = [_seq(gen, seqlen, nheads, nheads_k, hdim, dtype) for _ in range(batch - 1)]
+            parts = others[:pos] + [mine] + others[pos:]
+            full = [torch.cat([p[i] for p in parts]) for i in range(4)]
+            got = _grads(*full, causal, window, softcap)
+            for name, a, b in zip("qkv", got, ref):
+                assert torch.equal(a[pos:pos + 1], b), f"d{name} of the sequence at {pos} of {batch} differs from alone"
+
+
+def _varlen_grads(seqs, order, causal, dtype):
+    lens = [seqs[i][0].shape[1] for i in order]
+    cu = torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), device="cuda", dtype=torch.int32)
+    q, k, v, dout = (torch.cat([seqs[i][j][0] for i in order]).detach() for j in range(4))
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    out = dash_attn.flash_attn_varlen_func(q, k, v, cu, cu, max(lens), max(lens), causal=causal, deterministic=True)
+    out = out[0] if isinstance(out, tuple) else out
+    grads = torch.autograd.grad(out, (q, k, v), dout)
+    return {i: tuple(g[int(cu[n]):int(cu[n + 1])] for g in grads) for n, i in enumerate(order)}
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("hdim", [64, 128])
+def test_varlen_invariant_to_packing(hdim, causal):
+    if hdim not in supported_head_dims():
+        pytest.skip(f"hdim {hdim} not built")
+    gen = torch.Generator(device="cuda").manual_seed(SEED + 1)
+    lens = [333, 1500, 64, 777, 333]
+    seqs = [_seq(gen, n, 4, 2, hdim, torch.bfloat16) for n in lens]
+    ref = _varlen_grads(seqs, [0], causal, torch.bfloat16)[0]
+    for order in ([0, 1, 2, 3, 4], [4, 3, 1, 0, 2], [2, 0]):
+        got = _varlen_grads(seqs, order, causal, torch.bfloat16)[0]
+        for name, a, b in zip("qkv", got, ref):
+            assert torch.equal(a, b), f"d{name} of sequence 0 changed when packed as {order}"
+    # Two packings, each with other sequences around: the same bits too (and what the README states for dense).
+    dense = tuple(g[0] for g in _grads(*seqs[0], causal, (-1, -1), 0.0))
+    same_as_dense = all(torch.equal(a, b) for a, b in zip(ref, dense))
+    print(f"hdim {hdim} causal={causal}: varlen alone == dense: {same_as_dense}")

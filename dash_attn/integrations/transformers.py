@@ -19,8 +19,9 @@ sliding_window, softcap, scaling, GQA/MQA (k/v with fewer heads, passed as they 
 map onto the kernels' arguments. The backward is deterministic when torch.are_deterministic_algorithms_enabled() or
 FLASH_ATTENTION_DETERMINISTIC=1 (transformers' switch, which its enable_full_determinism sets).
 Not supported: attention dropout (the kernels have none), learnable attention sinks (s_aux), 4-D attention masks, and
-static caches (StaticCache: generate() drops the padding mask for any implementation not named flash, so nothing
-bounds the cache's filled part and its empty slots would take part).
+static caches (cache_implementation="static") without padding: a padding mask bounds the cache's filled slots, but
+generate() drops an all-true one for implementations not named flash*, and then the empty slots would take part
+(nothing here can tell them apart); use the default dynamic cache.
 
 transformers stays optional: this module imports it only inside register().
 """

@@ -11,12 +11,16 @@ NVCC_FLAGS = -std=c++17 -O3 --use_fast_math -gencode arch=compute_90a,code=sm_90
 	-DDASH_ENABLE_$(shell echo $(CHECK_DTYPE) | tr a-z A-Z)
 export CPLUS_INCLUDE_PATH := /usr/local/cuda/include/cccl:$(CPLUS_INCLUDE_PATH)
 
-.PHONY: deps install dev gen test test-gpu check-kernels prebuild demo bench clean
+.PHONY: runtime deps install dev gen test test-gpu check-kernels prebuild demo bench clean
 
-# Test/runtime dependencies; torch only when missing (a CPU machine gets the CPU build, a GPU node keeps its own).
-deps:
+# What the package needs to run; torch only when missing (a CPU machine gets the CPU build, a GPU node keeps its own).
+runtime:
 	@$(PYTHON) -c "import torch" 2>/dev/null || $(PIP) install -q torch==2.13.0
-	@$(PIP) install -q pytest pybind11 ninja numpy matplotlib setuptools wheel
+	@$(PYTHON) -c "import numpy" 2>/dev/null || $(PIP) install -q numpy
+
+# What the tests and the build need on top.
+deps: runtime
+	@$(PIP) install -q pytest pybind11 ninja matplotlib "setuptools>=77" wheel
 
 install: deps
 	$(PIP) install -q --no-deps -r third_party/requirements-cutlass.txt || echo "nvidia-cutlass not installed (offline?): set CUTLASS_DIR"
@@ -80,7 +84,9 @@ build/prebuilt/%.o: %.cu
 	$(NVCC) -std=c++17 -O3 --use_fast_math -gencode arch=compute_90a,code=sm_90a --expt-relaxed-constexpr \
 	  --expt-extended-lambda -Icsrc -I$(CUTLASS_INC) $(PREBUILD_DEFS) $(PREBUILD_EXTRA) -Xcompiler -fPIC -c $< -o $@
 
-demo:
+# The first command on a fresh machine: `python -m` runs the package from this tree, so the demo needs the runtime
+# only. It trains on an sm90 GPU where `make install` built the kernels, else on the CPU reference path.
+demo: runtime
 	$(PYTHON) -m dash_attn demo $(DEMO_ARGS)
 
 -include csrc/bench/bench.mk

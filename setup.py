@@ -164,17 +164,12 @@ def build():
         cmdclass["build_ext"] = BuildExtension.with_options(use_ninja=True)
     else:
         print(f"dash_attn: building without CUDA kernels ({blocker}); CUDA tensors will raise a clear error")
+    # Name, version, dependencies, extras and license: pyproject.toml's [project].
     setup(
-        name="dash_attn",
-        version="0.1.0",
-        description="Hopper attention whose deterministic backward is as fast as the non-deterministic one",
         packages=find_packages(include=["dash_attn", "dash_attn.*"]),
         package_data={"dash_attn": ["data/*.txt"]},
         ext_modules=ext_modules,
         cmdclass=cmdclass,
-        python_requires=">=3.9",
-        install_requires=["torch>=2.4", "numpy"],
-        extras_require={"test": ["pytest"], "plot": ["matplotlib"]},
     )
 
 

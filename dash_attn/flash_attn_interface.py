@@ -1,8 +1,8 @@
 """FlashAttention-3's module name (its hopper/flash_attn_interface.py) with the functions dash_attn has of it, so that a
 port changes one import line:
 
-    from flash_attn_interface import flash_attn_func        ->  from dash_attn.flash_attn_interface import flash_attn_func
-    import flash_attn_interface                             ->  from dash_attn import flash_attn_interface
+    from flash_attn_interface import flash_attn_func  ->  from dash_attn.flash_attn_interface import flash_attn_func
+    import flash_attn_interface                       ->  from dash_attn import flash_attn_interface
 
 The signatures are FA3's (dash_attn/api.py). FA3's decoding and split-KV helpers (flash_attn_with_kvcache,
 flash_attn_combine, get_scheduler_metadata) have no counterpart here.

@@ -2,10 +2,10 @@
 
 Tiny models with random weights (built from configs, nothing downloaded) run forward and backward through dash_attn
 and through transformers' eager attention with the same weights; logits and every weight's gradient must agree within
-TOL (gradients: TOL times their largest magnitude where that is above 1). Cases: no padding, left and right padding masks, padding-free packed batches (position_ids restarting, and
-DataCollatorWithFlattening's cu_seq_lens keywords), sliding windows (Mistral), softcap with alternating sliding and
-full layers (Gemma 2), q/k norms (Qwen 3), greedy generation with the KV cache; then registration, the errors and
-the deterministic switch. Skipped where transformers is not installed.
+TOL (gradients: TOL times their largest magnitude where that is above 1). Cases: no padding, left and right padding
+masks, padding-free packed batches (position_ids restarting, and DataCollatorWithFlattening's cu_seq_lens keywords),
+sliding windows (Mistral), softcap with alternating sliding and full layers (Gemma 2), q/k norms (Qwen 3), greedy
+generation with the KV cache; then registration, the errors and the deterministic switch. Skipped where transformers is not installed.
 """
 import subprocess
 import sys

@@ -50,7 +50,8 @@ def register() -> None:
         from transformers.modeling_utils import AttentionInterface
     except ImportError as exc:
         raise ImportError("dash_attn.integrations.transformers.register() needs transformers >= 4.53 (for "
-                          f"AttentionInterface and AttentionMaskInterface): pip install -U transformers ({exc})") from exc
+                          "AttentionInterface and AttentionMaskInterface): pip install -U transformers "
+                          f"({exc})") from exc
     AttentionInterface.register(ATTN_IMPLEMENTATION, dash_attention_forward)
     AttentionMaskInterface.register(ATTN_IMPLEMENTATION, ALL_MASK_ATTENTION_FUNCTIONS["flash_attention_2"])
 
@@ -74,7 +75,8 @@ def dash_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: to
     q, k, v = _kernel_dtype(*(t.transpose(1, 2) for t in (query, key, value)), module=module)
     options = dict(softmax_scale=None if scaling is None else float(scaling), causal=causal,
                    window_size=_window_size(sliding_window, causal, k.shape[1]),
-                   softcap=0.0 if softcap is None else softcap, deterministic=_deterministic(kwargs.get("deterministic")))
+                   softcap=0.0 if softcap is None else softcap,
+                   deterministic=_deterministic(kwargs.get("deterministic")))
     if attention_mask is not None:
         return _padded_attention(q, k, v, attention_mask.bool(), options), None
     seqlens = _given_seqlens(kwargs)

@@ -5,7 +5,8 @@ and through transformers' eager attention with the same weights; logits and ever
 TOL (gradients: TOL times their largest magnitude where that is above 1). Cases: no padding, left and right padding
 masks, padding-free packed batches (position_ids restarting, and DataCollatorWithFlattening's cu_seq_lens keywords),
 sliding windows (Mistral), softcap with alternating sliding and full layers (Gemma 2), q/k norms (Qwen 3), greedy
-generation with the KV cache; then registration, the errors and the deterministic switch. Skipped where transformers is not installed.
+generation with the KV cache; then registration, the errors and the deterministic switch. Skipped where transformers
+is not installed.
 """
 import subprocess
 import sys

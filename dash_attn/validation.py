@@ -44,7 +44,9 @@ def public_entry(fn):
     flash_attn_varlen_func's, the custom ops check tensor contents): the public functions are the only ones wrapped,
     and they call each other's unwrapped bodies, so one message names the function the user called. A message that
     already starts with it (Python's own, for a wrong keyword or argument count) is left as it is. Under
-    torch.compile the checks the ops run at graph run time (cu_seqlens contents) raise outside this wrapper, unnamed."""
+    torch.compile the checks the ops run at graph run time (cu_seqlens contents) raise outside this wrapper, unnamed.
+    A new exception with the original traceback rather than an edit of exc.args: Dynamo traces this `raise` (a bad
+    argument under fullgraph=True reports the named message) but not an assignment to an exception's attributes."""
     name = fn.__name__
 
     @functools.wraps(fn)
@@ -54,7 +56,7 @@ def public_entry(fn):
         except _NAMED_ERRORS as exc:
             message = exc.args[0] if exc.args else None
             if type(exc) in _NAMED_ERRORS and isinstance(message, str) and not message.startswith(name + "("):
-                exc.args = (f"{name}(): {message}",) + exc.args[1:]
+                raise type(exc)(f"{name}(): {message}", *exc.args[1:]).with_traceback(exc.__traceback__) from None
             raise
 
     return call

@@ -2,6 +2,7 @@
 calls made positionally and by keyword against dash_attn.reference, the options refused unless off, FA3's input rules
 (integer-like windows, causal with windows, windows wider than the sequences) and errors naming the function called."""
 import inspect
+import traceback
 
 import numpy as np
 import pytest
@@ -246,6 +247,14 @@ def test_layout_and_cu_seqlens_errors_name_the_packed_function():
         dash_attn.flash_attn_varlen_qkvpacked_func(torch.stack([q[:, :2], k, v], 1), cu_q, 5)
     with pytest.raises(ValueError, match=r"^flash_attn_varlen_qkvpacked_func\(\): max_seqlen_q must be an int"):
         dash_attn.flash_attn_varlen_qkvpacked_func(torch.stack([q[:, :2], k, v], 1), cu_q, 6.0)
+
+
+def test_named_errors_keep_the_traceback_of_the_check_that_raised():
+    q, k, v = qkv()
+    with pytest.raises(ValueError) as info:
+        dash_attn.flash_attn_kvpacked_func(q, torch.stack([k, v], 2), window_size=(0.5, 0))
+    assert "check_window" in [frame.name for frame in traceback.extract_tb(info.value.__traceback__)]
+    assert info.value.__suppress_context__  # one message, not the unnamed one above it
 
 
 def test_old_positional_order_fails_loudly():

@@ -28,7 +28,8 @@ class MaskKind(enum.IntEnum):
 
 
 # Mirrors dash::ScheduleKind in csrc/common/params.h ("auto" never reaches the kernels).
-SCHEDULE_IDS = {"ascending": 0, "descending": 1, "spt": 2, "shift": 3, "shift_causal": 4, "dynamic": 5}
+SCHEDULE_IDS = {"ascending": 0, "descending": 1, "spt": 2, "shift": 3, "shift_causal": 4, "dynamic": 5, "shift_runs": 6,
+                "shift_causal_runs": 7}
 FALLBACK_SCHEDULE = "descending"
 
 _NOT_BUILT = "dash_attn._C is not built: reinstall on a machine with nvcc and a CUDA build of torch"

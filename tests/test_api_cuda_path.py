@@ -200,16 +200,27 @@ def test_auto_schedule_uses_the_cost_model(fake_cuda, monkeypatch):
 
     monkeypatch.setitem(sys.modules, "dash_attn.schedule", types.SimpleNamespace(choose=choose, l2_model=l2_model))
     q, k, v, out, lse, dq, dk, dv = _bf16_inputs()
-    interface._launch_bwd(out, q, k, v, out, lse, dq, dk, dv, 0.125, 1, -1, 0, 0.0, True, "auto", 4)
+    interface._launch_bwd(out, q, k, v, out, lse, dq, dk, dv, 0.125, 1, -1, 0, 0.0, False, "auto", 4)
     # The device's L2 size (the fixture reports 60 MiB) and the head dim reach the model's L2 term.
-    assert seen == [("causal", 10, 12, 64, 128, 4, 2, 128, None, 2, True, ("l2", 60 * 2**20, 64, 128, 64))]
+    assert seen == [("causal", 10, 12, 64, 128, 4, 2, 128, None, 2, False, ("l2", 60 * 2**20, 64, 128, 64))]
     assert fake_cuda.calls[0][1][15] == interface.SCHEDULE_IDS["shift"]
+
+
+@pytest.mark.parametrize("mask, expected", [(0, "shift_runs"), (1, "shift_causal_runs"), (2, "descending")])
+def test_deterministic_auto_picks_by_mask_alone(fake_cuda, monkeypatch, mask, expected):
+    """Deterministic `auto` never asks the model (whose pick depends on the SM count): the invariant pick."""
+    monkeypatch.setitem(sys.modules, "dash_attn.schedule", None)
+    q, k, v, out, lse, dq, dk, dv = _bf16_inputs()
+    for margin in (0, 18):
+        interface._launch_bwd(out, q, k, v, out, lse, dq, dk, dv, 0.125, mask, 5 if mask == 2 else -1,
+                              0 if mask else -1, 0.0, True, "auto", margin)
+    assert [c[1][15] for c in fake_cuda.calls] == [interface.SCHEDULE_IDS[expected]] * 2
 
 
 def test_auto_schedule_falls_back_without_the_simulator(fake_cuda, monkeypatch):
     monkeypatch.setitem(sys.modules, "dash_attn.schedule", None)
     q, k, v, out, lse, dq, dk, dv = _bf16_inputs()
-    interface._launch_bwd(out, q, k, v, out, lse, dq, dk, dv, 0.125, 0, -1, -1, 0.0, True, "auto", 0)
+    interface._launch_bwd(out, q, k, v, out, lse, dq, dk, dv, 0.125, 0, -1, -1, 0.0, False, "auto", 0)
     assert fake_cuda.calls[0][1][15] == interface.SCHEDULE_IDS[interface.FALLBACK_SCHEDULE]
 
 

@@ -32,12 +32,12 @@ def test_allowances_pass_up_to_their_budget_and_fail_above():
     assert result.returncode == 1 and "allowed: 76" in result.stdout
     assert run(BWD128.format(2), 40, 48, 48).returncode == 0
     assert run(BWD128.format(2), 40, 52, 52).returncode == 1
-    # hdim 64 full carries 128 bytes, hdim 128 full 64, since their statistics go through the tensor cores (and
-    # the piece store; at hdim 128 the spread start tiles in the producer).
+    # hdim 64 full carries 128 bytes, hdim 128 full 80, since their statistics go through the tensor cores (and
+    # the piece store; at hdim 128 the spread start tiles in the producer and shift_runs' accumulator runs).
     assert run(BWD64.format(0), 88, 100, 128).returncode == 0
     assert run(BWD64.format(0), 88, 100, 132).returncode == 1
-    assert run(BWD128.format(0), 16, 28, 64).returncode == 0
-    assert run(BWD128.format(0), 16, 28, 68).returncode == 1
+    assert run(BWD128.format(0), 24, 68, 80).returncode == 0
+    assert run(BWD128.format(0), 24, 68, 84).returncode == 1
 
 
 def test_serialized_wgmmas_fail_even_without_spills():

@@ -84,10 +84,10 @@ build/prebuilt/%.o: %.cu
 	$(NVCC) -std=c++17 -O3 --use_fast_math -gencode arch=compute_90a,code=sm_90a --expt-relaxed-constexpr \
 	  --expt-extended-lambda -Icsrc -I$(CUTLASS_INC) $(PREBUILD_DEFS) $(PREBUILD_EXTRA) -Xcompiler -fPIC -c $< -o $@
 
-# The first command on a fresh machine: `python -m` runs the package from this tree, so the demo needs the runtime
-# only. It trains on an sm90 GPU where `make install` built the kernels, else on the CPU reference path.
+# The first command on a fresh machine: examples/demo.py imports the package from this tree, so the demo needs the
+# runtime only. It trains on an sm90 GPU where `make install` built the kernels, else on the CPU reference path.
 demo: runtime
-	$(PYTHON) -m dash_attn demo $(DEMO_ARGS)
+	$(PYTHON) examples/demo.py $(DEMO_ARGS)
 
 -include csrc/bench/bench.mk
 

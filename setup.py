@@ -167,7 +167,6 @@ def build():
     # Name, version, dependencies, extras and license: pyproject.toml's [project].
     setup(
         packages=find_packages(include=["dash_attn", "dash_attn.*"]),
-        package_data={"dash_attn": ["data/*.txt"]},
         ext_modules=ext_modules,
         cmdclass=cmdclass,
     )

@@ -1,4 +1,4 @@
-"""Reproducible-training demo: `python -m dash_attn demo`.
+"""Reproducible-training demo: `make demo`, or `python examples/demo.py [options]`.
 
 Trains a tiny character-level GPT whose attention is `dash_attn.flash_attn_func`, twice from the same seed, and
 checks that the two runs produce bitwise-identical losses and final weights. Everything else in the training step
@@ -22,7 +22,10 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from dash_attn import NONDETERMINISTIC_SCHEDULES, SCHEDULES, flash_attn_func
+if __package__ in (None, ""):  # run as a script: import dash_attn from this checkout, as `python -m` would
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from dash_attn import NONDETERMINISTIC_SCHEDULES, SCHEDULES, flash_attn_func  # noqa: E402
 
 CORPUS_PATH = Path(__file__).resolve().parent / "data" / "corpus.txt"
 
@@ -369,7 +372,7 @@ def report(cmp: Comparison, a: RunResult, b: RunResult, deterministic: bool, on_
 
 def _usage_error(message: str) -> SystemExit:
     """Exit status 2 for unusable arguments, as argparse does, so it is never mistaken for 1 (runs differ)."""
-    sys.stderr.write(f"python -m dash_attn demo: error: {message}\n")
+    sys.stderr.write(f"examples/demo.py: error: {message}\n")
     return SystemExit(2)
 
 
@@ -403,7 +406,7 @@ def _pick_device(requested: str) -> Tuple[torch.device, str]:
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m dash_attn demo",
+        prog="python examples/demo.py",
         description="Train a tiny character-level GPT twice from one seed and check that both runs are bitwise "
                     "identical. Attention is dash_attn.flash_attn_func(causal=True).")
     parser.add_argument("--device", choices=("auto", "cuda", "cpu"), default="auto",

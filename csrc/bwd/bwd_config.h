@@ -48,15 +48,15 @@ enum class DkvOperandA { kSharedMemory, kPtRegisters, kRegisters };
 // How the consumers partition the WGMMA operands in shared memory. kPerThread: from the thread index, which the
 // compiler cannot prove warp-uniform, so every WGMMA descriptor is built in vector registers and moved to uniform
 // ones (R2UR) right before its WGMMA. kPerWarpGroup: from the warpgroup index made warp-uniform by a shuffle, so the
-// descriptors live in uniform registers (ncu: the WGMMA issue stalls ~40% shorter). The accumulator partitions are
-// per thread either way.
+// descriptors live in uniform registers and the WGMMA issue stalls shorten (ncu). The accumulator partitions are per
+// thread either way.
 enum class OperandPartition { kPerThread, kPerWarpGroup };
 
 // Where the consumers take the Q tile's row statistics (LSE_log2 for P, D for dS) from. kSharedMemory: from the
 // stage's copy in shared memory after the GEMM wait that needs them, one load per query column (LSE at hdim 128) or
 // per element. A thread holds 16-32 query columns, and a warp-wide load costs a shared-memory wavefront per 4 bytes
-// a lane asks for however many lanes share an address: at hdim 128 causal these loads were 256 of the ~2700
-// wavefronts the step's instructions asked for (ncu), and they queued behind the running GEMMs' operand reads.
+// a lane asks for however many lanes share an address, so these loads take a tenth of the step's wavefronts and
+// queue behind the running GEMMs' operand reads (ncu figures: docs/tuning.md).
 // kShuffle: each lane loads kBlockM / 32 values of each statistic at step start (4 wavefronts per warp at hdim 128),
 // and an element's value comes from the lane holding it through a shuffle (LaneStats). Needs each warpgroup's S^T
 // slice to span the whole query extent (SdPSplit::kAlongN == 1). The LSE shuffles run while the step's S and dP
@@ -83,9 +83,8 @@ enum class DvIssue { kAfterP, kAfterDs };
 // (rows, d) tile per warpgroup in the (then free) dS^T buffers, stored by one TMA per warpgroup, dK then dV through
 // the same tiles; kTmaStagedAtOnce: dK and dV side by side, one hand-off (needs twice the room). The staged kinds need
 // dKVSplit = <2, 1> (a warpgroup owns whole rows) and 16-byte aligned dK/dV, which dash_bwd requires of every call.
-// One kind per kernel: a run-time fallback to kRegisterStores kept in the staged kernel made its step loop 1-2%
-// slower (H200, 2026-11-30). H200: a build that skipped the stores ran 0.86-0.89 of the time at seqlen 1k and
-// 0.98-0.99 at 16k.
+// One kind per kernel: a run-time fallback to kRegisterStores inside a staged kernel slows its step loop. The stores
+// weigh most at short sequences, where a KV tile has few steps to spread them over (docs/tuning.md).
 enum class DkDvEpilogue { kRegisterStores, kTmaStagedInTurn, kTmaStagedAtOnce };
 
 // Whether steps whose tile needs no mask run a copy of the step of their own (FA3's separate masking iterations).
@@ -102,22 +101,17 @@ struct BwdConfig;
 // kDqParts: each partial dQ tile is added as this many contiguous parts, each with its own semaphore and its own
 // accumulation chain (same order). A part is released as soon as its own reduce has completed, so the next CTA of the
 // chain can start on it while the later parts are still in flight: the chain advances by one part's reduce instead of
-// the whole tile's. H200 (3 alternating runs): hdim 256 deterministic 0.88-0.92 of the time at full 1k-16k and
-// non-deterministic 0.91-0.98, det/nd 0.92-0.99 -> 0.99-1.01; two parts at hdim 128 measured 1.00-1.13 (slower) and
-// at hdim 64 0.98-1.02, so those keep one.
-// kSmemGapAfterV: bytes left free between V and dS^T in shared memory. A measured layout choice, not a derived one.
+// the whole tile's. It pays off only where a tile's add is long (hdim 256); hdim 128 and 64 keep one part.
+// kSmemGapAfterV: bytes left free between V and dS^T in shared memory. Tuned, not derived: the later buffers' offsets
+// are constants in the consumers' addresses, so the gap changes register allocation (see BwdConfig<128>).
 // ds_store_address_swizzle: the consumers store dS^T through a view whose swizzle acts on the shared-memory address
 // (cute's position-independent swizzle) instead of on the layout offset. The store addresses then become 32-bit adds
 // of constants to one base instead of a 64-bit swizzle computation per stmatrix, and the consumers spill less.
 
 // hdim 128: 64 x 128 tiles (what FA3 uses for causal). With P^T taken from registers there is no P^T buffer, which
 // leaves room for two 32 KB partial-dQ staging buffers next to 2 Q/dO stages, K, V and two dS^T buffers (226 KB).
-// dK from registers instead of kPtRegisters (H200, two A/B runs of 2-3 alternations): causal 0.97-1.02 of the time
-// (16k 0.98; the shift order at 4k 1.07 in both runs, not `auto`'s pick there), full 0.98-1.01; the consumers'
-// spills went 12 -> 0 bytes (causal) and 4 -> 0 (full). Operands per warpgroup on top of that (3 alternations):
-// causal 0.97-1.01, full 1.01-1.02 (slower with the same spills; not understood), so full keeps per thread. Full again
-// on 441e933 (H200, 5 alternations): 1.00 at 1k, 1.01-1.03 at 2k, 1.02-1.07 at 4k-16k, though spill-free (4 bytes
-// per thread).
+// dK from registers (kRegisters rather than kPtRegisters) keeps the consumers spill-free at full and causal. The
+// measurements behind each knob of this config: docs/tuning.md, "Backward, hdim 128".
 template <>
 struct BwdConfig<128> {
   static constexpr int kBlockM = 64;
@@ -129,73 +123,46 @@ struct BwdConfig<128> {
   using dKVSplit = WarpGroupSplit<2, 1>;  // ... and the same 64 KV rows of dK/dV
   using dQSplit = WarpGroupSplit<1, 2>;   // dQ (64 x 128): each warpgroup owns 64 columns of d
   static constexpr DkvOperandA kDkvA = DkvOperandA::kRegisters;
-  // Shuffled statistics (H200, three A/B runs of 2-3 alternations): causal 0.95-1.00 of the time at 1k-16k (non-det
-  // and shift_causal); windows 1.08-1.11 (20 bytes of spills), so they kept shared memory (now kGemmInit). Full:
-  // 0.98-1.02 and 0.99-1.01 while the shuffles ran after the S wait; with them issued during the GEMMs
-  // (consumer_loop; 2026-11-30, three runs of 3-4 alternations against shared memory): 0.975-0.992 at 4k-16k,
-  // 0.95-1.02 at 2k, 0.99-1.016 at 1k, with 4 bytes of spills (check_spills.py).
-  // Causal with the LSE shuffled a step ahead (H200, 2026-11-30, two runs of 4 alternations against kShuffle):
-  // descending 0.92-0.97 of the time at 4k-16k, non-det and shift_causal 0.983-1.02; at full masks it spilled 36 bytes
-  // (not run).
-  // kGemmInit (H200, 2026-12-01, against these): full, 4 alternations at 4k/8k/16k, deterministic (shift and
-  // shift_causal) 0.972-0.981 of the time, non-deterministic 0.997 / 1.019 / 0.994 (spills 4 -> 52 bytes). Causal with
-  // one step body, 3 alternations at 2k/16k: 0.997-1.004 (36/40 bytes of spills); with two step bodies (masked_steps)
-  // it is spill-free and, against kShuffleAhead with one body (3 alternations, 2026-12-01 ~17:20 UTC, C++ bench),
-  // 16k 0.978-0.984 of the time (non-det shift_causal 565.5 -> 577.5-578.4 TFLOPS, det 563.5 -> 572.5-573.1), 8k
-  // 0.98-0.99 (the kShuffleAhead kernels with two bodies: 1.03).
-  // Windows with kGemmInit (their two step bodies and per-warpgroup operands as before; H200, 2026-12-01 ~17:55 UTC,
-  // C++ bench, 3 alternations against shared memory, spt): (1024, 0) 16k 0.96-0.99 of the time, (512, 512) 16k
-  // 0.93-0.95, 4k 0.98-1.00 (both windows, both modes); spills 28/28 -> 48/48 bytes.
+  // kGemmInit on every mask: the P and dS loops then read no per-column statistic at all, and with two step bodies
+  // (masked_steps) the step is spill-free at causal; it is as fast or faster than the other kinds on each mask.
   static constexpr RowStats row_stats(MaskKind) { return RowStats::kGemmInit; }
-  // The statistics of the kernels that cannot take kGemmInit (soft-capped; packed causal), as measured before it.
+  // The statistics of the kernels that cannot take kGemmInit (soft-capped; packed causal): each mask's fastest
+  // among the other kinds (shuffled a step ahead at causal, shuffled at full, shared memory at windows, where the
+  // shuffles spilled).
   static constexpr RowStats gemm_init_fallback(MaskKind mask) {
     return mask == MaskKind::kCausal   ? RowStats::kShuffleAhead
            : mask == MaskKind::kWindow ? RowStats::kSharedMemory
                                        : RowStats::kShuffle;
   }
-  // Full with kGemmInit and two step bodies (H200, 2026-12-01 ~17:33 UTC, C++ bench, 3 alternations against per
-  // thread with one body): 16k 0.969 of the time (non-det shift 586.4-586.6 -> 605.2-605.3 TFLOPS, det shift
-  // 582.7-583.5 -> 600.4-601.2), 8k 0.97, 4k 0.98-1.00 (2k noisy both ways); spills 64/100 -> 28/64 bytes. Two bodies
-  // with per-thread operands: 16k 0.985-0.995 (40/76 bytes). The soft-capped full kernels (shuffled statistics) keep
-  // per thread and one body.
+  // Per warpgroup, except the full-mask kernels without kGemmInit (soft-capped): with kGemmInit and two step bodies
+  // per-warpgroup operands spill least and run fastest at full, while the shuffled-statistics full kernel ran slower
+  // per warpgroup with no more spills (not understood).
   static constexpr OperandPartition operand_partition(MaskKind mask, RowStats stats) {
     return mask == MaskKind::kFull && stats != RowStats::kGemmInit ? OperandPartition::kPerThread
                                                                    : OperandPartition::kPerWarpGroup;
   }
-  // dV after dS (H200, 3 alternations against kAfterP): full 0.98-0.99 of the time at 1k-16k, causal 0.98-1.01,
-  // windows (1024, 0) and (512, 512) at 4k/16k 0.97-0.995 (spills 28 -> 32/36 bytes).
+  // dV after dS: the fp32 P and dP are dead before the bf16 operands exist; as fast or faster on every mask.
   static constexpr DvIssue dv_issue(MaskKind) { return DvIssue::kAfterDs; }
-  // Staged (H200, 5 alternations against kRegisterStores, 2026-11-30): full 0.92/0.97/0.99/0.99/1.00 of the time at
-  // 1k/2k/4k/8k/16k, causal 0.90/0.99/0.97/0.99/1.00, windows (1024, 0) at 4k/16k 0.94; no spills at full/causal.
+  // Staged in turn on every mask: faster than register stores at short sequences and at windows, and spill-free at
+  // full/causal (kTmaStagedAtOnce would need twice the room of the two dS^T buffers).
   static constexpr DkDvEpilogue dkdv_epilogue(MaskKind) { return DkDvEpilogue::kTmaStagedInTurn; }
-  // Every hdim-128 measurement up to 2026-11-29 had this 1 KB gap (an empty P^T stand-in member padded to the
-  // 1024-byte alignment of dS^T); without it the backward measured 1.5-2.5% slower at seqlen 8k-16k (H200, two
-  // runs of 3 alternating repetitions, one in each order). Same bank mapping either way: the gap acts through
-  // register allocation (the later buffers' offsets are constants in the addresses). Without it ptxas spills 24/20
-  // bytes at full and 76/96 at causal (2026-11-30, with the dV GEMM after dS), against none with it.
+  // 1 KB gap: the bank mapping is the same either way, but the later buffers' offsets are constants in the
+  // addresses, and without the gap ptxas spills at full and causal and the backward runs slower at long sequences.
   static constexpr int kSmemGapAfterV = 1024;
-  // Measured on the H200 (3 alternating runs, before 9a2f1e0): causal within +-1.5%, full 1-2.5% slower. With the
-  // shuffled statistics, causal (two A/B runs of 3 and 4 alternations, non-det and shift_causal): 0.95-0.99 and
-  // 0.98-1.01 of the time at 1k-16k (16k 0.99 / 0.98). Full, with the dV GEMM after dS (3 alternations): 0.97-0.99
-  // at 1k/2k/8k/16k, 4k 1.03 (the row that is noisy in every run; ratio of the minima 0.99). Windows: not measured.
+  // Address swizzle at full and causal, where it measured as fast or faster; windows keep the layout swizzle (not
+  // measured with the address swizzle).
   static constexpr bool ds_store_address_swizzle(MaskKind mask) { return mask != MaskKind::kWindow; }
-  // Two step bodies (H200, 2026-11-30, two runs of 4 alternations against one body): windows (1024, 0) 0.975-0.99 of
-  // the time at 4k/16k (spills 32 -> 20 bytes). Full and causal (6 alternations): 1.00-1.08 (full spill-free, 4
-  // bytes before; causal 4 bytes stored before the loop), and 1.02-1.10 with the dV GEMM after P on top, so they keep
-  // one body. With kGemmInit every mask takes two (see row_stats and operand_partition); with kShuffleAhead two
-  // bodies measured 1.03 of the time of one at causal (2026-12-01), so the fallback kernels keep one.
+  // Two step bodies for windows (fewer spills, faster) and for every kGemmInit kernel (spill-free at causal; see
+  // row_stats and operand_partition). The fallback kernels keep one body, which is faster for them.
   static constexpr MaskedSteps masked_steps(MaskKind mask, RowStats stats) {
     return mask == MaskKind::kWindow || stats == RowStats::kGemmInit ? MaskedSteps::kTwoBodies
                                                                       : MaskedSteps::kOneBody;
   }
 };
 
-// hdim 64: 128 x 128 tiles. P^T from registers (H200: +8-17% over the shared-memory round trip) frees the room for
-// a second partial-dQ staging buffer (+1-7%, one run). Operands per warpgroup (H200, two A/B runs of 2-3
-// alternations): causal 0.95-0.99 of the time at 1k-8k and 0.98-1.00 at 16k, full 0.98-1.00. dK from registers
-// too (kRegisters instead of kPtRegisters; the dK GEMM then reads only Q^T from shared memory, 256 fewer wavefronts
-// a step): 0.97-0.99 of the time on full and causal masks at 1k-16k (H200, 3 alternations), with spills of 4 -> 16
-// bytes (full) and 0 -> 4 (causal).
+// hdim 64: 128 x 128 tiles. P^T from registers saves the shared-memory round trip and frees the room for a second
+// partial-dQ staging buffer. dK from registers too (kRegisters: the dK GEMM then reads only Q^T from shared memory).
+// The measurements behind each knob of this config: docs/tuning.md, "Backward, hdim 64".
 template <>
 struct BwdConfig<64> {
   static constexpr int kBlockM = 128;
@@ -207,40 +174,28 @@ struct BwdConfig<64> {
   using dKVSplit = WarpGroupSplit<2, 1>;
   using dQSplit = WarpGroupSplit<2, 1>;  // dQ (128 x 64): each warpgroup owns 64 query rows
   static constexpr DkvOperandA kDkvA = DkvOperandA::kRegisters;
-  // A thread holds 32 query columns of S^T, so reading LSE and D from shared memory cost 32 8-byte loads a step (ncu,
-  // causal 16k: 508 of the step's ~3370 shared-memory wavefronts, 18%, on the pipe that bounds the step). Shuffled
-  // statistics measured 1.02-1.04 (full, no spills) and 1.06-1.31 (causal, 20-44 bytes of spills) of the time; with
-  // two step bodies (spill-free) causal 1.01-1.02 and full 0.98-1.02 of the time of shared memory. H200, 2026-12-01,
-  // speed-only builds against shared memory (3 alternations, 4k / 16k): without any statistics loads 0.93-0.96 /
-  // 0.91-0.92 of the time; the same plus one more shared-memory k-block on the S and dP GEMMs 0.97-1.01 / 0.96-0.97.
-  // kGemmInit against shared memory (H200, 2026-12-01, 3 alternations, 2k / 4k / 16k, non-det and shift_causal):
-  // causal 0.953-0.957 / 0.962-0.969 / 0.946-0.947, full 0.985-0.987 / 0.969-0.971 / 0.962-0.968. Windows (1024, 0)
-  // measured 1.04 at 4k (the selection registers made them spill 72 -> 156 bytes), so they keep shared memory.
+  // A thread holds 32 query columns of S^T, so reading LSE and D from shared memory costs 32 8-byte loads a step on
+  // the shared-memory pipe that bounds the step; kGemmInit removes them at full and causal. Windows keep shared
+  // memory: there the selection operands' registers make the consumers spill, which costs more than the loads.
   static constexpr RowStats row_stats(MaskKind mask) {
     return mask == MaskKind::kWindow ? RowStats::kSharedMemory : RowStats::kGemmInit;
   }
   // Soft-capped and packed causal kernels.
   static constexpr RowStats gemm_init_fallback(MaskKind) { return RowStats::kSharedMemory; }
   static constexpr OperandPartition operand_partition(MaskKind, RowStats) { return OperandPartition::kPerWarpGroup; }
-  // dV after dS (H200, 3 alternations against kAfterP): full 0.94-0.96 of the time at 1k-16k with spills 8/16 -> 0
-  // bytes; causal 1.00-1.03 with one step body (4 -> 48/72 bytes). With two step bodies see masked_steps.
+  // dV after dS: fewer spills and faster at full; at causal it pays off only with two step bodies (masked_steps).
   static constexpr DvIssue dv_issue(MaskKind) { return DvIssue::kAfterDs; }
-  // H200, 5 alternations each (2026-11-30). In turn against kRegisterStores: windows (1024, 0) at 4k/16k 0.94-0.97
-  // of the time, causal 0.91-0.96 at 1k/2k, 0.99-1.00 at 4k/8k, 1.005-1.009 at 16k (spills 4 -> 12 bytes), full 0.98
-  // at 1k but 1.01-1.015 at 8k/16k (0 -> 8 bytes). At once against in turn (causal) and register stores (full):
-  // causal 0.975-0.99 at 1k-16k, full 0.95/0.975/1.00/1.00-1.01/1.003 at 1k-16k (same spills); windows 1.00-1.02
-  // (spills 40 -> 48 bytes), so they stay in turn.
+  // Staged at once (one hand-off for dK and dV) at full and causal, where it beats both in turn and register stores;
+  // windows stage in turn, where at once spilled more without being faster.
   static constexpr DkDvEpilogue dkdv_epilogue(MaskKind mask) {
     return mask == MaskKind::kWindow ? DkDvEpilogue::kTmaStagedInTurn : DkDvEpilogue::kTmaStagedAtOnce;
   }
   static constexpr int kSmemGapAfterV = 0;  // the second dQ buffer needs the room
-  // H200, 3 alternating runs: 1-5% faster on full and causal masks; spills 28/36 -> 20/24 bytes (full/causal).
+  // Fewer spills and faster on full and causal masks.
   static constexpr bool ds_store_address_swizzle(MaskKind) { return true; }
-  // Two step bodies with the dV GEMM after dS (H200, 2026-11-30, 4 alternations against one body with kAfterP at
-  // causal/windows): causal 0.93-0.955 of the time at 1k-16k (non-det and shift_causal), full 0.95-0.99 (8k 1.00),
-  // windows (1024, 0) 0.99-1.00. ptxas reports more spill bytes (48-84 against 8-44), but they are loop invariants
-  // stored before the step loop: the unmasked body, which runs nearly every step, reloads two words a step (causal).
-  // With one body, kAfterDs at causal measured 0.98-0.99 and two bodies with kAfterP 1.02-1.05.
+  // Two step bodies (with the dV GEMM after dS) on every mask: faster at causal and full. ptxas reports more spill
+  // bytes than with one body, but they are loop invariants stored before the step loop: the unmasked body, which runs
+  // nearly every step, reloads two words a step (causal).
   static constexpr MaskedSteps masked_steps(MaskKind, RowStats) { return MaskedSteps::kTwoBodies; }
 };
 
@@ -252,7 +207,7 @@ struct BwdConfig<256> {
   static constexpr int kStages = 1;
   static constexpr int kDqBuffers = 1;
   // A 64 x 256 fp32 partial dQ is 64 KB, and with one staging buffer each add's turn in its chain stalls the
-  // consumers: added whole, the deterministic backward ran 4-11% behind the non-deterministic one at full 8k-16k.
+  // consumers: added whole, the deterministic backward falls well behind the non-deterministic one at full masks.
   static constexpr int kDqParts = 2;
   using SdPSplit = WarpGroupSplit<1, 2>;  // S^T (64 x 64): each warpgroup owns 32 query columns
   using dKVSplit = WarpGroupSplit<1, 2>;  // dK/dV (64 x 256): each warpgroup owns 128 columns of d
@@ -260,16 +215,14 @@ struct BwdConfig<256> {
   static constexpr DkvOperandA kDkvA = DkvOperandA::kSharedMemory;  // P^T rows are shared across warpgroups
   // A warpgroup's S^T covers half the query columns, so the statistics cannot be shuffled within a warp's row.
   static constexpr RowStats row_stats(MaskKind) { return RowStats::kSharedMemory; }
-  // Per warpgroup: within +-1% of per thread at every row measured (H200, 3 alternating runs).
+  // Per warpgroup: as fast as per thread.
   static constexpr OperandPartition operand_partition(MaskKind, RowStats) { return OperandPartition::kPerWarpGroup; }
   static constexpr DvIssue dv_issue(MaskKind) { return DvIssue::kAfterP; }  // P^T goes through shared memory here
   // A warpgroup owns half of d, not whole rows (dKVSplit = <1, 2>).
   static constexpr DkDvEpilogue dkdv_epilogue(MaskKind) { return DkDvEpilogue::kRegisterStores; }
   static constexpr int kSmemGapAfterV = 0;
   static constexpr bool ds_store_address_swizzle(MaskKind) { return false; }  // not measured at hdim 256
-  // Two step bodies (H200, 2026-11-30, two runs of 4 alternations against one body, all spill-free but windows at
-  // 20 bytes either way): causal 0.95-1.02 of the time at 1k-16k, 0.98-0.99 at 16k (non-det and shift_causal); full
-  // 1.00-1.02 and windows (1024, 0) 1.00-1.01, so they keep one.
+  // Two step bodies at causal only, where most steps need no mask tests; full and windows gained nothing from them.
   static constexpr MaskedSteps masked_steps(MaskKind mask, RowStats) {
     return mask == MaskKind::kCausal ? MaskedSteps::kTwoBodies : MaskedSteps::kOneBody;
   }
@@ -319,10 +272,8 @@ inline BwdTileConfig bwd_tile_config(int32_t headdim) {
 // cancels exactly (one key per query: dS = 0, and dQ came out at 1.5-4.3e-5 instead of 0 with unit-scale inputs;
 // FA3-style fp32 D is not exact there either, its dP and D being the same sum in two orders). The tests bound that
 // error (dash_attn/reference.py, row_statistic_error_bound). bf16 parts keep it relative at every scale, so
-// gradients scale exactly with dO. Tried (2026-12-01): D as two fp16 parts scaled per Q tile (22 bits) needs the
-// tile's scale in the WGMMA's A registers each step; with a bf16 fallback for tiles outside fp16's range ptxas
-// serialised the WGMMAs (1.17-1.22x the time), and without one typical training gradients (|D| ~ 1e-8) fall below
-// the fp16 range's 22-bit window anyway.
+// gradients scale exactly with dO. Not fp16 parts scaled per Q tile: the tile's scale would be a per-step WGMMA
+// operand, and typical training gradients (|D| ~ 1e-8) fall outside such a window anyway (docs/tuning.md).
 constexpr int kGemmStatParts = 2;
 constexpr size_t kGemmStatRowBytes = 2 * kGemmStatParts * 2;  // per query row; two rows to a line
 constexpr float kNoKeyScore = 1e30f;
@@ -435,7 +386,7 @@ struct BwdThreads {
   static constexpr int kProducerWarp = 0;                    // warp 0: TMA loads
   static constexpr int kDqWriterWarp = 1;                    // warp 1: dQ bulk reduce-add
   // setmaxnreg budgets: 128 * (kProducerRegs + 2 * kConsumerRegs) must fit the 64K register file. Keep it below
-  // the full file: a build with 32 + 2 * 240 (exactly 64K) hung on the H200, 24 + 2 * 240 runs.
+  // the full file: 32 + 2 * 240 (exactly 64K) hangs, 24 + 2 * 240 runs.
   static constexpr int kProducerRegs = 24;
   static constexpr int kConsumerRegs = 240;
 };

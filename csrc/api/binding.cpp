@@ -18,9 +18,8 @@
 
 namespace {
 
-// Numbers enter error messages as strings: on the GPU machine (torch 2.11.0+cu130) a TORCH_CHECK whose message
-// streamed an integer through c10::str crashed the process (SIGSEGV) instead of raising, while messages of strings
-// alone raised (2026-12-01, calls straight into this module with a bad mask or schedule id).
+// Numbers enter error messages as strings: with torch 2.11.0+cu130 a TORCH_CHECK whose message streams an integer
+// through c10::str crashes the process (SIGSEGV) instead of raising, while messages of strings alone raise.
 template <class T>
 std::string num(T v) {
   return std::to_string(v);

@@ -263,8 +263,8 @@ CUTLASS_DEVICE void consumer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<
       auto is_masked = [&](auto d, int rows, int diag) {
         const int thr_rows = rows - tScS.n0();
         const int thr_diagonal = diag - (tScS.n0() - tScS.m0());
-        // Causal is the band (no left bound, right = 0) but keeps its own expression, unchanged since it was measured
-        // (its SASS is byte-identical to the build before windows).
+        // Causal is the band (no left bound, right = 0) but keeps its own expression: a compile-time diagonal test,
+        // without the band's two run-time bounds in the masked P loop.
         if constexpr (T::kMask == MaskKind::kWindow) {
           const int nm = get<0>(d) - get<1>(d);
           return get<0>(d) >= thr_rows || (p.window_right >= 0 && nm > thr_diagonal + p.window_right) ||

@@ -91,8 +91,8 @@ struct BwdKernelParams {
   void* dv;
   int64_t dk_row, dk_head, dk_batch;
   int64_t dv_row, dv_head, dv_batch;
-  // MaskKind::kWindow only (-1: that side unbounded). Last, so that the other fields keep the offsets (and the
-  // full/causal kernels the exact SASS) they had before windows existed.
+  // MaskKind::kWindow only (-1: that side unbounded). After the fields every kernel reads, whose offsets then do not
+  // depend on them.
   int32_t window_left, window_right;
   // dK/dV stores from the staging tiles (DkDvEpilogue::kTmaStaged*); unset for kRegisterStores.
   typename T::TmaStoreKV tma_dk;

@@ -63,8 +63,7 @@ struct AttnShape {
   int32_t window_right = -1;
   float softmax_scale = 1.0f;
   float softcap = 0.0f;  // 0 = off
-  // Head dim of v (and of o, dout, dv) where it differs from q's and k's; 0: the same. Last, so that the fields above
-  // keep their offsets.
+  // Head dim of v (and of o, dout, dv) where it differs from q's and k's; 0: the same.
   int32_t headdim_v = 0;
 };
 
@@ -83,7 +82,7 @@ struct PackedSeqs {
   const int32_t* cu_seqlens_k = nullptr;
   int32_t total_q = 0;
   int32_t total_k = 0;
-  const int32_t* seqused_q = nullptr;  // after the fields above, which keep their offsets
+  const int32_t* seqused_q = nullptr;  // optional; null: every row of each sequence is in use
   const int32_t* seqused_k = nullptr;
 };
 
@@ -100,7 +99,7 @@ struct FwdParams {
   float* lse = nullptr;  // (batch, nheads, seqlen_q), natural log
   TensorStrides q_stride, k_stride, v_stride, o_stride;
   int32_t num_sms = 0;  // read from the device at run time by the caller
-  PackedSeqs packed;    // last, so that the fields above keep their offsets
+  PackedSeqs packed;    // SeqLayout::kPacked calls only
 };
 
 // A chunk of shift's split tail also pays a K/V load and a partial dK/dV store, and the last piece of a tile adds up
@@ -133,7 +132,7 @@ struct BwdParams {
   int32_t sm_margin = 0;  // SMs left free; the persistent grid uses num_sms - sm_margin CTAs (at least 1)
   void* workspace = nullptr;       // dash_bwd_workspace_bytes(params) bytes, any content (kernels zero what they need)
   size_t workspace_bytes = 0;
-  PackedSeqs packed;  // after the fields above, which keep their offsets
+  PackedSeqs packed;  // SeqLayout::kPacked calls only
   // Shortest chunk, in steps, of shift's split last wave (schedule/tail_split.h); 0: never split. Users keep the
   // default; the benchmark varies it to measure the split (dash_bench --tail-chunks).
   int32_t tail_chunk_min = kDefaultTailChunkMin;

@@ -52,11 +52,8 @@ struct FwdTileConfig<128> {
 };
 
 // Large head dim: the O accumulator alone takes 128 registers per consumer thread, and Q + 2 stages of K and V take
-// 192 KB of shared memory, so O has no room for a staging buffer. 64-key tiles with issue turns (H200, 4
-// alternations against the 80-key tiles without turns used before, forward only, 2k/8k/16k): causal 0.715 / 0.674 /
-// 0.673 of the time, full 0.782 / 0.768 / 0.720, windows (1024, 0) 0.68-0.70 (full 16k 471 -> 647 TFLOPS, spills
-// 72 -> 0 bytes at windows); 64-key tiles without turns read causal 0.70-0.72 and full 0.73-0.77, 80-key tiles with
-// turns 0.93-0.985.
+// 192 KB of shared memory, so O has no room for a staging buffer. 64-key tiles: 80-key ones run much slower and spill
+// at windows. Issue turns as at the other head dims; with 64-key tiles they measured about even (docs/tuning.md).
 template <>
 struct FwdTileConfig<256> {
   static constexpr int kBlockM = 128;

@@ -30,7 +30,7 @@ struct FwdKernel {
     typename Mainloop::Params mainloop;
     typename Epilogue::Params epilogue;
     typename Scheduler::Params scheduler;
-    PackedSeqs packed;  // SeqLayout::kPacked only; last, so that the batched kernels' fields keep their offsets
+    PackedSeqs packed;  // SeqLayout::kPacked only
   };
 
   // The sequence of a work tile, and whether the tile has rows in it. Packed sequences are tiled as a batch of the

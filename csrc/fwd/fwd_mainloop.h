@@ -325,8 +325,8 @@ struct FwdMainloop {
     int first_col = 0;
     if (band_left(p) >= 0) first_col = max(0, m_block * kBlockM + lens.seqlen_k - lens.seqlen_q - band_left(p));
     int const hi = last_col <= 0 ? 0 : (last_col + kBlockN - 1) / kBlockN;
-    // Without a left bound lo is the constant 0: full and causal then compile to the code they had before windows
-    // (nvdisasm: byte-identical), which is what their measurements are of.
+    // Without a left bound lo is the constant 0, so full and causal carry no run-time lower bound and compile to the
+    // same code as without window support.
     return {kWindow ? min(first_col / kBlockN, hi) : 0, hi};
   }
 

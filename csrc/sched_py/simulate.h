@@ -6,9 +6,8 @@
 // of that DAG. Host-only; built into dash_attn._sched.
 //
 // No power term: every visit costs c however many CTAs are busy. The H200 runs the long rows at its 700 W cap, where
-// fewer busy SMs get a higher clock, so idle CTAs cost less than the model charges: 128 CTAs took as long as 132 for
-// 2048 equal tiles (15.5 waves), 114 CTAs 1.07x instead of 1.125x (benchmarks/RESULTS.md, 2026-11-30). A schedule's
-// idle tail therefore ranks it lower here than on that GPU.
+// fewer busy SMs get a higher clock, so idle CTAs cost less than the model charges (docs/tuning.md, "Cost model").
+// A schedule's idle tail therefore ranks it lower here than on that GPU.
 //
 // Optional L2 term (l2_tiles > 0): a visit reads its Q and dO tiles and adds into the dQ accumulator tile of the same
 // (batch, head, Q tile). L2 is modelled as an LRU of l2_tiles such tiles, touched in simulated time order. A visit
@@ -18,8 +17,7 @@
 // when bandwidth is not the limit, which is what separates the schedules at causal 4k-16k, where only a quarter of
 // descending's visits miss). Without this term the model cannot tell a schedule whose concurrent CTAs share Q tiles
 // (shift: a head's KV tiles run side by side) from one whose CTAs each stream their own (tile-major descending at
-// seqlen 1k): on the H200 the latter moved 3.35 GB through DRAM against 0.52 GB and ran 1.44x longer
-// (benchmarks/RESULTS.md).
+// seqlen 1k), which on the H200 moves several times the DRAM bytes and runs far longer (docs/tuning.md, "Cost model").
 #pragma once
 #include <algorithm>
 #include <cstdint>

@@ -1,16 +1,14 @@
 """Fails when ptxas reports register spills or a stack frame in a kernel (reads `nvcc -Xptxas -v` output on stdin).
 
 Spills in these kernels cost far more than they look: they turn register tiles into local-memory traffic inside the
-WGMMA loop (the backward producer's spills cost 10-28% until they were removed). The report is echoed so the register
-counts stay visible in the log.
+WGMMA loop. The report is echoed so the register counts stay visible in the log.
 
 A few kernels carry a measured allowance (ALLOWANCES): a byte budget for spill stores, spill loads and stack frame,
-each with the measurement that justifies it. Anything above its budget fails, so the check still catches regressions;
-every kernel not listed must have none.
+each with why the bytes are there (the measurements behind them: docs/tuning.md, "Spill allowances"). Anything above
+its budget fails, so the check still catches regressions; every kernel not listed must have none.
 
 It also fails when ptxas serialises a kernel's WGMMAs (its C75xx "Potential Performance Loss: wgmma ... serialized"):
-that costs more than spills and leaves none behind (a statistics variant with per-step WGMMA operands went spill-free
-and ran 1.17-1.22x the time, 2026-12-01).
+that costs more than spills and leaves none behind (docs/tuning.md, kGemmStatParts).
 """
 import re
 import sys
@@ -22,16 +20,14 @@ SERIALIZED = re.compile(r"\((C75\d\d)\) Potential Performance Loss: wgmma.mma_as
 # (regex on the mangled kernel name, allowed bytes, why); the first match applies. MaskKindE0 = full mask,
 # E1 = causal, E2 = sliding window; ScoreModE0 = plain scores, E1 = soft-capped.
 ALLOWANCES = [
-    # Soft-capped kernels (ScoreMod::kSoftcap, ScoreModE1), as first built (2026-11-30): the backward keeps 1 - t^2
-    # per element in fp16 (hdim 128/256) or recovers t from P (hdim 64); the forward's tanh adds a few live values.
-    # Their windows fall through to the plain windows' allowances below where those cover them.
-    # Shift's split tail (2026-12-01, schedule/tail_split.h) adds a cold path to the batched full-mask backward
-    # kernels (the only ones that carry it since the 13:30 UTC session): the producer's tail visits and the
-    # consumers' partial dK/dV store at a piece's end; the hot step loops keep their former reload counts (hdim 64
-    # full: 43 spill instructions in the consumers against 40 without the piece store). Shift's spread start tiles
-    # (same session, schedule/shift.h, hdim 128 kernels only) add producer spills: one reload per step on the
-    # leader's path, the rest in the per-32-visit schedule arithmetic; H200, against e741cf8's objects, the
-    # deterministic backward 565-566 TFLOPS against 559-562 at full 16k with the paper's spacing, non-det equal.
+    # Soft-capped kernels (ScoreMod::kSoftcap, ScoreModE1), not tuned: the backward keeps 1 - t^2 per element in fp16
+    # (hdim 128/256) or recovers t from P (hdim 64); the forward's tanh adds a few live values. Their windows fall
+    # through to the plain windows' allowances below where those cover them.
+    # Shift's split tail (schedule/tail_split.h) adds a cold path to the batched full-mask backward kernels, the only
+    # ones that carry it: the producer's tail visits and the consumers' partial dK/dV store at a piece's end; the hot
+    # step loops keep their reload counts. Shift's spread start tiles (schedule/shift.h, hdim 128 kernels only) add
+    # producer spills: one reload per step on the leader's path, the rest in the per-32-visit schedule arithmetic;
+    # the spread still makes the deterministic backward faster.
     (r"bwd_main_kernel.*BwdTraitsILi128E.*MaskKindE0ELNS_8ScoreModE1", 100,
      "hdim 128 full softcap: 64/100 bytes, 56 frame (split tail, spread start tiles)"),
     (r"bwd_main_kernel.*BwdTraitsILi128E.*MaskKindE1ELNS_8ScoreModE1", 40, "hdim 128 causal softcap: 40/40 bytes"),
@@ -41,27 +37,21 @@ ALLOWANCES = [
     (r"bwd_main_kernel.*BwdTraitsILi64E.*MaskKindE2ELNS_8ScoreModE1", 108, "hdim 64 window softcap: 96/108 bytes"),
     (r"fwd_kernel.*FwdKernelTraitsILi64E.*MaskKindE2ELNS_8ScoreModE1", 204, "hdim 64 window forward softcap: 200/204"),
     (r"fwd_kernel.*FwdKernelTraitsILi64E.*ScoreModE1", 8, "hdim 64 forward softcap: 8 bytes"),
-    # Sliding windows as first built (2026-11-30), not tuned yet: the band tests carry two run-time bounds through
-    # the masked P loop.
-    # Hdim 128 windows with the statistics through the tensor cores (2026-12-01 ~17:55 UTC): 28/28 -> 48/48 bytes,
-    # H200 0.93-0.99 of the time at 16k.
+    # Sliding windows: the band tests carry two run-time bounds through the masked P loop. At hdim 128 the statistics
+    # through the tensor cores (RowStats::kGemmInit) add spills but run faster.
     (r"bwd_main_kernel.*BwdTraitsILi128E.*MaskKindE2", 48, "hdim 128 window: 48/48 bytes, softcap 20/20"),
     (r"bwd_main_kernel.*BwdTraitsILi256E.*MaskKindE2", 20, "hdim 256 window: 20 bytes"),
     (r"fwd_kernel.*FwdKernelTraitsILi64E.*MaskKindE2", 100, "hdim 64 window forward: 100 bytes (72-byte stack frame)"),
-    # Hdim 64 with two step bodies and the dV GEMM after dS (MaskedSteps::kTwoBodies, 2026-11-30): the bytes are
-    # mostly loop invariants stored once before the step loop; the unmasked body, which runs nearly every step,
-    # reloads two words a step (causal). H200: 0.93-0.955 of the time (causal), 0.95-0.99 (full), 0.99-1.00
-    # (windows) against one body with 8-44 bytes (benchmarks/RESULTS.md).
+    # Hdim 64 with two step bodies and the dV GEMM after dS (MaskedSteps::kTwoBodies): the bytes are mostly loop
+    # invariants stored once before the step loop; the unmasked body, which runs nearly every step, reloads two words
+    # a step (causal). Faster than one body with fewer spills.
     (r"bwd_main_kernel.*BwdTraitsILi64E.*MaskKindE2", 84, "hdim 64 window: 72/84 bytes"),
-    # Hdim 64 full and causal with the statistics through the tensor cores (RowStats::kGemmInit, 2026-12-01): the four
-    # selection operands are loop invariants too (full 48/52 -> 88/104 bytes, causal 60/72 -> 64/76); H200: 0.95-0.99
-    # of the time of the shared-memory statistics.
+    # Hdim 64 full and causal with the statistics through the tensor cores (RowStats::kGemmInit): the four selection
+    # operands are loop invariants too, and the kernels run faster than with the shared-memory statistics.
     (r"bwd_main_kernel.*BwdTraitsILi64E.*MaskKindE1", 76, "hdim 64 causal: 64/76 bytes"),
     (r"bwd_main_kernel.*BwdTraitsILi64E.*MaskKindE0", 128, "hdim 64 full: 100/128 bytes (split tail)"),
-    # Hdim 128 full with the statistics through the tensor cores (RowStats::kGemmInit, 2026-12-01): the selection
-    # operands are loop invariants (4 -> 52 bytes); H200: deterministic 0.972-0.981 of the time at 4k-16k against the
-    # shuffled statistics, non-deterministic 0.994-1.019. With two step bodies and per-warpgroup operands (same day,
-    # ~17:40 UTC) 28/64 bytes, 16 frame, and 0.97-0.985 of the time again at 1k-16k.
+    # Hdim 128 full with the statistics through the tensor cores (RowStats::kGemmInit), two step bodies and
+    # per-warpgroup operands: the selection operands are loop invariants; faster than the shuffled statistics.
     (r"bwd_main_kernel.*BwdTraitsILi128E.*MaskKindE0", 80,
      "hdim 128 full: 68/76 bytes, 24 frame (split tail, spread start tiles, shift_runs' dQ runs)"),
     (r"bwd_main_kernel.*BwdTraitsILi256E.*MaskKindE0", 8, "hdim 256 full: 4/8 bytes (split tail)"),

@@ -30,8 +30,7 @@
 // cannot deadlock here either (verify.h proves the former for 1..256 SMs).
 //
 // Release cost: the release store after fence.proxy.async is already a gpu-scope fence; an extra __threadfence()
-// (fence.sc.gpu) before it cost 1-2% deterministically, and in the per-add count of the non-deterministic mode it
-// made that mode 3-6% slower at hdim 128 full 4k-16k (H200, alternating A/B runs).
+// (fence.sc.gpu) before it only slows both modes, the non-deterministic one most (one per add; docs/tuning.md).
 #pragma once
 #include <cstdio>
 
@@ -131,8 +130,8 @@ CUTLASS_DEVICE void dq_writer_loop(BwdKernelParams<T> const& p, BwdSharedStorage
   const int nheads = get<2>(p.shape_q);
   // Non-deterministic mode: the semaphores of an arrival-order add that has not been counted yet. It is counted when
   // the next arrival-order add has been issued (then waiting for all but that add's groups never waits for the add
-  // just issued), or at the end; a first store in between leaves it pending, so that the release path of first
-  // stores and deterministic adds stays as it was measured.
+  // just issued), or at the end; a first store in between leaves it pending, so that first stores and deterministic
+  // adds take no extra release on their path.
   int32_t* uncounted = nullptr;
   for (uint32_t dq_count = 0;; ++dq_count) {
     const RingPos pos = ring_pos<T::kDqBuffers>(dq_count);

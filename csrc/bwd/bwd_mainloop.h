@@ -106,11 +106,9 @@ CUTLASS_DEVICE void consumer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<
   // The LSE of each of the thread's query columns, in registers. RowStats::kShuffle*: shuffled from the lanes that
   // loaded it (LaneStats) while the S and dP GEMMs are issued (kShuffle) or at the end of the step before
   // (kShuffleAhead, which waits for that step's stage there, so that the top of the loop need not). Shuffled after
-  // the S wait, the first exp2 waited on them: they queued in the MIO pipe behind the dP GEMM's operand reads (ncu,
-  // causal 16k: 10% of the consumers' stall samples on the P loop's first FFMAs). H200 (4 runs of 3-4 alternations,
-  // hdim 128 causal, during the GEMMs against after the S wait): non-det and shift_causal 0.95-0.99 of the time at
-  // 1k-16k (0.954-0.972 at 8k/16k), the descending order 1.02-1.06 at 4k-16k; a step ahead recovers descending (see
-  // BwdConfig<128>::row_stats). The empty asm keeps the compiler from sinking the shuffles back to their use.
+  // the S wait, the first exp2 would wait on them: they queue in the MIO pipe behind the dP GEMM's operand reads.
+  // Issued during the GEMMs they are faster except under the descending order, which a step ahead serves (see
+  // docs/tuning.md). The empty asm keeps the compiler from sinking the shuffles back to their use.
   // kSharedMemory: loaded here after the S wait when it fits in registers (P's kLseInRegs); unused (and dropped)
   // otherwise.
   float lse_cols[Cols::kCols];
@@ -277,9 +275,8 @@ CUTLASS_DEVICE void consumer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<
       // tests are per element (causal) or the LSE comes from shared memory per element (hdim 64): there, with the
       // tests in every step, ptxas predicated each exp2, zeroed its result beforehand and reloaded the scale from the
       // constant bank per element, on the stretch between the S wait and the dV GEMM while the tensor cores wait for
-      // P. H200, 3 alternating runs: causal 4k-16k +2-5% (hdim 128, shift_causal), hdim 64 +1-9%. With only the row
-      // test (full mask, LSE in registers) the separate loop measured 1-5% slower, so that case keeps one loop.
-      // Shuffled statistics (hdim 128 full included) measured with the separate loop.
+      // P. With only the row test (full mask, LSE in registers) the separate loop is slower, so that case keeps one
+      // loop; the shuffled statistics (hdim 128 full included) were tuned with the separate loop (docs/tuning.md).
       constexpr bool kSeparateUnmaskedLoop =
           T::kTwoStepBodies || T::kShuffleStats || T::kMask != MaskKind::kFull || !kLseInRegs;
       if constexpr (kSeparateUnmaskedLoop) {

@@ -7,7 +7,7 @@
 // CTA waits only for its own tile: the tile's semaphore reaching its number of contributing KV tiles means every add
 // into it has completed (the writer counts an add only after its bulk reduce completed, bwd_dq_writer.h). Head-major
 // schedules finish heads wave by wave, so most tiles are converted during the main kernel's last, partial wave.
-// Counting the non-deterministic adds this way made that mode 3-5% faster at causal 1k/2k (hdim 128 and 64, H200).
+// Counting the non-deterministic adds this way made that mode faster at short causal sequences (docs/tuning.md).
 #pragma once
 #include "bwd/bwd_dq_writer.h"
 
@@ -40,8 +40,8 @@ CUTLASS_DEVICE void wait_tile_complete(const int32_t* sem, int32_t contributors)
 }
 
 // The cast tile goes through shared memory so that global writes are whole 16-byte row chunks: written straight from
-// the accumulator order, each warp store covered 8 rows x 16 bytes and the kernel ran at about a third of the
-// memory bandwidth (0.18 ms for 16k tokens x 16 heads x d 128 on the H200).
+// the accumulator order, each warp store covers 8 rows x 16 bytes and the kernel runs at about a third of the
+// memory bandwidth.
 template <class T>
 struct PostprocessTile {
   using Element = typename T::Element;

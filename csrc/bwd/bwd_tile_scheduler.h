@@ -37,8 +37,8 @@ struct ScheduleRef {
   }
   // Kernels that claim their units at run time (ScheduleKind::kDynamic, schedule/dynamic.h): the batched causal ones,
   // where units differ in length. The claim and election code cost the producer warp (24 registers) a few spill
-  // bytes in the full and window kernels (hdim 128 full 100 -> 104, hdim 64 window 84 -> 88), which gain nothing
-  // from it (equal units) or were not measured with it; launch_bwd_main runs shift_causal for kDynamic there.
+  // bytes in the full and window kernels, which gain nothing from it (equal units) or were not measured with it;
+  // launch_bwd_main runs shift_causal for kDynamic there.
   template <class Fixed>
   static constexpr bool claims_units() {
     return !Fixed::kPacked && Fixed::kMask == MaskKind::kCausal;

@@ -174,8 +174,7 @@ struct OnlineSoftmax {
 
   // Row reductions run as kChains independent chains joined by a tree at the end: one serial chain over a
   // thread's 32 columns is 32 dependent instructions, which with only two or three warps per scheduler is latency,
-  // not throughput, and the max sits on the critical path between the QK^T GEMM and the next GEMM issue (H200,
-  // hdim 128: +4-6% forward TFLOPS over one chain).
+  // not throughput, and the max sits on the critical path between the QK^T GEMM and the next GEMM issue.
   static constexpr int kChains = 4;
   static_assert((kChains & (kChains - 1)) == 0, "the tree join halves the chain count");
   CUTLASS_DEVICE static float combine_max(float (&part)[kChains]) {

@@ -20,7 +20,7 @@
 // Sliding windows (kHeadMajorSnake): head-major like the full mask, but dealt out boustrophedon too. A band's tiles
 // cost the same except near the ends of the sequence; with a plain round robin and a grid that is a multiple of the
 // tiles per head (132 CTAs, 22 tiles of 192 rows at seqlen 4096), every CTA got the same query tile in every wave, so
-// the light tiles always went to the same CTAs (H200, hdim 64, window (4096, 0) at 4k: 244 TFLOPS).
+// the light tiles always go to the same CTAs.
 #pragma once
 
 #include <cutlass/cutlass.h>

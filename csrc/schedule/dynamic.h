@@ -13,8 +13,8 @@
 // different dQ tiles. Under causal and window masks the offset is n steps past the tile's first live Q tile lo(n):
 // tile n, claimed at time c(n), reaches Q tile m at about c(n) + m - lo(n) - n. Claimed together (c = 0) or k per
 // step (c(n) = n / k, a head's tiles in steady state) those times differ for every n, as lo(n) + n - n / k grows
-// with n. Without the offset the square tiles (lo(n) = n) of hdim 64, claimed about one per step, met in lockstep on
-// one dQ tile (H200, causal 16k: 9% slower). On a full mask (all starting at Q tile 0) tile n starts at Q tile
+// with n. Without the offset the square tiles (lo(n) = n) of hdim 64, claimed about one per step, meet in lockstep on
+// one dQ tile, whose adds then contend. On a full mask (all starting at Q tile 0) tile n starts at Q tile
 // floor(n M / N).
 // pi: none. Static wait targets are only a stand-in for the CPU model's static dispatch (ascending KV index, which is
 // also the claim order inside a head): the kernel elects each dQ tile's first add (a plain store; nothing zeroes the
@@ -30,8 +30,8 @@ struct Dynamic {
   // length. Elsewhere `dynamic` runs shift_causal's fallback (shift on full masks). This header's functions define
   // the claims for any mask, which the CPU model may simulate.
   DASH_HD static bool applies(const Problem& p) { return p.mask == MaskKind::kCausal; }
-  // Work of the tile-major tail, in waves of single KV tiles on the grid. H200, non-det, causal 4k-16k (hdim 128 and
-  // 64): 4 measured 0.5-1% ahead of 2; 8 was 10-12% behind at hdim 128 (nine heads' Q, dO and dQ at once outgrow L2).
+  // Work of the tile-major tail, in waves of single KV tiles on the grid: a longer tail balances better until the
+  // heads it streams at once outgrow L2 (8 waves: nine heads' Q, dO and dQ at hdim 128; docs/tuning.md).
   static constexpr int32_t kTailWaves = 4;
 
   DASH_HD static int64_t num_units(const Problem& p) { return num_kv_heads_total(p) * num_n_blocks(p); }

@@ -51,9 +51,9 @@ class EventTimer {
   //
   // Several launches are timed round-robin: each is warmed up, then every round flushes L2 before each launch and
   // times each launch once, in order; one median per launch. Timed one after the other instead, a slow spell of the
-  // GPU falls on whichever launch it meets: on the H200 the same row position (about 1.3 s into a run of 16k rows)
-  // came out 10-20% slow in four runs of one binary, whatever schedule sat there. Round-robin spreads it over all
-  // launches, so their ratios (deterministic / non-deterministic) stay fair. A failing call stops the timing of all.
+  // GPU falls on whichever launch it meets (on the H200 such spells recur at the same point of a run, whatever
+  // schedule sits there; docs/tuning.md). Round-robin spreads it over all launches, so their ratios (deterministic /
+  // non-deterministic) stay fair. A failing call stops the timing of all.
   std::vector<TimingResult> time_round_robin(const std::vector<std::function<int()>>& launches,
                                              const TimingConfig& cfg,
                                              const std::function<int()>& prepare = [] { return 0; }) {

@@ -40,7 +40,7 @@ struct WarpGroupSplit {
 // memory, and the GEMM reads only B from shared memory. dS^T goes to shared memory regardless (the dQ GEMM needs every
 // warpgroup's rows). With kPtRegisters the dK GEMM reads dS^T from there and still runs while the next step's S and
 // dP GEMMs are issued; with kRegisters it reads dS^T from registers, which must stay intact until it completes, so
-// each step ends by waiting for it (held into the next step, the 16 registers of dS^T made the consumers spill).
+// each step ends by waiting for it (held into the next step, the 16 registers of dS^T make the consumers spill).
 // Register sources need each warpgroup to own the same KV rows in the SdP and dKV GEMMs and the whole query extent of
 // its S^T rows (SdPSplit = dKVSplit = <2, 1>).
 enum class DkvOperandA { kSharedMemory, kPtRegisters, kRegisters };

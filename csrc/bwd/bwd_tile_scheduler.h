@@ -20,7 +20,7 @@ struct ScheduleRef {
   sched::Problem problem;
   ScheduleKind kind;
   // Shift's split tail (schedule/tail_split.h), derived once here: the tail's items never reach the dispatch below,
-  // which then runs shift's whole waves exactly as before the split existed.
+  // which then runs shift's whole waves unchanged.
   sched::TailSplit tail;
 
   ScheduleRef() = default;

@@ -9,7 +9,7 @@
 //  1. Pairs: a unit is query tiles (M - 1 - j, j) of one head, run back to back; every pair costs M + 1 key tiles, so
 //     round robin balances them like full-mask tiles. Units are head-major, so the CTAs running at one time share
 //     the K/V of a few heads in L2 (an order that spreads the tiles of a head over the whole launch re-reads K/V
-//     from DRAM for every tile: at seqlen 1k, 256 heads, that kept DRAM 83% busy and the kernel memory-bound).
+//     from DRAM for every tile, which makes the kernel memory-bound at short sequences with many heads).
 //  2. Tail: the heads that would only fill a last, partial wave of pairs are cut into single tiles and dealt out
 //     heaviest first (longest-processing-time order), so the short tiles even out the end of the launch.
 // Phase 1 covers whole heads and stops one wave of pairs short of the end, so the tail has enough tiles to balance.

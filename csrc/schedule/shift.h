@@ -78,7 +78,7 @@ struct Shift {
 
   // Spacing k of the start tiles (ShiftSpacing): 2 where M >= 2N and Q tiles are at most half as tall as KV tiles
   // (hdim 128), else 1. The tile shapes are the kernel's constants, so kernels with square tiles (hdim 64, 256, where
-  // M >= 2N needs seqlen_q >= 2 seqlen_k) carry no spread code: there it cost hdim 64 full 3-5% at 4k.
+  // M >= 2N needs seqlen_q >= 2 seqlen_k) carry no spread code, which there only slows the step (docs/tuning.md).
   DASH_HD static int32_t spacing(const Problem& p) {
     if (p.shift_spacing == ShiftSpacing::kAdjacent || 2 * p.block_m > p.block_n) return 1;
     return num_m_blocks(p) >= 2 * num_n_blocks(p) ? 2 : 1;

@@ -101,7 +101,7 @@ CUTLASS_DEVICE void consumer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<
   uint32_t dq_count = 0;
   uint32_t ds_count = 0;
   // A config that lets step t's dK GEMM run into step t+1 (two stages, dS^T read from shared memory: kPtRegisters;
-  // none today, every step ends by waiting for its dK GEMM) releases step t's Q/dO stage once that GEMM completed.
+  // no config does: every step ends by waiting for its dK GEMM) releases step t's Q/dO stage once that GEMM completed.
   int unreleased_stage = -1;
   // The LSE of each of the thread's query columns, in registers. RowStats::kShuffle*: shuffled from the lanes that
   // loaded it (LaneStats) while the S and dP GEMMs are issued (kShuffle) or at the end of the step before
@@ -209,7 +209,7 @@ CUTLASS_DEVICE void consumer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<
         if constexpr (!T::kLseAhead) shuffle_lse(lse_lanes);  // ptxas issues them among the S WGMMAs
         wgmma_gemm<true, -1>(mma_sdp, tSrV, tSrdO(_, _, _, stage), tdPrdP);
       }
-      // A previous dK GEMM still running (see unreleased_stage; none in today's configs) is done once at most the two
+      // A previous dK GEMM still running (see unreleased_stage; no config has one) is done once at most the two
       // groups just issued are pending: release its stage now, not after S, so the producer's next loads start one S
       // GEMM earlier. The wait is unconditional; a wait inside a data-dependent branch would make ptxas serialise the
       // WGMMAs.

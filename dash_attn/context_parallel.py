@@ -72,8 +72,8 @@ class _Step:
     """The per-step work of one rank against one traveling K/V pair (shared by the distributed run and `simulate`,
     so both add in the same order)."""
 
-    def __init__(self, scale: float, causal: bool, deterministic: bool):
-        self.scale, self.causal, self.deterministic = scale, causal, deterministic
+    def __init__(self, scale: float, causal: bool, deterministic: bool, sm_margin: int = 0):
+        self.scale, self.causal, self.deterministic, self.sm_margin = scale, causal, deterministic, sm_margin
 
     def forward(self, q_parts, kv_parts, q_chunks, kv_chunks, acc):
         """Adds this step's partial outputs into acc[i] = (out fp32, lse fp32 (batch, seqlen, heads, 1))."""
@@ -83,7 +83,7 @@ class _Step:
                 if mask is None:
                     continue
                 out, lse = torch.ops.dash_attn.fwd(q, k, v, self.scale, mask, -1, 0 if mask == _CAUSAL else -1, 0.0,
-                                                   self.deterministic, "auto", 0)
+                                                   self.deterministic, "auto", self.sm_margin)
                 lse = lse.transpose(1, 2).unsqueeze(-1)
                 out = out.to(_acc_dtype(out.dtype))
                 lse = lse.to(out.dtype)
@@ -103,7 +103,7 @@ class _Step:
                     continue
                 dq, dk, dv = torch.ops.dash_attn.bwd(dout_parts[i], q, k, v, out_parts[i], lse_parts[i], self.scale,
                                                      mask, -1, 0 if mask == _CAUSAL else -1, 0.0, self.deterministic,
-                                                     "auto", 0)
+                                                     "auto", self.sm_margin)
                 dq_acc[i].add_(dq)
                 dkv_acc[j][0].add_(dk)
                 dkv_acc[j][1].add_(dv)
@@ -148,9 +148,9 @@ class _Ring:
 
 class _RingAttn(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, q, k, v, scale, causal, deterministic, group):
+    def forward(ctx, q, k, v, scale, causal, deterministic, group, sm_margin):
         ring = _Ring(group)
-        step = _Step(scale, causal, deterministic)
+        step = _Step(scale, causal, deterministic, sm_margin)
         q_parts = _halves(q)
         q_chunks = _chunks_of(ring.rank, ring.world)
         acc = [None, None]
@@ -164,14 +164,15 @@ class _RingAttn(torch.autograd.Function):
                 kv = ring.finish(pending)
         out, lse = _merged(acc, q.dtype)
         ctx.save_for_backward(q, k, v, out, lse)
-        ctx.scale, ctx.causal, ctx.deterministic, ctx.group = scale, causal, deterministic, group
+        ctx.scale, ctx.causal, ctx.deterministic = scale, causal, deterministic
+        ctx.group, ctx.sm_margin = group, sm_margin
         return out
 
     @staticmethod
     def backward(ctx, dout):
         q, k, v, out, lse = ctx.saved_tensors
         ring = _Ring(ctx.group)
-        step = _Step(ctx.scale, ctx.causal, ctx.deterministic)
+        step = _Step(ctx.scale, ctx.causal, ctx.deterministic, ctx.sm_margin)
         q_parts, out_parts, dout_parts = _halves(q), _halves(out), _halves(dout.contiguous())
         lse_parts = [t.contiguous() for t in lse.chunk(2, dim=2)]
         q_chunks = _chunks_of(ring.rank, ring.world)
@@ -191,15 +192,18 @@ class _RingAttn(torch.autograd.Function):
             if s + 1 == ring.world:
                 travel = [None, None] + travel
         dq = torch.cat(dq_acc, dim=1).to(q.dtype)
-        return dq, travel[2].to(k.dtype), travel[3].to(v.dtype), None, None, None, None
+        return dq, travel[2].to(k.dtype), travel[3].to(v.dtype), None, None, None, None, None
 
 
 def ring_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: Optional[float] = None,
-                   causal: bool = False, deterministic: Optional[bool] = None, group=None) -> torch.Tensor:
+                   causal: bool = False, deterministic: Optional[bool] = None, group=None,
+                   sm_margin: int = 0) -> torch.Tensor:
     """Attention of this rank's shard of q against the whole (sharded) k/v of `group`.
 
     q, k, v: (batch, local_seqlen, heads, headdim) shards made by shard_sequence (k/v may have fewer heads: GQA).
     Returns this rank's shard of the output. deterministic=None follows torch.are_deterministic_algorithms_enabled().
+    sm_margin: SMs the per-step kernels leave to the communication kernels (the transfers overlap the compute); the
+    deterministic results do not depend on it.
     """
     if not dist.is_initialized():
         raise ValueError("ring_attn_func(): torch.distributed is not initialized (init_process_group first)")
@@ -210,7 +214,7 @@ def ring_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_sc
                          "from shard_sequence)")
     scale = q.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
     det = torch.are_deterministic_algorithms_enabled() if deterministic is None else bool(deterministic)
-    return _RingAttn.apply(q, k, v, scale, bool(causal), det, group)
+    return _RingAttn.apply(q, k, v, scale, bool(causal), det, group, int(sm_margin))
 
 
 def simulate(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.Tensor, world_size: int,

@@ -257,7 +257,8 @@ CUTLASS_DEVICE void consumer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<
           return fmaf(x, p.scale_log2, -lse_of(i));
         }
       };
-      // Whether the element at offset d from this thread's first one (see AccCoords) is masked, given the tile's limits.
+      // Whether the element at offset d from this thread's first one (see AccCoords) is masked, given the tile's
+      // limits.
       auto is_masked = [&](auto d, int rows, int diag) {
         const int thr_rows = rows - tScS.n0();
         const int thr_diagonal = diag - (tScS.n0() - tScS.m0());
@@ -379,8 +380,9 @@ CUTLASS_DEVICE void consumer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<
       warpgroup_fence_operand(tdVrdV);
       warpgroup_fence_operand(tdQrdQ);
       if constexpr (T::kDvFromRegs) warpgroup_fence_operand(rP);
-      // The tile's last reads of K (S, dQ) and V (dP) are done; the still-running dK GEMM reads only dS^T and Q. Freeing
-      // K/V now lets the producer start the next tile's K/V loads during the dQ hand-off, dK and the dK/dV stores.
+      // The tile's last reads of K (S, dQ) and V (dP) are done; the still-running dK GEMM reads only dS^T and Q.
+      // Freeing K/V now lets the producer start the next tile's K/V loads during the dQ hand-off, dK and the dK/dV
+      // stores.
       if (flags & VisitRecord::kLast) reinterpret_cast<Barrier&>(ss.kv_empty).arrive();
 
       // Hand the partial dQ to the writer warp through the next staging buffer, once the writer has read it.

@@ -24,10 +24,10 @@ namespace dash::sched {
 // Calls f(Sched{}) for the run-time kind. kAuto must be resolved on the host first; it maps to Descending here so
 // that a stray kAuto cannot select undefined behaviour. kWithCausal = false leaves out the paired causal schedules,
 // which never resolve on a full mask (resolve_schedule: they need a band that leaves some tile pair masked), so
-// that full-mask kernels carry none of their code (mapped to Descending like kAuto). kWithDynamic = false leaves Dynamic out (it maps to
-// Descending too): kernels that never claim units (bwd_tile_scheduler.h) then carry none of its code. The exec-check
-// pragma lets a __device__-only functor (the kernel's) and a host-only one (the simulator's) both pass through this
-// __host__ __device__ template.
+// that full-mask kernels carry none of their code (mapped to Descending like kAuto). kWithDynamic = false leaves
+// Dynamic out (it maps to Descending too): kernels that never claim units (bwd_tile_scheduler.h) then carry none of
+// its code. The exec-check pragma lets a __device__-only functor (the kernel's) and a host-only one (the simulator's)
+// both pass through this __host__ __device__ template.
 #if defined(__CUDACC__)
 #pragma nv_exec_check_disable
 #endif

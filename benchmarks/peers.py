@@ -14,12 +14,13 @@ import importlib
 
 import torch
 
-DASH_SCHEDULES = ("ascending", "descending", "spt", "shift", "shift_causal", "shift_runs", "shift_causal_runs", "auto")
+from dash_attn import schedules_table
+
+# dash_attn's schedule names (dash_attn/schedules_table.py): every deterministic one, then `auto`.
+DASH_SCHEDULES = schedules_table.DETERMINISTIC_SCHEDULES + (schedules_table.AUTO,)
 # Visit orders the non-deterministic backward can be asked for beside `auto` (--nondet-schedules).
-DASH_NONDET_SCHEDULES = tuple(s for s in DASH_SCHEDULES if s != "auto") + ("dynamic",)
-SCHEDULE_SHORT = {"ascending": "asc", "descending": "desc", "spt": "spt", "shift": "shift",
-                  "shift_causal": "shiftc", "shift_runs": "shiftr", "shift_causal_runs": "shiftcr", "auto": "auto",
-                  "dynamic": "dyn"}
+DASH_NONDET_SCHEDULES = schedules_table.DETERMINISTIC_SCHEDULES + schedules_table.NONDETERMINISTIC_SCHEDULES
+SCHEDULE_SHORT = schedules_table.SHORT_NAMES
 PEER_KEYS = ("cudnn", "fa2", "fa2_det", "efficient", "flex", "fa3", "fa3_det")
 
 # torch.compile recompiles flex_attention for every new shape of the grid; the default limit (8) would silently

@@ -5,9 +5,9 @@ from __future__ import annotations
 import math
 
 from . import validation
-from .interface import _EagerAttention, _EagerVarlenAttention, _eager_cuda, _fwd, _mask_args, _resolve_deterministic
-from .interface import _varlen_fwd
-from .validation import NONDETERMINISTIC_SCHEDULES, SCHEDULES
+from .interface import EagerAttention, EagerVarlenAttention, eager_cuda, fwd_op, mask_args, resolve_deterministic
+from .interface import varlen_fwd_op
+from .schedules_table import NONDETERMINISTIC_SCHEDULES, SCHEDULES
 
 __all__ = ["flash_attn_func", "flash_attn_qkvpacked_func", "flash_attn_kvpacked_func", "flash_attn_varlen_func",
            "flash_attn_varlen_qkvpacked_func", "flash_attn_varlen_kvpacked_func", "SCHEDULES",
@@ -23,8 +23,8 @@ def _common_args(q, softmax_scale, causal, window_size, softcap, deterministic, 
     sm_margin = validation.check_sm_margin(sm_margin)
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(q.shape[-1])
-    mask, window_left, window_right = _mask_args(window_left, window_right)
-    deterministic = _resolve_deterministic(deterministic)
+    mask, window_left, window_right = mask_args(window_left, window_right)
+    deterministic = resolve_deterministic(deterministic)
     validation.check_schedule_mode(schedule, deterministic)
     return (float(softmax_scale), mask, window_left, window_right, softcap, deterministic, schedule, sm_margin)
 
@@ -35,7 +35,7 @@ def _attention(q, k, v, softmax_scale, causal, window_size, softcap, determinist
                schedule):
     validation.check_qkv(q, k, v, varlen=False)
     args = _common_args(q, softmax_scale, causal, window_size, softcap, deterministic, schedule, sm_margin)
-    out, lse = (_EagerAttention.apply if _eager_cuda(q, k, v) else _fwd)(q, k, v, *args)
+    out, lse = (EagerAttention.apply if eager_cuda(q, k, v) else fwd_op)(q, k, v, *args)
     return (out, lse) if return_attn_probs else out
 
 
@@ -47,7 +47,7 @@ def _varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seq
                                                                   max_seqlen_k)
     validation.check_seqused_meta(q, cu_seqlens_q, seqused_q, seqused_k)
     args = _common_args(q, softmax_scale, causal, window_size, softcap, deterministic, schedule, sm_margin)
-    op = _EagerVarlenAttention.apply if _eager_cuda(q, k, v) else _varlen_fwd
+    op = EagerVarlenAttention.apply if eager_cuda(q, k, v) else varlen_fwd_op
     out, lse = op(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k, *args)
     return (out, lse) if return_attn_probs else out
 

@@ -22,27 +22,20 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 from . import _sched
-from .validation import NONDETERMINISTIC_SCHEDULES
+from .schedules_table import DETERMINISTIC_SCHEDULES, DYNAMIC, MEASURED_RANKING, NONDETERMINISTIC_SCHEDULES
+from .schedules_table import SCHEDULE_IDS
+from ._gantt import gantt, gantt_compare
 
 __all__ = ["SCHEDULES", "NONDETERMINISTIC_SCHEDULES", "SCHEDULE_IDS", "MASKS", "Plan", "SimResult", "tile_shape",
            "plan", "simulate", "choose", "gantt", "gantt_compare", "main"]
 
-SCHEDULES = ("ascending", "descending", "spt", "shift", "shift_causal", "shift_runs", "shift_causal_runs")
-# NONDETERMINISTIC_SCHEDULES (from validation, the API's list): orders of the non-deterministic backward only.
+# The schedules the engine plans in deterministic mode, and the names and ids of all (dash::ScheduleKind,
+# csrc/common/params.h): dash_attn/schedules_table.py.
+SCHEDULES = DETERMINISTIC_SCHEDULES
+# NONDETERMINISTIC_SCHEDULES (the API's list): orders of the non-deterministic backward only.
 # `dynamic` claims its units at run time (csrc/schedule/dynamic.h); its plan is the static stand-in the engine
 # enumerates (ascending KV index as the accumulation order); what the kernel runs is simulate(...,
 # deterministic=False, dispatch="greedy").
-# Mirrors dash::ScheduleKind (csrc/common/params.h).
-SCHEDULE_IDS: Dict[str, int] = {
-    "ascending": _sched.ASCENDING,
-    "descending": _sched.DESCENDING,
-    "spt": _sched.SPT,
-    "shift": _sched.SHIFT,
-    "shift_causal": _sched.SHIFT_CAUSAL,
-    "dynamic": _sched.DYNAMIC,
-    "shift_runs": _sched.SHIFT_RUNS,
-    "shift_causal_runs": _sched.SHIFT_CAUSAL_RUNS,
-}
 MASKS: Dict[str, int] = {"full": _sched.MASK_FULL, "causal": _sched.MASK_CAUSAL, "window": _sched.MASK_WINDOW}
 DISPATCH = {"static": 0, "greedy": 1, "greedy_head_major": 2}
 
@@ -55,14 +48,8 @@ DISPATCH = {"static": 0, "greedy": 1, "greedy_head_major": 2}
 # that the GPU does not separate either (shift and shift_causal on full masks), so makespans within _MODEL_TOLERANCE
 # of the best count as ties, and ties follow the measured ranking of the mask.
 _MODEL_TOLERANCE = 0.05
-# The measured ranking per mask. Windows: spt measured 0-3.6% faster than descending on all ten rows of the H200
-# window suite (hdim 128 and 64; (1024, 0), (512, 512), (4096, 0); 4k and 16k; benchmarks/RESULTS_HISTORY.md,
-# session 2026-11-30 00:42-01:55 UTC).
-_PREFERENCE = {
-    "full": ("shift", "shift_causal", "descending", "spt", "ascending"),
-    "causal": ("shift_causal", "shift", "descending", "spt", "ascending"),
-    "window": ("spt", "descending", "shift", "shift_causal", "ascending"),
-}
+# The measured ranking per mask (dash_attn/schedules_table.py).
+_PREFERENCE = MEASURED_RANKING
 # Masks whose ranking uses the L2 term. It was fitted on full and causal masks; on windows both candidate orders take
 # the same compulsory misses (one per tile set) and the term only moves when they happen, which ranked descending
 # 3-9% ahead of spt at 16k where the H200 measured spt 0-2.7% ahead. Without it the model ties the two on all ten
@@ -397,86 +384,11 @@ def choose(mask: str, seqlen_q: int, seqlen_k: int, block_m: int, block_n: int, 
     _DYNAMIC_MIN_KV_TILES of them per head claims its units at run time (`dynamic`)."""
     if (not deterministic and mask == "causal" and int(block_n) <= _DYNAMIC_MAX_BLOCK_N
             and -(-int(seqlen_k) // int(block_n)) >= _DYNAMIC_MIN_KV_TILES):
-        return "dynamic"
+        return DYNAMIC
     window = None if window is None else (int(window[0]), int(window[1]))
     return _choose_cached(mask, int(seqlen_q), int(seqlen_k), int(block_m), int(block_n), int(nheads), int(batch),
                           int(num_sms), window, int(nheads if nheads_k is None else nheads_k), float(c), float(r),
                           l2)
-
-
-def _draw_gantt(ax, plan: Plan, res: SimResult, max_ctas: int, title: Optional[str]) -> None:
-    import matplotlib.pyplot as plt
-    from matplotlib.collections import PolyCollection
-
-    v = res.visits
-    rows = v["cta"]
-    shown = rows < max_ctas
-    cmap = plt.get_cmap("tab20")
-    colour_key = (v["batch"].astype(np.int64) * plan.nheads + v["head"]) % 10
-
-    def boxes(start, end, mask):
-        s, e, y = start[mask], end[mask], rows[mask]
-        return np.stack([np.stack([s, y - 0.4], 1), np.stack([e, y - 0.4], 1), np.stack([e, y + 0.4], 1),
-                         np.stack([s, y + 0.4], 1)], 1)
-
-    ce = res.compute_start + res.c
-    ax.add_collection(PolyCollection(boxes(res.compute_start, ce, shown),
-                                     facecolors=cmap(2 * colour_key[shown] + 1), edgecolors="none"))
-    ax.add_collection(PolyCollection(boxes(res.reduce_start, res.reduce_end, shown),
-                                     facecolors=cmap(2 * colour_key[shown]), edgecolors="none"))
-    stalled = shown & (res.reduce_start > ce + 1e-12)
-    if stalled.any():
-        ax.add_collection(PolyCollection(boxes(ce, res.reduce_start, stalled), facecolors="red", edgecolors="none"))
-    on_path = np.zeros(rows.size, dtype=bool)
-    on_path[res.critical_path] = True
-    if (on_path & shown).any():
-        ax.add_collection(PolyCollection(boxes(res.compute_start, res.reduce_end, on_path & shown),
-                                         facecolors="none", edgecolors="black", linewidths=0.6))
-    ax.set_xlim(0, res.makespan * 1.01 if res.makespan > 0 else 1)
-    ax.set_ylim(min(plan.num_ctas, max_ctas) - 0.5, -0.5)
-    ax.set_xlabel(f"time (c = {res.c:g}, r = {res.r:g})")
-    ax.set_ylabel("CTA" + (f" (first {max_ctas} of {plan.num_ctas})" if plan.num_ctas > max_ctas else ""))
-    ax.set_title(title or (f"{plan.schedule}, {plan.mask}, seqlen {plan.seqlen_q}x{plan.seqlen_k}, "
-                           f"{plan.nheads} heads x batch {plan.batch}, {plan.num_ctas} CTAs: makespan "
-                           f"{res.makespan:g} (lower bound {res.lower_bound:.4g})"), fontsize=9)
-
-
-def gantt(plan: Plan, path: str, c: float = 1.0, r: float = 0.5, max_ctas: int = 64,
-          result: Optional[SimResult] = None, title: Optional[str] = None) -> SimResult:
-    """Gantt chart (PNG) of the simulated plan: one row per CTA (the first `max_ctas`), compute in light and
-    reduction in dark shades coloured by query head, semaphore stalls in red, the critical path outlined."""
-    if plan.sequences:
-        raise ValueError("gantt draws one launch; pass plan.sequences[i] for a varlen plan")
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    res = result if result is not None else simulate(plan, c, r, record=True)
-    fig, ax = plt.subplots(figsize=(11, 5.5), dpi=90)
-    _draw_gantt(ax, plan, res, max_ctas, title)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-    return res
-
-
-def gantt_compare(plans: Sequence[Plan], path: str, c: float = 1.0, r: float = 0.5, max_ctas: int = 64) -> None:
-    """Several plans stacked on one shared time axis (one panel each), as in docs/schedule_causal.png."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, axes = plt.subplots(len(plans), 1, figsize=(11, 2.2 * len(plans) + 0.6), dpi=80, sharex=True, squeeze=False)
-    results = [simulate(p, c, r, record=True) for p in plans]
-    for ax, p, res in zip(axes[:, 0], plans, results):
-        _draw_gantt(ax, p, res, max_ctas, f"{p.schedule}: makespan {res.makespan:g} "
-                                          f"(lower bound {res.lower_bound:.4g})")
-    horizon = max(res.makespan for res in results)
-    for ax in axes[:, 0]:
-        ax.set_xlim(0, horizon * 1.01)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
 
 
 def _predict_all(mask, seqlen_q, seqlen_k, block_m, block_n, nheads, batch, num_sms, window, nheads_k, c, r, l2):
@@ -492,7 +404,7 @@ def _predict_all(mask, seqlen_q, seqlen_k, block_m, block_n, nheads, batch, num_
     nd = _sched.simulate(SCHEDULE_IDS[fastest], p, c=c, r=r, deterministic=False, dispatch=0, record=False,
                          l2_tiles=l2.l2_tiles, miss=l2.miss, miss_latency=l2.latency)
     # `dynamic` as the kernel runs it: units claimed in launch order, each dQ tile's first add elected.
-    dyn = _sched.simulate(SCHEDULE_IDS["dynamic"], p, c=c, r=r, deterministic=False,
+    dyn = _sched.simulate(SCHEDULE_IDS[DYNAMIC], p, c=c, r=r, deterministic=False,
                           dispatch=DISPATCH["greedy"], record=False, l2_tiles=l2.l2_tiles, miss=l2.miss,
                           miss_latency=l2.latency)
     return rows, float(nd["makespan"]), float(dyn["makespan"])

@@ -14,17 +14,15 @@ from typing import Optional, Sequence, Tuple
 
 import torch
 
-# Backward schedule names accepted by `schedule=`; "auto" is resolved before any launch.
-SCHEDULES = ("auto", "ascending", "descending", "spt", "shift", "shift_causal", "shift_runs", "shift_causal_runs",
-             "dynamic")
+from . import schedules_table
+
+# Backward schedule names accepted by `schedule=`; "auto" is resolved before any launch. The names, and the picks of
+# deterministic `auto` by mask, are dash_attn/schedules_table.py's.
+SCHEDULES = schedules_table.SCHEDULES
 # Schedules without a fixed dQ accumulation order: the non-deterministic backward only.
-NONDETERMINISTIC_SCHEDULES = ("dynamic",)
-# `auto` with deterministic=True, by mask and nothing else (not the SM count, sm_margin or batch), so that its bits are
-# invariant (csrc/schedule/runs.h): every schedule here orders each dQ tile's adds by the sequence's own geometry.
-# Varlen calls run a causal or window band as a batch of the longest sequence (or per run of equal lengths): there
-# only descending gives a sequence the same walk and order whatever its neighbours.
-INVARIANT_SCHEDULES = {"full": "shift_runs", "causal": "shift_causal_runs", "window": "descending"}
-INVARIANT_VARLEN_SCHEDULES = {"full": "shift_runs", "causal": "descending", "window": "descending"}
+NONDETERMINISTIC_SCHEDULES = schedules_table.NONDETERMINISTIC_SCHEDULES
+INVARIANT_SCHEDULES = schedules_table.INVARIANT_SCHEDULES
+INVARIANT_VARLEN_SCHEDULES = schedules_table.INVARIANT_VARLEN_SCHEDULES
 
 KERNEL_DTYPES = (torch.float16, torch.bfloat16)
 # The CPU reference also takes full precision so torch.autograd.gradcheck can run in float64.

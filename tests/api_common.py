@@ -1,5 +1,6 @@
 """Inputs and the recording stand-in extension shared by the CPU-side API tests (test_api.py,
-test_api_cuda_path.py, test_api_unplanned_varlen.py)."""
+test_api_cuda_path.py, test_api_unplanned_varlen.py); patch_interface, which the GPU tests use too."""
+import sys
 import types
 
 import torch
@@ -24,6 +25,23 @@ def varlen_inputs(lens_q=(3, 0, 6), lens_k=(4, 2, 5), nheads=4, nheads_k=2, head
     k = torch.randn(sum(lens_k), nheads_k, headdim, generator=gen, dtype=dtype).requires_grad_(requires_grad)
     v = torch.randn(sum(lens_k), nheads_k, headdim, generator=gen, dtype=dtype).requires_grad_(requires_grad)
     return q, k, v, cu(lens_q), cu(lens_k), max(lens_q), max(lens_k)
+
+
+def patch_interface(monkeypatch, name, replacement):
+    """Replaces dash_attn.interface's `name` (re-exported from the module that holds it: _ext, _launch, _varlen, _ops)
+    in every dash_attn module that binds the same object, under any name, so that every caller sees `replacement`."""
+    from dash_attn import interface
+
+    original = getattr(interface, name)
+    patched = 0
+    for module_name, module in list(sys.modules.items()):
+        if module is None or not (module_name == "dash_attn" or module_name.startswith("dash_attn.")):
+            continue
+        for attr, value in list(vars(module).items()):
+            if value is original:
+                monkeypatch.setattr(module, attr, replacement)
+                patched += 1
+    assert patched > 1, f"interface.{name} is bound nowhere else"
 
 
 class FakeExtension(types.SimpleNamespace):

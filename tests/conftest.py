@@ -34,14 +34,14 @@ def pytest_collection_modifyitems(config, items):
 def fake_cuda(monkeypatch):
     """Routes the CUDA launch helpers to a recording stand-in so their argument order can be checked on the CPU."""
     import torch
-    from api_common import FakeExtension
+    from api_common import FakeExtension, patch_interface
     from dash_attn import interface, validation
 
     ext = FakeExtension()
-    monkeypatch.setattr(interface, "_extension", lambda: ext)
+    patch_interface(monkeypatch, "_extension", lambda: ext)
     monkeypatch.setattr(validation, "check_cuda_device", lambda device: None)
-    monkeypatch.setattr(interface, "_device_guard", lambda device: torch.no_grad())
-    monkeypatch.setattr(interface, "_l2_bytes", lambda device_index: 60 * 2**20)
+    patch_interface(monkeypatch, "_device_guard", lambda device: torch.no_grad())
+    patch_interface(monkeypatch, "_l2_bytes", lambda device_index: 60 * 2**20)
     # The cached queries of the extension: cleared before (stand-in answers) and after (the real extension's).
     cached = (interface._supported_head_dims, interface._num_sms, interface._bwd_tile_shape,
               interface._choose_schedule, interface._softcap_built)

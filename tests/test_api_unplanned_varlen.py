@@ -9,7 +9,7 @@ import dash_attn
 from dash_attn import interface, validation
 from dash_attn.reference import attention_ref_varlen
 
-from api_common import cu, varlen_inputs
+from api_common import cu, patch_interface, varlen_inputs
 
 @pytest.mark.parametrize("case, message", [("cu_on_cpu", "on q's device"), ("not_built", "DASH_ATTN_PACKED=0"),
                                            ("head_dim_96", "head dims"), ("v_head_dim", "head dims")])
@@ -26,7 +26,7 @@ def test_captured_varlen_refuses_what_the_packed_kernels_cannot_take(case, messa
 
 def test_captured_varlen_reads_nothing_on_the_host(fake_cuda, monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: True)
-    monkeypatch.setattr(interface, "_host_lists", lambda *args: pytest.fail("host copy inside a capture"))
+    patch_interface(monkeypatch, "_host_lists", lambda *args: pytest.fail("host copy inside a capture"))
     q, k, v, cu_q, cu_k, max_q, max_k = (t.to("meta") if isinstance(t, torch.Tensor) else t
                                          for t in varlen_inputs(headdim=64, dtype=torch.bfloat16))
     assert interface._check_varlen(q, k, v, cu_q, cu_k, None, None, max_q, max_k, 0.0) == (fake_cuda, None)
@@ -116,7 +116,7 @@ def test_captured_varlen_without_keys_launches_nothing(fake_cuda):
 @pytest.fixture
 def cpu_as_cuda(monkeypatch):
     """CPU tensors take the CUDA branches of the varlen ops (with fake_cuda: the stand-in extension)."""
-    monkeypatch.setattr(interface, "_on_cuda", lambda t: True)
+    patch_interface(monkeypatch, "_on_cuda", lambda t: True)
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
 
 

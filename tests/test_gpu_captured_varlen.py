@@ -17,6 +17,7 @@ import torch
 import dash_attn
 from dash_attn import device_seqlens, interface
 from dash_attn.reference import attention_bwd_ref_varlen, attention_ref_varlen
+from api_common import patch_interface
 from gpu_common import assert_grads_within, assert_out_lse_within, main_head_dim
 
 pytestmark = pytest.mark.gpu
@@ -194,8 +195,8 @@ def test_torch_compile_with_cuda_graphs_runs_the_captured_path(monkeypatch):
     captured = []
     for name in ("_varlen_fwd_unplanned", "_varlen_bwd_unplanned"):
         original = getattr(interface, name)
-        monkeypatch.setattr(interface, name,
-                            lambda *a, _f=original, _n=name, **kw: captured.append(_n) or _f(*a, **kw))
+        patch_interface(monkeypatch, name,
+                        lambda *a, _f=original, _n=name, **kw: captured.append(_n) or _f(*a, **kw))
     torch._dynamo.reset()
 
     def forward(q, k, v, cu):

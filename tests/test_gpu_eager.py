@@ -10,6 +10,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import dash_attn
 import dash_attn.interface as interface
+from api_common import patch_interface
 from gpu_common import main_head_dim
 
 pytestmark = pytest.mark.gpu
@@ -24,16 +25,14 @@ def _inputs(varlen):
 def _step(varlen, eager, q, k, v, dout, causal):
     leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
     cu = torch.tensor([0, 100, 101, 300], dtype=torch.int32)
-    original = interface._eager_cuda
-    interface._eager_cuda = original if eager else (lambda *tensors: False)
-    try:
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        if not eager:
+            patch_interface(monkeypatch, "_eager_cuda", lambda *tensors: False)
         if varlen:
             out = dash_attn.flash_attn_varlen_func(*leaves, cu, cu, 199, 199, causal=causal, deterministic=True)
         else:
             out = dash_attn.flash_attn_func(*leaves, causal=causal, deterministic=True)
         out.backward(dout)
-    finally:
-        interface._eager_cuda = original
     return [out] + [t.grad for t in leaves]
 
 

@@ -16,6 +16,7 @@ import torch
 import dash_attn
 import dash_attn.interface as interface
 import test_gpu_varlen as varlen
+from api_common import patch_interface
 from gpu_common import DET_SCHEDULES, main_head_dim, requires_softcap, supported_head_dims
 
 pytestmark = pytest.mark.gpu
@@ -48,7 +49,7 @@ def packed_calls(monkeypatch):
         calls.append(result is not None)
         return result
 
-    monkeypatch.setattr(interface, "_packed_launch", recording)
+    patch_interface(monkeypatch, "_packed_launch", recording)
     return calls
 
 

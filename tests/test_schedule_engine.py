@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import dash_attn._sched as _sched
-from dash_attn import schedule
+from dash_attn import schedule, schedules_table
 
 # dynamic: its static stand-in (the engine's checks) and, in verify, its claimed non-deterministic run.
 SCHEDULE_NAMES = schedule.SCHEDULES + schedule.NONDETERMINISTIC_SCHEDULES
@@ -223,6 +223,12 @@ def test_schedule_ids_match_params_h():
                 "shift": ids["Shift"], "shift_causal": ids["ShiftCausal"], "dynamic": ids["Dynamic"],
                 "shift_runs": ids["ShiftRuns"], "shift_causal_runs": ids["ShiftCausalRuns"]}
     assert schedule.SCHEDULE_IDS == expected
+    # The registry (sched_module.cpp's table) has every enumerator but kAuto, named in snake case: a schedule added
+    # to params.h and not to the table fails here.
+    snake = {re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower(): kind for name, kind in ids.items() if name != "Auto"}
+    assert schedules_table.SCHEDULE_IDS == snake
+    assert ids["Auto"] == _sched.AUTO and "auto" not in schedules_table.SCHEDULE_IDS
+    assert set(schedules_table.SHORT_NAMES) == set(schedules_table.SCHEDULES)
     assert schedule.SCHEDULES == ("ascending", "descending", "spt", "shift", "shift_causal", "shift_runs",
                                   "shift_causal_runs")
     assert schedule.NONDETERMINISTIC_SCHEDULES == ("dynamic",)

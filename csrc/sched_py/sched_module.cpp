@@ -4,6 +4,7 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <cctype>
 #include <stdexcept>
 #include <string>
 #include <vector>
@@ -16,20 +17,31 @@ using namespace dash::sched;
 
 namespace {
 
+// The schedules a launch can run, in dash::ScheduleKind order (csrc/common/params.h), with the name the Python API
+// gives each; kAuto is resolved before a launch and is none of them. The one list of names and ids: dash_attn's
+// Python tables (dash_attn/schedules_table.py) are built from its export SCHEDULE_TABLE.
+struct ScheduleEntry {
+  ScheduleKind kind;
+  const char* name;
+  bool deterministic;  // false: no fixed dQ accumulation order, the non-deterministic backward only
+};
+
+constexpr ScheduleEntry kSchedules[] = {
+    {ScheduleKind::kAscending, "ascending", true},
+    {ScheduleKind::kDescending, "descending", true},
+    {ScheduleKind::kSpt, "spt", true},
+    {ScheduleKind::kShift, "shift", true},
+    {ScheduleKind::kShiftCausal, "shift_causal", true},
+    {ScheduleKind::kDynamic, "dynamic", false},
+    {ScheduleKind::kShiftRuns, "shift_runs", true},
+    {ScheduleKind::kShiftCausalRuns, "shift_causal_runs", true},
+};
+
 ScheduleKind to_kind(int32_t id) {
-  switch (id) {
-    case static_cast<int32_t>(ScheduleKind::kAscending):
-    case static_cast<int32_t>(ScheduleKind::kDescending):
-    case static_cast<int32_t>(ScheduleKind::kSpt):
-    case static_cast<int32_t>(ScheduleKind::kShift):
-    case static_cast<int32_t>(ScheduleKind::kShiftCausal):
-    case static_cast<int32_t>(ScheduleKind::kDynamic):
-    case static_cast<int32_t>(ScheduleKind::kShiftRuns):
-    case static_cast<int32_t>(ScheduleKind::kShiftCausalRuns):
-      return static_cast<ScheduleKind>(id);
-    default:
-      throw std::invalid_argument("unknown schedule id " + std::to_string(id) + " (kAuto must be resolved first)");
+  for (const ScheduleEntry& s : kSchedules) {
+    if (static_cast<int32_t>(s.kind) == id) return s.kind;
   }
+  throw std::invalid_argument("unknown schedule id " + std::to_string(id) + " (kAuto must be resolved first)");
 }
 
 Problem make_problem(int32_t batch, int32_t nheads, int32_t nheads_k, int32_t seqlen_q, int32_t seqlen_k,
@@ -173,14 +185,17 @@ PYBIND11_MODULE(_sched, m) {
       .def_readonly("tail_chunk_min", &Problem::tail_chunk_min)
       .def_property_readonly("shift_spacing", [](const Problem& p) { return static_cast<int32_t>(p.shift_spacing); });
 
-  m.attr("ASCENDING") = static_cast<int32_t>(ScheduleKind::kAscending);
-  m.attr("DESCENDING") = static_cast<int32_t>(ScheduleKind::kDescending);
-  m.attr("SPT") = static_cast<int32_t>(ScheduleKind::kSpt);
-  m.attr("SHIFT") = static_cast<int32_t>(ScheduleKind::kShift);
-  m.attr("SHIFT_CAUSAL") = static_cast<int32_t>(ScheduleKind::kShiftCausal);
-  m.attr("DYNAMIC") = static_cast<int32_t>(ScheduleKind::kDynamic);
-  m.attr("SHIFT_RUNS") = static_cast<int32_t>(ScheduleKind::kShiftRuns);
-  m.attr("SHIFT_CAUSAL_RUNS") = static_cast<int32_t>(ScheduleKind::kShiftCausalRuns);
+  // SCHEDULE_TABLE: (name, id, deterministic) per schedule of kSchedules, in id order; each also as a constant
+  // named like its enumerator (ASCENDING, ..., SHIFT_CAUSAL_RUNS).
+  py::list table;
+  for (const ScheduleEntry& s : kSchedules) {
+    const int32_t id = static_cast<int32_t>(s.kind);
+    table.append(py::make_tuple(s.name, id, s.deterministic));
+    std::string constant(s.name);
+    for (char& ch : constant) ch = static_cast<char>(std::toupper(static_cast<unsigned char>(ch)));
+    m.attr(constant.c_str()) = id;
+  }
+  m.attr("SCHEDULE_TABLE") = py::tuple(table);
   m.attr("AUTO") = static_cast<int32_t>(ScheduleKind::kAuto);
   m.attr("DEFAULT_TAIL_CHUNK_MIN") = kDefaultTailChunkMin;
   m.attr("MASK_FULL") = static_cast<int32_t>(MaskKind::kFull);

@@ -1,0 +1,132 @@
+"""The dense CUDA launches behind the custom ops (dash_attn/_ops.py) and the backward schedule they run: `auto`
+resolved by the invariant pick (deterministic) or the cost model (dash_attn.schedule), names turned into the ids of
+dash::ScheduleKind."""
+from __future__ import annotations
+
+import contextlib
+import functools
+from typing import Optional, Tuple
+
+import torch
+
+from . import validation
+from ._args import MaskKind
+from ._ext import _bwd_tile_shape, _check_cuda, _device_guard, _held_head_dim, _kernel_head_dim, _l2_bytes, _num_sms
+from .schedules_table import FALLBACK_SCHEDULE, SCHEDULE_IDS
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Backward schedule
+# ----------------------------------------------------------------------------------------------------------------------
+
+@functools.lru_cache(maxsize=4096)
+def _choose_schedule(mask: int, seqlen_q: int, seqlen_k: int, block_m: int, block_n: int, nheads: int, batch: int,
+                     num_sms: int, window: Optional[Tuple[int, int]], nheads_k: int, deterministic: bool,
+                     headdim: int, l2_bytes: int) -> str:
+    """The cost model's pick (cached: the same shapes recur every training step, including under graph capture)."""
+    try:
+        from .schedule import choose, l2_model
+    except ImportError:
+        # dash_attn.schedule needs the dash_attn._sched module; without it keep the schedule that is safe everywhere.
+        return FALLBACK_SCHEDULE
+    return choose(MaskKind(mask).name.lower(), seqlen_q, seqlen_k, block_m, block_n, nheads, batch, num_sms,
+                  window=window, nheads_k=nheads_k, deterministic=deterministic,
+                  l2=l2_model(l2_bytes, block_m, block_n, headdim))
+
+
+def _resolve_schedule(schedule: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: int, window_left: int,
+                      window_right: int, deterministic: bool, sm_margin: int) -> int:
+    batch, seqlen_q, nheads, _ = q.shape
+    return _resolve_schedule_for(schedule, q.device, batch, seqlen_q, k.shape[1], nheads, k.shape[2],
+                                 _held_head_dim(q, v), mask, window_left, window_right, deterministic, sm_margin)
+
+
+def _resolve_schedule_for(schedule: str, device: torch.device, batch: int, seqlen_q: int, seqlen_k: int, nheads: int,
+                          nheads_k: int, headdim: int, mask: int, window_left: int, window_right: int,
+                          deterministic: bool, sm_margin: int) -> int:
+    """The schedule id of a launch of that (batch, seqlen) problem; headdim: the head dim whose kernel runs."""
+    validation.check_schedule_mode(schedule, deterministic)  # the ops are public too: never launch a det "dynamic"
+    if schedule == "auto" and deterministic:
+        schedule = validation.INVARIANT_SCHEDULES[MaskKind(mask).name.lower()]
+    if schedule == "auto":
+        block_m, block_n = _bwd_tile_shape(headdim, mask)
+        ctas = max(1, _num_sms(device.index) - sm_margin)
+        window = (window_left, window_right) if mask == MaskKind.WINDOW else None
+        schedule = _choose_schedule(mask, seqlen_q, seqlen_k, block_m, block_n, nheads, batch, ctas, window,
+                                    nheads_k, deterministic, headdim, _l2_bytes(device.index))
+    return SCHEDULE_IDS[schedule]
+
+
+def _varlen_schedule(schedule: str, mask: int, deterministic: bool) -> str:
+    """A varlen call's schedule name: deterministic `auto` takes the varlen invariant pick for the mask, the same for
+    the packed kernels and for runs of equal lengths, so that neither the path nor the neighbours change the bits."""
+    if schedule == "auto" and deterministic:
+        return validation.INVARIANT_VARLEN_SCHEDULES[MaskKind(mask).name.lower()]
+    return schedule
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Dense launches
+# ----------------------------------------------------------------------------------------------------------------------
+
+@contextlib.contextmanager
+def _full_width(result: torch.Tensor, kernel_dim: int):
+    """Where `result` goes for a launch of the kernel of head dim `kernel_dim`: itself, or, where its head dim is below
+    the kernel's (csrc/common/head_dims.h), the first columns of rows as wide as the kernel's, copied into `result`
+    afterwards. The kernels read and write nothing past the call's head dims through TMA, but some of their stores
+    write whole rows of the kernel's width (O and dK/dV at head dim 256, the zeros of KV tiles no query sees): in a
+    buffer of that width they land in its spare columns instead of the next row."""
+    if kernel_dim == result.shape[-1]:
+        yield result
+        return
+    rows = result.new_empty(*result.shape[:-1], kernel_dim)[..., :result.shape[-1]]
+    yield rows
+    result.copy_(rows)
+
+
+def _launch_fwd(q, k, v, out, lse, softmax_scale, mask, window_left, window_right, softcap) -> None:
+    """CUDA forward into preallocated out/lse; every check runs before the launch."""
+    _run_fwd(_check_cuda(q, v, softcap), q, k, v, out, lse, softmax_scale, mask, window_left, window_right, softcap)
+
+
+def _run_fwd(ext, q, k, v, out, lse, softmax_scale, mask, window_left, window_right, softcap) -> None:
+    """The forward once _check_cuda has passed (the varlen path checks once for all of its launches)."""
+    if q.numel() == 0:
+        return
+    if k.shape[1] == 0:  # no keys: every row is fully masked
+        out.zero_()
+        lse.fill_(float("-inf"))
+        return
+    with _device_guard(q.device), _full_width(out, _kernel_head_dim(q, v)) as out_rows:
+        ext.fwd(q, k, v, out_rows, lse, softmax_scale, mask, window_left, window_right, softcap)
+
+
+def _launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, mask, window_left, window_right, softcap,
+                deterministic, schedule, sm_margin) -> None:
+    """CUDA backward into preallocated dq/dk/dv; "auto" is resolved here, before the launch."""
+    _run_bwd(_check_cuda(q, v, softcap), dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, mask, window_left,
+             window_right, softcap, deterministic, schedule, sm_margin)
+
+
+def _run_bwd(ext, dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, mask, window_left, window_right, softcap,
+             deterministic, schedule, sm_margin) -> None:
+    """The backward once _check_cuda has passed."""
+    if q.numel() == 0 or k.numel() == 0:
+        dq.zero_()
+        dk.zero_()
+        dv.zero_()
+        return
+    schedule_id = _resolve_schedule(schedule, q, k, v, mask, window_left, window_right, deterministic, sm_margin)
+    kernel_dim = _kernel_head_dim(q, v)
+    with _device_guard(q.device), _full_width(dk, kernel_dim) as dk_rows, _full_width(dv, kernel_dim) as dv_rows:
+        ext.bwd(dout, q, k, v, out, lse, dq, dk_rows, dv_rows, softmax_scale, mask, window_left, window_right,
+                softcap, deterministic, schedule_id, sm_margin)
+
+
+def _out_like(q: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """The output: q's rows and heads, v's head dim (contiguous, like q)."""
+    return q.new_empty(*q.shape[:-1], v.shape[-1])
+
+
+def _lse_shape(q: torch.Tensor) -> Tuple[int, int, int]:
+    return (q.shape[0], q.shape[2], q.shape[1])

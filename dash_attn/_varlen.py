@@ -1,0 +1,291 @@
+"""The CUDA paths of the varlen ops (dash_attn/_ops.py): their checks and host copies of cu_seqlens/seqused, the
+choice between the packed-sequence kernels and the dense kernels per run of equal lengths, and the unplanned packed
+launches (inside a CUDA graph capture, or given seqused_q/k)."""
+from __future__ import annotations
+
+from typing import List, Optional
+
+import torch
+
+from . import device_seqlens, validation
+from ._args import MaskKind, _effective_mask
+from ._ext import _bwd_tile_shape, _check_cuda, _device_guard, _num_sms, _supported_head_dims
+from ._launch import _lse_shape, _out_like, _resolve_schedule_for, _run_bwd, _run_fwd, _varlen_schedule
+
+
+# ----------------------------------------------------------------------------------------------------------------------
+# Varlen checks and host copies
+# ----------------------------------------------------------------------------------------------------------------------
+
+# The host copies of the last tensors read (cu_seqlens_q/k, seqused_q/k), with the tensors (held, so that their memory
+# is not reused) and their version counters: a step's backward takes the tensors its forward read and gets the copies
+# without waiting for the GPU a second time. An in-place change of any of them bumps its version and forces a new copy.
+_last_host_copies = None
+
+
+def _host_lists(*tensors: Optional[torch.Tensor]) -> List[Optional[List[int]]]:
+    """Host lists of int tensors (None stays None), read in one copy where they share a device."""
+    global _last_host_copies
+    versions = tuple(None if t is None else t._version for t in tensors)
+    last = _last_host_copies
+    if last is not None and len(last[0]) == len(tensors) and all(a is b for a, b in zip(last[0], tensors)) \
+            and last[1] == versions:
+        return last[2]
+    present = [t for t in tensors if t is not None]
+    if present and all(t.device == present[0].device for t in present):
+        flat = torch.cat(present).tolist()
+        lists, start = [], 0
+        for t in present:
+            lists.append(flat[start:start + t.shape[0]])
+            start += t.shape[0]
+    else:
+        lists = [t.tolist() for t in present]
+    found = iter(lists)
+    copies = [next(found) if t is not None else None for t in tensors]
+    _last_host_copies = (tensors, versions, copies)
+    return copies
+
+
+def _on_cuda(t: torch.Tensor) -> bool:
+    """Whether a varlen call takes the CUDA branches (any device but the CPU, whose calls run the reference)."""
+    return t.device.type != "cpu"
+
+
+def _used_lengths(cu: List[int], used: Optional[List[int]]) -> List[int]:
+    """Each sequence's rows in use: its length from cu_seqlens, or seqused's entry."""
+    return [b - a for a, b in zip(cu, cu[1:])] if used is None else list(used)
+
+
+def _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k, softcap):
+    """Every check of a varlen call; returns the checked extension (None on the CPU) and host copies of cu_seqlens_q,
+    cu_seqlens_k, seqused_q and seqused_k (None where not given). A copy from the GPU waits for it (and then the host's
+    launch work is no longer hidden behind running kernels), so they are read in one copy, none when the caller passes
+    them on the CPU, and none again for the backward of the same tensors (_host_lists). Inside a CUDA graph capture
+    nothing is read (None): the call runs unplanned (_varlen_fwd_unplanned)."""
+    ext = None
+    if _on_cuda(q):
+        ext = _check_cuda(q, v, softcap)
+        capturing = torch.cuda.is_current_stream_capturing()
+        if capturing or seqused_q is not None or seqused_k is not None:
+            validation.check_unplanned_varlen(q, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k,
+                                              ext.packed_built(), _supported_head_dims(), capturing)
+        if capturing:
+            return ext, None
+    host = _host_lists(cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k)
+    cq, ck, used_q, used_k = host
+    for side, cu, used, total, max_seqlen in (("q", cq, used_q, q.shape[0], max_seqlen_q),
+                                              ("k", ck, used_k, k.shape[0], max_seqlen_k)):
+        validation.check_cu_seqlens_values(f"cu_seqlens_{side}", cu, total, max_seqlen, f"max_seqlen_{side}",
+                                           used, f"seqused_{side}")
+    return ext, host
+
+
+def _runs_unplanned(ext, host, seqused_q, seqused_k) -> bool:
+    """Whether a checked varlen call takes the unplanned packed path: on CUDA, inside a capture (no host copies) or
+    given seqused_q/k."""
+    return ext is not None and (host is None or seqused_q is not None or seqused_k is not None)
+
+
+def _runs(cq: List[int], ck: List[int]):
+    """Maximal runs of consecutive packed sequences with the same (seqlen_q, seqlen_k), as (query rows, key rows,
+    number of sequences, seqlen_q, seqlen_k), from host copies of cu_seqlens."""
+    runs, start = [], 0
+    for i in range(1, len(cq)):
+        lengths = (cq[i] - cq[i - 1], ck[i] - ck[i - 1])
+        if i == len(cq) - 1 or (cq[i + 1] - cq[i], ck[i + 1] - ck[i]) != lengths:
+            runs.append((slice(cq[start], cq[i]), slice(ck[start], ck[i]), i - start) + lengths)
+            start = i
+    return runs
+
+
+def _batched(x: torch.Tensor, rows: slice, count: int, seqlen: int) -> torch.Tensor:
+    return x[rows].unflatten(0, (count, seqlen))
+
+
+# The CUDA varlen path runs the packed-sequence kernels (one launch for all sequences, csrc/common/params.h:
+# PackedSeqs) where they apply: every mask (causal and windows: each sequence's band inside the longest ones') and
+# score transform, q's head dim a built kernel's own and v's the same. They tile and schedule the call as a batch of the
+# longest sequence and skip what lies past each sequence's end, so the deterministic schedules and their proofs are
+# those of that batch. Elsewhere the dense kernels run once per run of consecutive sequences with equal lengths, as
+# a batch of (sequences, seqlen, heads, d) views of the packed tensors (splitting the packed dim never copies); runs
+# write disjoint rows, so the deterministic mode stays bitwise reproducible. The window is re-normalised per run, so
+# short sequences reach the full/causal kernels. `ext` is the extension _check_varlen checked once for every launch.
+
+# Which varlen path runs a call the packed kernels could take. The per-run path keeps the batched kernels' schedules,
+# balanced for heads of equal length, but each run costs host time, so it takes only a few runs that each fill the GPU
+# and whose kernels outlast that host time. H200, fwd+bwd, hdim 128, 16 heads, per run against the packed kernels: 2
+# sequences of 10.9k + 5.5k tokens 0.88-0.89x the time, 8 x 2k 0.96-1.02x; 32 x 512 (about 0.3-0.5 ms of kernels,
+# host-bound) 1.17-1.47x, 19 sequences of 0.2-1.5k tokens 3.3-6.2x.
+_MAX_RUNS_PER_CALL = 4
+_RUNS_HOST_SECONDS = (0.6e-3, 0.25e-3)  # per call, per run
+_KERNEL_FLOPS_PER_SECOND = 450e12  # fwd+bwd, hdim 128 at 2k-16k
+
+
+def _runs_beat_packed(q, k, cq, ck, mask, window_left, window_right):
+    runs = [r for r in _runs(cq, ck) if r[3] > 0]
+    if len(runs) > _MAX_RUNS_PER_CALL:
+        return False
+    block_n = _bwd_tile_shape(q.shape[-1], mask)[1]
+    sms = _num_sms(q.device.index)
+    if any(count * k.shape[1] * -(-seqlen_k // block_n) < sms for _, _, count, _, seqlen_k in runs):
+        return False
+
+    def keys_per_row(seqlen_k):
+        if mask == MaskKind.WINDOW:
+            return min(seqlen_k, (seqlen_k if window_left < 0 else window_left) +
+                       (seqlen_k if window_right < 0 else window_right) + 1)
+        return seqlen_k / 2 if mask == MaskKind.CAUSAL else seqlen_k
+
+    area = sum(count * seqlen_q * keys_per_row(seqlen_k) for _, _, count, seqlen_q, seqlen_k in runs)
+    kernel_seconds = 4 * q.shape[1] * area * q.shape[-1] * 3.5 / _KERNEL_FLOPS_PER_SECOND
+    return kernel_seconds >= _RUNS_HOST_SECONDS[0] + _RUNS_HOST_SECONDS[1] * len(runs)
+
+
+def _packed_launch(ext, q, k, v, cq, ck, mask, window_left, window_right):
+    """(longest q sequence, longest k sequence) when the packed-sequence kernels run this call, else None."""
+    if not ext.packed_built():
+        return None
+    if q.shape[-1] != v.shape[-1] or q.shape[-1] not in _supported_head_dims():
+        return None
+    if _runs_beat_packed(q, k, cq, ck, mask, window_left, window_right):
+        return None
+    lens_q, lens_k = _used_lengths(cq, None), _used_lengths(ck, None)
+    max_q, max_k = max(lens_q), max(lens_k)
+    if max_q == 0 or max_k == 0 or not _bands_inside(lens_q, lens_k, mask, window_left, window_right):
+        return None
+    return max_q, max_k
+
+
+def _bands_inside(lens_q, lens_k, mask, window_left, window_right) -> bool:
+    """Whether each sequence's band lies inside the longest sequences' band. The packed kernels' schedule of a causal
+    or window mask is the batch's, whose band lies around the longest sequences' diagonal (max_k - max_q): a sequence
+    band outside it would need KV tiles that schedule never visits. A right bound needs no diagonal right of the
+    batch's, a left bound none left of it."""
+    if mask == MaskKind.FULL or not lens_q:
+        return True
+    left, right = (-1, 0) if mask == MaskKind.CAUSAL else (window_left, window_right)
+    diagonal = max(lens_k) - max(lens_q)
+    return not any((right >= 0 and lk - lq > diagonal) or (left >= 0 and lk - lq < diagonal)
+                   for lq, lk in zip(lens_q, lens_k))
+
+
+def _device_int32(x: torch.Tensor, device: torch.device) -> torch.Tensor:
+    return x.to(device=device, dtype=torch.int32, non_blocking=True).contiguous()
+
+
+def _varlen_fwd_cuda(ext, q, k, v, cu_seqlens_q, cu_seqlens_k, cq, ck, softmax_scale, mask, window_left,
+                     window_right, softcap):
+    out = _out_like(q, v)
+    lse = torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device)
+    packed = _packed_launch(ext, q, k, v, cq, ck, mask, window_left, window_right)
+    if packed is not None:
+        with _device_guard(q.device):
+            ext.varlen_fwd(q, k, v, out, lse, _device_int32(cu_seqlens_q, q.device),
+                           _device_int32(cu_seqlens_k, q.device), None, None, packed[0], packed[1], softmax_scale,
+                           mask, window_left, window_right, softcap)
+        return out, lse
+    for sq, sk, count, seqlen_q, seqlen_k in _runs(cq, ck):
+        q_b = _batched(q, sq, count, seqlen_q)
+        k_b, v_b = _batched(k, sk, count, seqlen_k), _batched(v, sk, count, seqlen_k)
+        mask_b, left_b, right_b = _effective_mask(mask, window_left, window_right, seqlen_q, seqlen_k)
+        lse_b = torch.empty(_lse_shape(q_b), dtype=torch.float32, device=q.device)
+        _run_fwd(ext, q_b, k_b, v_b, _batched(out, sq, count, seqlen_q), lse_b, softmax_scale, mask_b, left_b,
+                 right_b, softcap)
+        lse[:, sq].unflatten(1, (count, seqlen_q)).copy_(lse_b.transpose(0, 1))
+    return out, lse
+
+
+def _varlen_bwd_cuda(ext, dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, cq, ck, softmax_scale, mask,
+                     window_left, window_right, softcap, deterministic, schedule, sm_margin):
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    schedule = _varlen_schedule(schedule, mask, deterministic)
+    packed = _packed_launch(ext, q, k, v, cq, ck, mask, window_left, window_right)
+    if packed is not None:
+        max_q, max_k = packed
+        schedule_id = _resolve_schedule_for(schedule, q.device, len(cq) - 1, max_q, max_k, q.shape[1], k.shape[1],
+                                            q.shape[-1], mask, window_left, window_right, deterministic, sm_margin)
+        with _device_guard(q.device):
+            ext.varlen_bwd(dout, q, k, v, out, lse, dq, dk, dv, _device_int32(cu_seqlens_q, q.device),
+                           _device_int32(cu_seqlens_k, q.device), None, None, max_q, max_k, softmax_scale, mask,
+                           window_left, window_right, softcap, deterministic, schedule_id, sm_margin)
+        return dq, dk, dv
+    for sq, sk, count, seqlen_q, seqlen_k in _runs(cq, ck):
+        q_b = _batched(q, sq, count, seqlen_q)
+        k_b, v_b = _batched(k, sk, count, seqlen_k), _batched(v, sk, count, seqlen_k)
+        mask_b, left_b, right_b = _effective_mask(mask, window_left, window_right, seqlen_q, seqlen_k)
+        lse_b = lse[:, sq].unflatten(1, (count, seqlen_q)).transpose(0, 1).contiguous()
+        _run_bwd(ext, _batched(dout, sq, count, seqlen_q), q_b, k_b, v_b, _batched(out, sq, count, seqlen_q), lse_b,
+                 _batched(dq, sq, count, seqlen_q), _batched(dk, sk, count, seqlen_k),
+                 _batched(dv, sk, count, seqlen_k), softmax_scale, mask_b, left_b, right_b, softcap, deterministic,
+                 schedule, sm_margin)
+    return dq, dk, dv
+
+
+# Unplanned calls (inside a CUDA graph capture, or given seqused_q/k): the packed-sequence kernels with bounds for the
+# longest sequences (the caller's max_seqlen inside a capture, else the longest rows in use), cu_seqlens and seqused
+# checked on the GPU afterwards (dash_attn.device_seqlens: invalid values turn every result into NaN). Rows past
+# seqused are not the kernels' to write: they start as zeros (lse -inf).
+def _unplanned_band(mask, window_left, window_right):
+    return None if mask == MaskKind.FULL else (window_left, window_right)
+
+
+def _unplanned_bounds(host, mask, window_left, window_right, max_seqlen_q, max_seqlen_k):
+    """The bounds of an unplanned call: the caller's inside a capture (host None), else the longest rows in use, whose
+    bands must lie inside the longest ones' (the packed kernels are the only ones that skip rows)."""
+    if host is None:
+        return max_seqlen_q, max_seqlen_k
+    lens_q, lens_k = _used_lengths(host[0], host[2]), _used_lengths(host[1], host[3])
+    if not _bands_inside(lens_q, lens_k, mask, window_left, window_right):
+        raise ValueError("with seqused_q/seqused_k the packed-sequence kernels run the call, which need each sequence's "
+                         "causal or window band inside the longest sequences' band (their diagonals seqused_k - "
+                         "seqused_q equal, for instance): this call's bands differ")
+    return max(lens_q, default=0), max(lens_k, default=0)
+
+
+def _device_seqs(q, *tensors):
+    return [None if t is None else _device_int32(t, q.device) for t in tensors]
+
+
+def _varlen_fwd_unplanned(ext, q, k, v, seqs, bounds, softmax_scale, mask, window_left, window_right, softcap,
+                          checked_on_host=False):
+    """seqs: cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k (the last two may be None); bounds: max_q, max_k.
+    checked_on_host: the values passed _check_varlen's host checks, so the GPU check would only repeat them."""
+    cu_q, cu_k, used_q, used_k = _device_seqs(q, *seqs)
+    max_q, max_k = device_seqlens.capped_bounds(q.shape[0], k.shape[0], *bounds)
+    # Rows the kernel leaves alone (past seqused, or every row when there are no keys) start as out 0, lse -inf.
+    untouched_rows = used_q is not None or used_k is not None or max_k == 0
+    out = q.new_zeros(*q.shape[:-1], v.shape[-1]) if untouched_rows else _out_like(q, v)
+    lse = torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device)
+    if untouched_rows:
+        lse.fill_(float("-inf"))
+    with _device_guard(q.device):
+        if max_k > 0 and max_q > 0 and cu_q.shape[0] > 1:
+            ext.varlen_fwd(q, k, v, out, lse, cu_q, cu_k, used_q, used_k, max_q, max_k, softmax_scale, mask,
+                           window_left, window_right, softcap)
+        if not checked_on_host:
+            device_seqlens.flag_invalid(ext, cu_q, cu_k, used_q, used_k, q.shape[0], k.shape[0], max_q, max_k,
+                                        _unplanned_band(mask, window_left, window_right), out, lse)
+    return out, lse
+
+
+def _varlen_bwd_unplanned(ext, dout, q, k, v, out, lse, seqs, bounds, softmax_scale, mask, window_left, window_right,
+                          softcap, deterministic, schedule, sm_margin, checked_on_host=False):
+    cu_q, cu_k, used_q, used_k = _device_seqs(q, *seqs)
+    max_q, max_k = device_seqlens.capped_bounds(q.shape[0], k.shape[0], *bounds)
+    no_key_seen = max_q == 0 or max_k == 0 or cu_q.shape[0] == 1
+    # Gradients the kernel does not write (rows past seqused, or all of them when no query sees a key) start as 0.
+    untouched_rows = used_q is not None or used_k is not None or no_key_seen
+    dq, dk, dv = ((torch.zeros_like if untouched_rows else torch.empty_like)(t) for t in (q, k, v))
+    schedule = _varlen_schedule(schedule, mask, deterministic)
+    with _device_guard(q.device):
+        if not no_key_seen:
+            schedule_id = _resolve_schedule_for(schedule, q.device, cu_q.shape[0] - 1, max_q, max_k, q.shape[1],
+                                                k.shape[1], q.shape[-1], mask, window_left, window_right,
+                                                deterministic, sm_margin)
+            ext.varlen_bwd(dout, q, k, v, out, lse, dq, dk, dv, cu_q, cu_k, used_q, used_k, max_q, max_k,
+                           softmax_scale, mask, window_left, window_right, softcap, deterministic, schedule_id,
+                           sm_margin)
+        if not checked_on_host:
+            device_seqlens.flag_invalid(ext, cu_q, cu_k, used_q, used_k, q.shape[0], k.shape[0], max_q, max_k,
+                                        _unplanned_band(mask, window_left, window_right), dq, dk, dv)
+    return dq, dk, dv

@@ -45,7 +45,7 @@ def _resolve_schedule_for(schedule: str, device: torch.device, batch: int, seqle
                           nheads_k: int, headdim: int, mask: int, window_left: int, window_right: int,
                           deterministic: bool, sm_margin: int) -> int:
     """The schedule id of a launch of that (batch, seqlen) problem; headdim: the head dim whose kernel runs."""
-    # A deterministic "dynamic" is refused once in Python, by the public functions (validation.check_schedule_mode);
+    # A deterministic `dynamic` is refused once in Python, by the public functions (validation.check_schedule_mode);
     # a direct call of the ops meets the binding's check before any launch (csrc/api/binding.cpp).
     if schedule == "auto" and deterministic:
         schedule = validation.INVARIANT_SCHEDULES[MaskKind(mask).name.lower()]

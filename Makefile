@@ -84,9 +84,9 @@ build/prebuilt/%.o: %.cu
 	$(NVCC) -std=c++17 -O3 --use_fast_math -gencode arch=compute_90a,code=sm_90a --expt-relaxed-constexpr \
 	  --expt-extended-lambda -Icsrc -I$(CUTLASS_INC) $(PREBUILD_DEFS) $(PREBUILD_EXTRA) -Xcompiler -fPIC -c $< -o $@
 
-# The first command on a fresh machine: examples/demo.py imports the package from this tree, so the demo needs the
-# runtime only. It trains on an sm90 GPU where `make install` built the kernels, else on the CPU reference path.
-demo: runtime
+# The first command on a fresh machine: it installs the package (the schedule engine's CPU module always, the kernels
+# where torch has CUDA and nvcc is present), then trains on an sm90 GPU, else on the CPU reference path.
+demo: install
 	$(PYTHON) examples/demo.py $(DEMO_ARGS)
 
 -include csrc/bench/bench.mk

@@ -37,6 +37,12 @@ def _draw_gantt(ax, plan: Plan, res: SimResult, max_ctas: int, title: Optional[s
     if (on_path & shown).any():
         ax.add_collection(PolyCollection(boxes(res.compute_start, res.reduce_end, on_path & shown),
                                          facecolors="none", edgecolors="black", linewidths=0.6))
+    from matplotlib.patches import Patch
+    ax.legend(handles=[Patch(facecolor=cmap(1), label="compute (light, per query head)"),
+                       Patch(facecolor=cmap(0), label="dQ reduction (dark)"),
+                       Patch(facecolor="red", label="stall on a dQ semaphore"),
+                       Patch(facecolor="none", edgecolor="black", label="critical path")],
+              loc="lower right", fontsize=7, framealpha=0.85)
     ax.set_xlim(0, res.makespan * 1.01 if res.makespan > 0 else 1)
     ax.set_ylim(min(plan.num_ctas, max_ctas) - 0.5, -0.5)
     ax.set_xlabel(f"time (c = {res.c:g}, r = {res.r:g})")

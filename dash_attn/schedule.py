@@ -23,7 +23,7 @@ import numpy as np
 
 from . import _sched
 from .schedules_table import DETERMINISTIC_SCHEDULES, DYNAMIC, MEASURED_RANKING, NONDETERMINISTIC_SCHEDULES
-from .schedules_table import SCHEDULE_IDS
+from .schedules_table import INVARIANT_SCHEDULES, SCHEDULE_IDS
 from ._gantt import gantt, gantt_compare
 
 __all__ = ["SCHEDULES", "NONDETERMINISTIC_SCHEDULES", "SCHEDULE_IDS", "MASKS", "Plan", "SimResult", "tile_shape",
@@ -410,6 +410,20 @@ def _predict_all(mask, seqlen_q, seqlen_k, block_m, block_n, nheads, batch, num_
     return rows, float(nd["makespan"]), float(dyn["makespan"])
 
 
+_H200_L2_MB = 60
+
+
+def _device_l2_mb() -> float:
+    """The L2 size `auto` models on this machine's GPU, or the H200's without one."""
+    try:
+        import torch
+        if torch.cuda.is_available():
+            return torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size / 2**20
+    except Exception:  # no usable CUDA runtime: model the H200
+        pass
+    return float(_H200_L2_MB)
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m dash_attn.schedule",
                                  description="Predicted backward makespan of every schedule (DASH cost model) and "
@@ -427,8 +441,9 @@ def main(argv: Optional[List[str]] = None) -> int:
                     help="override the tile shape of --hdim")
     ap.add_argument("--c", type=float, default=1.0, help="compute cost of one visit")
     ap.add_argument("--r", type=float, default=0.5, help="dQ reduction cost of one visit")
-    ap.add_argument("--l2-mb", type=float, default=0.0,
-                    help="L2 size of the device in MiB for the model's L2 term (the H200 has 60); 0 = off")
+    ap.add_argument("--l2-mb", type=float, default=None,
+                    help="L2 size in MiB for the model's L2 term, as `auto` models it on the GPU (default: this "
+                         f"machine's GPU, else the H200's {_H200_L2_MB}); 0 = off")
     ap.add_argument("--plot", default=None, help="write a Gantt chart of --plot-schedule (default: the auto pick)")
     ap.add_argument("--plot-schedule", choices=SCHEDULES, default=None)
     args = ap.parse_args(argv)
@@ -440,7 +455,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.mask == "window" and window is None:
         ap.error("--mask window needs --window LEFT RIGHT")
     nheads_k = args.heads if args.heads_k is None else args.heads_k
-    l2 = l2_model(int(args.l2_mb * 2**20), block_m, block_n, args.hdim) if args.l2_mb > 0 else L2Model()
+    l2_mb = _device_l2_mb() if args.l2_mb is None else args.l2_mb
+    l2 = l2_model(int(l2_mb * 2**20), block_m, block_n, args.hdim) if l2_mb > 0 else L2Model()
     rows, nondet, dynamic = _predict_all(args.mask, args.seqlen, seqlen_k, block_m, block_n, args.heads, batch,
                                          args.num_sms, window, nheads_k, args.c, args.r, l2)
     pick = choose(args.mask, args.seqlen, seqlen_k, block_m, block_n, args.heads, batch, args.num_sms, window,
@@ -448,18 +464,20 @@ def main(argv: Optional[List[str]] = None) -> int:
     print(f"mask={args.mask} seqlen_q={args.seqlen} seqlen_k={seqlen_k} hdim={args.hdim} "
           f"tile=({block_m},{block_n}) heads={args.heads}/{nheads_k} batch={batch} CTAs={args.num_sms} "
           f"c={args.c:g} r={args.r:g} L2 tiles={l2.l2_tiles} miss={l2.miss:g} latency={l2.latency:g}")
-    print(f"{'schedule':<14}{'makespan':>12}{'vs best':>9}{'vs non-det':>12}{'stall (CTA-sum)':>18}")
+    det_pick = INVARIANT_SCHEDULES[args.mask]
+    print(f"{'schedule':<18}{'makespan':>12}{'vs best':>9}{'vs non-det':>12}{'stall (CTA-sum)':>18}")
     best = min(t for _, t, _, _ in rows)
     for name, t, wait, dead in rows:
-        flag = "  DEADLOCK" if dead else ("  <- auto" if name == pick else "")
-        print(f"{name:<14}{t:>12.1f}{t / best:>9.3f}{t / nondet:>12.3f}{wait:>18.1f}{flag}")
+        flag = "  DEADLOCK" if dead else ("  <- deterministic auto" if name == det_pick else "")
+        print(f"{name:<18}{t:>12.1f}{t / best:>9.3f}{t / nondet:>12.3f}{wait:>18.1f}{flag}")
     print(f"non-deterministic (arrival order after each tile's first add): {nondet:.1f}; dynamic (claimed): "
           f"{dynamic:.1f}")
     nd_pick = choose(args.mask, args.seqlen, seqlen_k, block_m, block_n, args.heads, batch, args.num_sms, window,
                      nheads_k, False, args.c, args.r, l2)
-    print(f"auto: {pick} (non-deterministic: {nd_pick})")
+    print(f"auto: deterministic {det_pick} (by mask alone: invariant bits; the model ranks {pick} first), "
+          f"non-deterministic {nd_pick}")
     if args.plot:
-        name = args.plot_schedule or pick
+        name = args.plot_schedule or det_pick
         pl = plan(name, args.mask, args.seqlen, seqlen_k, block_m, block_n, args.heads, batch, args.num_sms, window,
                   nheads_k)
         gantt(pl, args.plot, args.c, args.r)

@@ -52,3 +52,36 @@ def test_schedule_runs_with_small_valid_arguments(capsys):
     pytest.importorskip("dash_attn._sched")
     assert cli.main(["schedule", "--mask", "causal", "--seqlen", "512", "--hdim", "64", "--heads", "2"]) == 0
     assert "auto:" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("mask, expected", [("full", "shift_runs"), ("causal", "shift_causal_runs")])
+def test_schedule_reports_what_auto_runs(capsys, monkeypatch, mask, expected):
+    """The deterministic auto line is the API's pick (by mask), and without a GPU the L2 term models the H200."""
+    import torch
+
+    from dash_attn import schedule
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert schedule.main(["--mask", mask, "--seqlen", "1024", "--heads", "4"]) == 0
+    out = capsys.readouterr().out
+    assert f"auto: deterministic {expected} " in out
+    assert f"{expected:<18}" in out and "<- deterministic auto" in out
+    assert "L2 tiles=0 " not in out
+
+
+def test_gantt_has_a_legend(tmp_path, monkeypatch):
+    pytest.importorskip("matplotlib")
+    import matplotlib.axes
+
+    from dash_attn import schedule
+    labels = []
+    original = matplotlib.axes.Axes.legend
+
+    def legend(self, *args, **kwargs):
+        labels.extend(h.get_label() for h in kwargs.get("handles", []))
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(matplotlib.axes.Axes, "legend", legend)
+    schedule.gantt(schedule.plan("shift_runs", "full", 512, 512, 64, 128, 2, 2, 8), str(tmp_path / "g.png"))
+    assert (tmp_path / "g.png").exists()
+    assert any("compute" in s for s in labels) and any("stall" in s for s in labels)
+    assert any("critical path" in s for s in labels) and any("reduction" in s for s in labels)

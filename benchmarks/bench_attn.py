@@ -2,7 +2,7 @@
 
     python benchmarks/bench_attn.py --quick          # about a minute: hdim 128, seqlen 2k and 8k, full + causal
                                                      # (no FlexAttention unless --peers names it)
-    python benchmarks/bench_attn.py                  # the standard grid of ../shared/docs/targets.md
+    python benchmarks/bench_attn.py                  # the standard grid (benchmarks/RESULTS.md)
     python benchmarks/bench_attn.py --hdims 64 --masks causal --gqa 1,4 --schedules descending,shift_causal
 
 Every row keeps batch x seqlen constant (--tokens, 16k by default); heads = 2048 / hdim (16 for hdim 128, 32 for
@@ -30,7 +30,7 @@ sys.path.append(str(REPO))  # an in-tree dash_attn is found when the package is 
 import flops as flops_lib  # noqa: E402
 
 EXIT_NO_GPU = 2
-HIDDEN_SIZE = 2048  # heads x hdim of the standard grid: 16 x 128 and 32 x 64, as in targets.md
+HIDDEN_SIZE = 2048  # heads x hdim of the standard grid: 16 x 128 and 32 x 64, as in benchmarks/RESULTS.md
 DEFAULT_SEQLENS = (1024, 2048, 4096, 8192, 16384)
 QUICK_SEQLENS = (2048, 8192)
 NA = "n/a"

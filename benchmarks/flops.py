@@ -3,7 +3,7 @@
 Forward = 4 * batch * nheads * (unmasked score area) * headdim: two matmuls (Q K^T and P V), two FLOPs per
 multiply-add. Backward = 2.5 x forward: five matmuls (S recomputed, dP, dV, dK, dQ) against the forward's two.
 The causal area is half the square when seqlen_q == seqlen_k, the convention FlashAttention and cuDNN report with,
-so numbers stay comparable with theirs (including ../shared/docs/targets.md). When seqlen_q != seqlen_k the causal
+so numbers stay comparable with theirs (including benchmarks/RESULTS.md). When seqlen_q != seqlen_k the causal
 mask is aligned bottom-right (query row i sees key j <= i + seqlen_k - seqlen_q) and the unmasked area is counted
 exactly, because no half-square convention exists there.
 

@@ -183,7 +183,7 @@ class SdpaImpl(Impl):
 class FlexImpl(Impl):
     key = "flex"
     label = "Flex"
-    deterministic = True  # no atomics in its backward; targets.md reports it as PyTorch's deterministic option
+    deterministic = True  # no atomics in its backward; RESULTS.md reports it as PyTorch's deterministic option
     note = ("FlexAttention backward = forward + backward time: its compiled backward cannot retain the graph, so the "
             "timed closure recomputes the forward; nothing is subtracted.")
 

@@ -10,8 +10,6 @@ from typing import Callable, Dict, List, Optional, Tuple
 # command -> (module whose main(argv) -> int runs it, one-line summary). Modules are imported only when their command
 # runs, so `--help` stays fast and one broken command cannot take the others down.
 COMMANDS: Dict[str, Tuple[str, str]] = {
-    "demo": ("dash_attn.demo",
-             "train a tiny GPT twice from one seed and check that losses and weights are bitwise identical"),
     "schedule": ("dash_attn.schedule",
                  "show a backward schedule: visit order, dQ accumulation order, predicted critical path"),
 }

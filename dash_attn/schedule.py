@@ -42,7 +42,7 @@ DISPATCH = {"static": 0, "greedy": 1, "greedy_head_major": 2}
 # `choose` ranks by predicted makespan. The DAG alone (c, r) ties the schedules on most standard shapes, while the
 # H200 separates them by up to 1.5x at short sequences: there a tile-major order gives each concurrent CTA its own
 # head, so every visit streams its Q, dO and dQ accumulator tiles from DRAM (ncu, seqlen 1k full: descending 3.35 GB
-# of DRAM traffic against 0.52 GB for shift, L2 hit rate 32% against 88%; benchmarks/RESULTS_HISTORY.md). The L2
+# of DRAM traffic against 0.52 GB for shift, L2 hit rate 32% against 88%; docs/tuning.md). The L2
 # term of the simulator (simulate.h: an LRU of tiles plus a bandwidth-shared miss cost and a latency per miss,
 # calibrated below) reproduces that ranking when `choose` knows the L2 size and head dim. What is left are near-ties
 # that the GPU does not separate either (shift and shift_causal on full masks), so makespans within _MODEL_TOLERANCE
@@ -207,7 +207,8 @@ def plan(schedule: str, mask: str, seqlen_q: int, seqlen_k: int, block_m: int, b
     """Enumerate a schedule on a persistent grid of `num_sms` CTAs.
 
     cu_seqlens=(cu_seqlens_q, cu_seqlens_k) plans each sequence of a varlen batch on its own (batch=1, the whole
-    grid), which is how the CPU side models varlen; the kernels do not run varlen batches with these schedules yet.
+    grid). The packed-sequence kernels schedule a varlen batch as a batch of its longest sequence instead (what
+    tests/test_schedule_invariance.py models with padding tiles).
     `dynamic` off causal masks plans what the kernels run for it there: shift_causal (then shift or descending).
     """
     schedule_id = _schedule_id(schedule)

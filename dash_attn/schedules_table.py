@@ -39,8 +39,7 @@ INVARIANT_VARLEN_SCHEDULES = {"full": "shift_runs", "causal": "descending", "win
 FALLBACK_SCHEDULE = "descending"
 # The measured ranking per mask, by which dash_attn.schedule.choose breaks the cost model's near-ties (the measurements
 # are described there). Windows: spt measured 0-3.6% faster than descending on all ten rows of the H200 window suite
-# (hdim 128 and 64; (1024, 0), (512, 512), (4096, 0); 4k and 16k; benchmarks/RESULTS_HISTORY.md, session 2026-11-30
-# 00:42-01:55 UTC).
+# (hdim 128 and 64; (1024, 0), (512, 512), (4096, 0); 4k and 16k; docs/tuning.md).
 MEASURED_RANKING = {
     "full": ("shift", "shift_causal", "descending", "spt", "ascending"),
     "causal": ("shift_causal", "shift", "descending", "spt", "ascending"),

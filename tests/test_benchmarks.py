@@ -33,7 +33,7 @@ def test_causal_area_is_exact_when_lengths_differ(seqlen_q, seqlen_k):
 
 
 def test_causal_area_is_half_the_square_when_lengths_match():
-    # The convention FlashAttention and cuDNN report with (targets.md is measured with it), not the exact count.
+    # The convention FlashAttention and cuDNN report with (benchmarks/RESULTS.md is measured with it), not the exact count.
     for s in (1, 2, 1024, 16384):
         assert flops.causal_area(s, s) == s * s / 2
 

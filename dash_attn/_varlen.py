@@ -71,13 +71,19 @@ def _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max
                                               ext.packed_built(), _supported_head_dims(), capturing)
         if capturing:
             return ext, None
+    return ext, _checked_host_lists(q, k, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q,
+                                    max_seqlen_k)
+
+
+def _checked_host_lists(q, k, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k):
+    """Host copies of cu_seqlens_q, cu_seqlens_k, seqused_q and seqused_k (_host_lists), their values checked."""
     host = _host_lists(cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k)
     cq, ck, used_q, used_k = host
     for side, cu, used, total, max_seqlen in (("q", cq, used_q, q.shape[0], max_seqlen_q),
                                               ("k", ck, used_k, k.shape[0], max_seqlen_k)):
         validation.check_cu_seqlens_values(f"cu_seqlens_{side}", cu, total, max_seqlen, f"max_seqlen_{side}",
                                            used, f"seqused_{side}")
-    return ext, host
+    return host
 
 
 def _runs_unplanned(ext, host, seqused_q, seqused_k) -> bool:

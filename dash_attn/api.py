@@ -2,9 +2,11 @@
 they trace under torch.compile), then one call of a custom op or autograd function of dash_attn/interface.py."""
 from __future__ import annotations
 
+import functools
 import math
 
 from . import validation
+from ._chunked import chunked_attention, chunked_varlen_attention
 from .interface import EagerAttention, EagerVarlenAttention, eager_cuda, fwd_op, mask_args, resolve_deterministic
 from .interface import varlen_fwd_op
 from .schedules_table import NONDETERMINISTIC_SCHEDULES, SCHEDULES
@@ -31,24 +33,42 @@ def _common_args(q, softmax_scale, causal, window_size, softcap, deterministic, 
 
 # The bodies of the public functions. The public functions check their own extra arguments and call these, never each
 # other: validation.public_entry names the function the user called in every error, once.
+def _run_varlen(args, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k):
+    """The varlen op on checked arguments; args: _common_args's."""
+    op = EagerVarlenAttention.apply if eager_cuda(q, k, v) else varlen_fwd_op
+    return op(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k, *args)
+
+
+# attention_chunk = 0 takes none of the chunked paths' work; a chunk that masks nothing for these lengths (the
+# chunked functions return None) runs the call as it is.
 def _attention(q, k, v, softmax_scale, causal, window_size, softcap, deterministic, sm_margin, return_attn_probs,
-               schedule):
+               schedule, attention_chunk=0):
     validation.check_qkv(q, k, v, varlen=False)
     args = _common_args(q, softmax_scale, causal, window_size, softcap, deterministic, schedule, sm_margin)
-    out, lse = (EagerAttention.apply if eager_cuda(q, k, v) else fwd_op)(q, k, v, *args)
+    result = None
+    if attention_chunk:
+        result = chunked_attention(q, k, v, attention_chunk, functools.partial(_run_varlen, args))
+    if result is None:
+        result = (EagerAttention.apply if eager_cuda(q, k, v) else fwd_op)(q, k, v, *args)
+    out, lse = result
     return (out, lse) if return_attn_probs else out
 
 
 def _varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k,
                       softmax_scale, causal, window_size, softcap, deterministic, sm_margin, return_attn_probs,
-                      schedule):
+                      schedule, attention_chunk=0):
     validation.check_qkv(q, k, v, varlen=True)
     max_seqlen_q, max_seqlen_k = validation.check_cu_seqlens_meta(q, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                                                   max_seqlen_k)
     validation.check_seqused_meta(q, cu_seqlens_q, seqused_q, seqused_k)
     args = _common_args(q, softmax_scale, causal, window_size, softcap, deterministic, schedule, sm_margin)
-    op = EagerVarlenAttention.apply if eager_cuda(q, k, v) else varlen_fwd_op
-    out, lse = op(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k, *args)
+    seqs = (cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k)
+    result = None
+    if attention_chunk:
+        result = chunked_varlen_attention(q, k, v, *seqs, attention_chunk, functools.partial(_run_varlen, args))
+    if result is None:
+        result = _run_varlen(args, q, k, v, *seqs)
+    out, lse = result
     return (out, lse) if return_attn_probs else out
 
 
@@ -76,14 +96,19 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, qv=None, q_descal
     cost model; "dynamic", units claimed at run time, only with deterministic=False).
     Returns out (batch, seqlen_q, nheads, headdim_v), or (out, lse) with return_attn_probs, lse float32 (batch,
     nheads, seqlen_q), natural log.
-    FlashAttention-3's other parameters run unchanged at their defaults: qv, q/k/v_descale (None) and
-    attention_chunk (0) are features dash_attn lacks, refused otherwise; num_splits takes 1 or 0 (FA3's split-KV
-    forward is not built); pack_gqa is accepted and ignored (it changes FA3's tiling, not the result).
+    attention_chunk: 0 (off), or C > 0 (FlashAttention-3's, Llama 4's chunked attention): a query at position
+    p = i + seqlen_k - seqlen_q sees only keys j with j // C == p // C, within its causal / window band (a query
+    at p < 0 sees none: out 0, lse -inf). It runs as a varlen call over the chunks (dash_attn/_chunked.py), with
+    gradients (FA3's backward has none); not inside a CUDA graph capture.
+    FlashAttention-3's other parameters run unchanged at their defaults: qv and q/k/v_descale (None) are features
+    dash_attn lacks, refused otherwise; num_splits takes 1 or 0 (FA3's split-KV forward is not built); pack_gqa is
+    accepted and ignored (it changes FA3's tiling, not the result).
     """
-    validation.check_fa3_options(dict(qv=qv, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale,
-                                      attention_chunk=attention_chunk, num_splits=num_splits, pack_gqa=pack_gqa))
+    attention_chunk = validation.check_fa3_options(dict(
+        qv=qv, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale, attention_chunk=attention_chunk,
+        num_splits=num_splits, pack_gqa=pack_gqa))
     return _attention(q, k, v, softmax_scale, causal, window_size, softcap, deterministic, sm_margin,
-                      return_attn_probs, schedule)
+                      return_attn_probs, schedule, attention_chunk)
 
 
 @validation.public_entry
@@ -108,12 +133,15 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     seqused_q/k (FlashAttention-3's): None or int32 (batch,) tensors, the rows of each sequence in use (from its
     first); the rows past them take no part (out and their gradients 0, lse -inf). Such calls run in the packed
     kernels (a kernel's own head dim, each sequence's band inside the longest ones').
+    attention_chunk as in flash_attn_func, per sequence (over its rows in use); cu_seqlens is then read on the host
+    to plan the chunks, and the call runs as one varlen call over them without seqused.
     """
-    validation.check_fa3_options(dict(qv=qv, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale,
-                                      attention_chunk=attention_chunk, num_splits=num_splits, pack_gqa=pack_gqa))
+    attention_chunk = validation.check_fa3_options(dict(
+        qv=qv, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale, attention_chunk=attention_chunk,
+        num_splits=num_splits, pack_gqa=pack_gqa))
     return _varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k,
                              softmax_scale, causal, window_size, softcap, deterministic, sm_margin, return_attn_probs,
-                             schedule)
+                             schedule, attention_chunk)
 
 
 @validation.public_entry
@@ -126,11 +154,11 @@ def flash_attn_qkvpacked_func(qkv, softmax_scale=None, causal=False, q_descale=N
     headdim): the query heads, then the key heads, then the value heads (MQA/GQA). The kernels read the three slices
     in place; their gradients come back packed like qkv. Other arguments and the result as in flash_attn_func.
     """
-    validation.check_fa3_options(dict(q_descale=q_descale, k_descale=k_descale, v_descale=v_descale,
-                                      attention_chunk=attention_chunk))
+    attention_chunk = validation.check_fa3_options(dict(q_descale=q_descale, k_descale=k_descale,
+                                                        v_descale=v_descale, attention_chunk=attention_chunk))
     q, k, v = validation.unpack_qkv(qkv, num_heads_q)
     return _attention(q, k, v, softmax_scale, causal, window_size, softcap, deterministic, sm_margin,
-                      return_attn_probs, schedule)
+                      return_attn_probs, schedule, attention_chunk)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -149,10 +177,10 @@ def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=Fa
     result as in flash_attn_func.
     """
     validation.check_fa2_options(dropout_p, alibi_slopes)
-    validation.check_fa3_options(fa3_options)
+    attention_chunk = validation.check_fa3_options(fa3_options)
     k, v = validation.unpack_kv(kv)
     return _attention(q, k, v, softmax_scale, causal, window_size, softcap, deterministic, sm_margin,
-                      return_attn_probs, schedule)
+                      return_attn_probs, schedule, attention_chunk)
 
 
 @validation.public_entry
@@ -166,10 +194,11 @@ def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0,
     max_seqlen serve both queries and keys. Other arguments and the result as in flash_attn_varlen_func.
     """
     validation.check_fa2_options(dropout_p, alibi_slopes)
-    validation.check_fa3_options(fa3_options)
+    attention_chunk = validation.check_fa3_options(fa3_options)
     q, k, v = validation.unpack_qkv(qkv, num_heads_q, varlen=True)
     return _varlen_attention(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, None, None, softmax_scale,
-                             causal, window_size, softcap, deterministic, sm_margin, return_attn_probs, schedule)
+                             causal, window_size, softcap, deterministic, sm_margin, return_attn_probs, schedule,
+                             attention_chunk)
 
 
 @validation.public_entry
@@ -183,8 +212,8 @@ def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqle
     flash_attn_varlen_func.
     """
     validation.check_fa2_options(dropout_p, alibi_slopes)
-    validation.check_fa3_options(fa3_options)
+    attention_chunk = validation.check_fa3_options(fa3_options)
     k, v = validation.unpack_kv(kv, varlen=True)
     return _varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, None, None,
                              softmax_scale, causal, window_size, softcap, deterministic, sm_margin, return_attn_probs,
-                             schedule)
+                             schedule, attention_chunk)

@@ -8,6 +8,11 @@ Mask convention (shared with the kernels): the diagonal is bottom-right aligned,
     i + seqlen_k - seqlen_q - window_left <= j <= i + seqlen_k - seqlen_q + window_right,
 where a window bound of -1 drops that side of the condition and causal is window_right = 0. A row that sees no key
 gets output 0 and log-sum-exp -inf.
+
+Learnable sinks (gpt-oss): learnable_sink (nheads,) adds exp(sink_h) to every row's softmax denominator of head h, a
+logit with no value vector (neither scaled nor soft-capped). The output shrinks by the mass the sink takes, lse
+becomes log(sum_j exp(s_ij) + exp(sink_h)) (sink_h on a row that sees no key, whose output stays 0), and the sink's
+gradient is d sink_h = -sum over rows of exp(sink_h - lse) * D, D = rowsum(dO * O).
 """
 from __future__ import annotations
 
@@ -85,14 +90,20 @@ def _scores(q: torch.Tensor, k: torch.Tensor, softmax_scale: float, softcap: flo
     return scores
 
 
+def _sink_logits(learnable_sink, dtype, like: torch.Tensor) -> torch.Tensor:
+    """(nheads,) sink logits as (1, nheads, 1, 1) in `dtype`, broadcasting against scores (b, h, sq, sk)."""
+    return learnable_sink.to(dtype).view(1, -1, 1, 1).expand(like.shape[0], -1, like.shape[2], 1)
+
+
 def attention_ref(q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0, upcast=True,
-                  return_lse=False, compute_dtype=None):
+                  return_lse=False, compute_dtype=None, learnable_sink=None):
     """Attention forward, differentiable by autograd (the reference backward).
 
     upcast=True runs the math in `compute_dtype` (default float32, float64 for float64 inputs) and returns the output
     in q's dtype; upcast=False runs it in q's dtype, which is the "plain low-precision implementation" the GPU tests
     use to calibrate tolerances. With return_lse the log-sum-exp (natural log, (batch, nheads, seqlen_q), in the
-    compute dtype, -inf for rows that see no key) is returned too.
+    compute dtype, -inf for rows that see no key) is returned too. learnable_sink: None or (nheads,) sink logits
+    (see the module docstring), differentiable too.
     """
     batch, seqlen_q, nheads, headdim = q.shape
     seqlen_k, nheads_k = k.shape[1], k.shape[2]
@@ -109,14 +120,20 @@ def attention_ref(q, k, v, softmax_scale=None, causal=False, window_size=(-1, -1
     visible = visibility_mask(seqlen_q, seqlen_k, left, right, device=q.device)
     scores = scores.masked_fill(~visible, float("-inf"))
 
+    # A sink is one more column of logits that takes part in the row max and the row sum but has no value vector.
+    sink = None if learnable_sink is None else _sink_logits(learnable_sink, dtype, scores)
+    logits = scores if sink is None else torch.cat((scores, sink), dim=-1)
+
     # Softmax written out so fully masked rows give P = 0 (not NaN) in both the value and the autograd backward.
-    if seqlen_k > 0:
-        row_max = scores.amax(dim=-1, keepdim=True).detach()
+    if logits.shape[-1] > 0:
+        row_max = logits.amax(dim=-1, keepdim=True).detach()
     else:  # amax over an empty dim fails; with no key every row is fully masked anyway
         row_max = scores.new_zeros(batch, nheads, seqlen_q, 1)
     row_max = torch.where(torch.isfinite(row_max), row_max, torch.zeros_like(row_max))
     unnormalised = torch.exp(scores - row_max)
     row_sum = unnormalised.sum(dim=-1, keepdim=True)
+    if sink is not None:
+        row_sum = row_sum + torch.exp(sink - row_max)
     probs = unnormalised / torch.where(row_sum > 0, row_sum, torch.ones_like(row_sum))
     out = torch.einsum("bhqk,bkhd->bqhd", probs, vc).to(q.dtype)
     if not return_lse:
@@ -139,10 +156,10 @@ def _sequence_slices(cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, seq
 
 def attention_ref_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale=None, causal=False, window_size=(-1, -1),
                          softcap=0.0, upcast=True, return_lse=False, compute_dtype=None, seqused_q=None,
-                         seqused_k=None):
+                         seqused_k=None, learnable_sink=None):
     """Varlen forward: q (total_q, nheads, d), k/v (total_k, nheads_k, d); each sequence masked on its own.
     seqused_q/k (batch,): the rows of each sequence in use (from its first); the others see nothing and are seen by
-    nothing (out 0, lse -inf).
+    nothing (out 0, lse -inf, with a sink too: they take no part). learnable_sink as in attention_ref.
 
     Returns out (total_q, nheads, d) and, with return_lse, lse (nheads, total_q).
     """
@@ -153,7 +170,7 @@ def attention_ref_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale=None
                      device=q.device)
     for sq, sk in _sequence_slices(cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k):
         out_b, lse_b = attention_ref(q[sq].unsqueeze(0), k[sk].unsqueeze(0), v[sk].unsqueeze(0), softmax_scale,
-                                     causal, window_size, softcap, upcast, True, compute_dtype)
+                                     causal, window_size, softcap, upcast, True, compute_dtype, learnable_sink)
         out[sq] = out_b.squeeze(0)
         lse[:, sq] = lse_b.squeeze(0)
     return (out, lse) if return_lse else out
@@ -177,13 +194,15 @@ def _bwd_terms(dout, q, k, v, out, lse, softmax_scale, causal, window_size, soft
 
 
 def attention_bwd_ref(dout, q, k, v, out, lse, softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
-                      compute_dtype=torch.float32):
+                      compute_dtype=torch.float32, learnable_sink=None):
     """Explicit backward with the FlashAttention formulas, given the forward's out and lse.
 
         D = rowsum(dO * O),  P = exp(S - lse),  dP = dO V^T,  dS = P * (dP - D),
         dV = P^T dO,  dQ = scale * dS' K,  dK = scale * dS'^T Q,
     where dS' = dS * (1 - tanh^2) when softcap is on (the derivative of softcap * tanh(x / softcap)).
     GQA: dK/dV are summed over the query heads that share a key/value head. Returns dq, dk, dv in compute_dtype.
+    With learnable_sink (its lse includes the sink) the formulas stay as they are, P just no longer sums to 1 over the
+    keys, and d_sink (nheads,) in compute_dtype is returned fourth (_sink_grad).
     """
     nheads_k = k.shape[2]
     if softmax_scale is None:
@@ -197,7 +216,20 @@ def attention_bwd_ref(dout, q, k, v, out, lse, softmax_scale=None, causal=False,
     dv = torch.einsum("bhqk,bqhd->bkhd", probs, doc)
     dq = torch.einsum("bhqk,bkhd->bqhd", dscores, kx) * softmax_scale
     dk = torch.einsum("bhqk,bqhd->bkhd", dscores, qc) * softmax_scale
-    return dq, _reduce_kv_heads(dk, nheads_k), _reduce_kv_heads(dv, nheads_k)
+    grads = (dq, _reduce_kv_heads(dk, nheads_k), _reduce_kv_heads(dv, nheads_k))
+    if learnable_sink is None:
+        return grads
+    return grads + (_sink_grad(learnable_sink, lse, delta, compute_dtype),)
+
+
+def _sink_grad(learnable_sink, lse, delta, dtype) -> torch.Tensor:
+    """d sink_h = -sum over (batch, row) of p_sink * D, p_sink = exp(sink_h - lse): the sink's logit enters every
+    row's softmax like a key's, with dP = 0 (no value), so its dS is p_sink * (0 - D). Rows with lse = -inf (none see
+    the sink: the rows past seqused) add 0. lse, delta (b, h, sq); summed by torch on the host in a fixed order."""
+    lsec = lse.to(dtype)
+    lse_safe = torch.where(torch.isneginf(lsec), torch.full_like(lsec, float("inf")), lsec)
+    p_sink = torch.exp(learnable_sink.to(dtype).view(1, -1, 1) - lse_safe)
+    return -(p_sink * delta).sum(dim=(0, 2))
 
 
 def row_statistic_error_bound(dout, q, k, v, out, lse, softmax_scale=None, causal=False, window_size=(-1, -1),
@@ -219,17 +251,20 @@ def row_statistic_error_bound(dout, q, k, v, out, lse, softmax_scale=None, causa
 
 def attention_bwd_ref_varlen(dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, softmax_scale=None, causal=False,
                              window_size=(-1, -1), softcap=0.0, compute_dtype=torch.float32, seqused_q=None,
-                             seqused_k=None):
+                             seqused_k=None, learnable_sink=None):
     """Varlen form of attention_bwd_ref; lse is (nheads, total_q). Returns dq, dk, dv in compute_dtype (0 on the rows
-    past seqused)."""
+    past seqused), and with learnable_sink d_sink too, summed over the sequences in order."""
     if softmax_scale is None:
         softmax_scale = _default_scale(q.shape[-1])
     dq = torch.zeros(q.shape, dtype=compute_dtype, device=q.device)
     dk = torch.zeros(k.shape, dtype=compute_dtype, device=k.device)
     dv = torch.zeros(v.shape, dtype=compute_dtype, device=v.device)
+    dsink = None if learnable_sink is None else torch.zeros(q.shape[1], dtype=compute_dtype, device=q.device)
     for sq, sk in _sequence_slices(cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k):
         grads = attention_bwd_ref(dout[sq].unsqueeze(0), q[sq].unsqueeze(0), k[sk].unsqueeze(0), v[sk].unsqueeze(0),
                                   out[sq].unsqueeze(0), lse[:, sq].unsqueeze(0), softmax_scale, causal, window_size,
-                                  softcap, compute_dtype)
-        dq[sq], dk[sk], dv[sk] = (g.squeeze(0) for g in grads)
-    return dq, dk, dv
+                                  softcap, compute_dtype, learnable_sink)
+        dq[sq], dk[sk], dv[sk] = (g.squeeze(0) for g in grads[:3])
+        if dsink is not None:
+            dsink += grads[3]
+    return (dq, dk, dv) if dsink is None else (dq, dk, dv, dsink)

@@ -217,13 +217,13 @@ FA3_OPTIONS = {"qv": None, "q_descale": None, "k_descale": None, "v_descale": No
                "num_splits": 1, "pack_gqa": None}
 
 
-def check_fa3_options(options: dict) -> None:
+def check_fa3_options(options: dict) -> int:
     """FlashAttention-3's keywords of FA3_OPTIONS, so that its calls run unchanged: each is refused only when it asks
-    for something dash_attn does not do. qv, the FP8 descale factors and attention_chunk are features that are not
-    built; num_splits 0 (FA3's heuristic) or 1 (no split) is what the forward does, a larger value asks for FA3's
-    split-KV forward, which is not built either; pack_gqa only changes how FA3 tiles the query heads of a KV head, not
-    the result, and GQA needs no packing here: any of its values is accepted and ignored. A name outside FA3_OPTIONS is
-    a TypeError, as for a Python function."""
+    for something dash_attn does not do. qv and the FP8 descale factors are features that are not built; num_splits 0
+    (FA3's heuristic) or 1 (no split) is what the forward does, a larger value asks for FA3's split-KV forward, which
+    is not built either; pack_gqa only changes how FA3 tiles the query heads of a KV head, not the result, and GQA
+    needs no packing here: any of its values is accepted and ignored. A name outside FA3_OPTIONS is a TypeError, as
+    for a Python function. Returns attention_chunk as an int (check_attention_chunk)."""
     for name in options:
         if name not in FA3_OPTIONS:
             raise TypeError(f"got an unexpected keyword argument {name!r}")
@@ -232,10 +232,6 @@ def check_fa3_options(options: dict) -> None:
                           ("v_descale", "FP8 inputs (descale factors)")):
         if options.get(name) is not None:
             raise ValueError(f"{name} must be None: {feature} is not supported by dash_attn")
-    attention_chunk = options.get("attention_chunk", 0)
-    if attention_chunk is not None and (isinstance(attention_chunk, bool) or attention_chunk != 0):
-        raise ValueError(f"attention_chunk must be 0: chunked attention is not supported by dash_attn, got "
-                         f"{attention_chunk!r}")
     num_splits = options.get("num_splits", 1)
     if isinstance(num_splits, bool) or not isinstance(num_splits, int) or num_splits not in (0, 1):
         raise ValueError(f"num_splits must be 1 or 0 (FlashAttention-3's heuristic): its split-KV forward is not "
@@ -243,6 +239,18 @@ def check_fa3_options(options: dict) -> None:
     pack_gqa = options.get("pack_gqa")
     if pack_gqa is not None and not isinstance(pack_gqa, bool):
         raise ValueError(f"pack_gqa must be True, False or None, got {pack_gqa!r}")
+    return check_attention_chunk(options.get("attention_chunk", 0))
+
+
+def check_attention_chunk(attention_chunk) -> int:
+    """FlashAttention-3's attention_chunk (Llama 4's chunked attention) as an int: 0 (or None) is off, C > 0 keeps
+    each query to the keys of its own chunk of C positions (dash_attn/_chunked.py)."""
+    if attention_chunk is None:
+        return 0
+    chunk = as_int("attention_chunk", attention_chunk)
+    if chunk < 0:
+        raise ValueError(f"attention_chunk must be an int >= 0 (0 turns chunking off), got {attention_chunk!r}")
+    return chunk
 
 
 def check_fa2_options(dropout_p, alibi_slopes) -> None:

@@ -199,7 +199,7 @@ def _error(name, exc_type, **kwargs):
     (dict(sm_margin=-1), "sm_margin"),
     (dict(deterministic="yes"), "deterministic"),
     (dict(q_descale=torch.ones(1)), "q_descale"),
-    (dict(attention_chunk=64), "attention_chunk"),
+    (dict(attention_chunk=-1), "attention_chunk"),
 ])
 def test_errors_name_the_argument_and_the_function_called(name, kwargs, argument):
     message = _error(name, ValueError, **kwargs)

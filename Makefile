@@ -5,10 +5,18 @@ PIP := $(PYTHON) -m pip
 NVCC ?= nvcc
 CHECK_HDIM ?= 128
 CHECK_DTYPE ?= bf16
-CUTLASS_INC = $(if $(CUTLASS_DIR),$(CUTLASS_DIR)/include,$(shell $(PYTHON) -c "import importlib.util,os;s=importlib.util.find_spec('cutlass_library');print(os.path.join(list(s.submodule_search_locations)[0],'source','include') if s else '')"))
-NVCC_FLAGS = -std=c++17 -O3 --use_fast_math -gencode arch=compute_90a,code=sm_90a --expt-relaxed-constexpr \
-	--expt-extended-lambda -Icsrc -I$(CUTLASS_INC) -DDASH_ENABLE_HDIM_$(CHECK_HDIM) \
-	-DDASH_ENABLE_$(shell echo $(CHECK_DTYPE) | tr a-z A-Z)
+# The build configuration is csrc/build_config.py's (nvcc flags, DASH_ENABLE_* defines, where CUTLASS is) and the
+# instantiation files are csrc/instantiations/generate.py's (`--list`): both run only when a recipe needs them.
+# $(call run_py,ARGS): what `$(PYTHON) ARGS` prints; printing nothing stops make (the script said why on stderr).
+run_py = $(or $(shell $(PYTHON) $(1)),$(error $(PYTHON) $(1): no answer))
+# $(call inst_list,FILTERS): the instantiation TUs that generate.py's axis table has for FILTERS.
+inst_list = $(call run_py,csrc/instantiations/generate.py --list --prefix csrc/instantiations/ $(1))
+# Evaluated once, at the first use: $(CUTLASS_DIR) (a CUTLASS checkout or its include/ folder), else the wheel's.
+CUTLASS_INC = $(eval CUTLASS_INC := $(shell CUTLASS_DIR="$(CUTLASS_DIR)" $(PYTHON) csrc/build_config.py \
+	--cutlass-include))$(or $(CUTLASS_INC),$(error CUTLASS headers not found))
+NVCC_COMMON_FLAGS = $(eval NVCC_COMMON_FLAGS := $(call run_py,csrc/build_config.py --nvcc-flags))$(NVCC_COMMON_FLAGS)
+NVCC_FLAGS = $(NVCC_COMMON_FLAGS) -Icsrc -I$(CUTLASS_INC) \
+	$(call run_py,csrc/build_config.py --defines --hdims $(CHECK_HDIM) --dtypes $(CHECK_DTYPE))
 export CPLUS_INCLUDE_PATH := /usr/local/cuda/include/cccl:$(CPLUS_INCLUDE_PATH)
 
 .PHONY: runtime deps install dev gen test test-gpu check-kernels prebuild demo bench clean
@@ -50,8 +58,8 @@ CHECK_SCORE_MODS ?= none softcap
 check-kernels:
 	@mkdir -p build/check
 	@echo "== csrc/tools/check_traits.cu"; $(NVCC) $(NVCC_FLAGS) -c csrc/tools/check_traits.cu -o build/check/check_traits.o
-	@set -o pipefail; for f in $(foreach d,$(CHECK_DIRECTIONS),$(foreach m,$(CHECK_MASKS),$(foreach s,$(CHECK_SCORE_MODS),\
-	    csrc/instantiations/$(d)_hdim$(CHECK_HDIM)_$(CHECK_DTYPE)_$(m)$(if $(filter softcap,$(s)),_softcap).cu))); do \
+	@set -o pipefail; for f in $(call inst_list,--layouts batched --directions $(CHECK_DIRECTIONS) \
+	    --hdims $(CHECK_HDIM) --dtypes $(CHECK_DTYPE) --masks $(CHECK_MASKS) --score-mods $(CHECK_SCORE_MODS)); do \
 	  echo "== $$f"; $(NVCC) $(NVCC_FLAGS) -Xptxas -v -c $$f -o build/check/$$(basename $$f .cu).o 2>&1 \
 	    | $(PYTHON) csrc/tools/check_spills.py || exit 1; done
 
@@ -63,26 +71,22 @@ PREBUILD_HDIMS ?= 64 128
 PREBUILD_DTYPES ?= bf16 fp16
 PREBUILD_SOFTCAP ?= 1
 PREBUILD_PACKED ?= 1
-PREBUILD_MODS = $(if $(filter 0,$(PREBUILD_SOFTCAP)),_none,_none _softcap)
-PREBUILD_DEFS = $(foreach h,$(PREBUILD_HDIMS),-DDASH_ENABLE_HDIM_$(h)) \
-	$(foreach d,$(PREBUILD_DTYPES),-DDASH_ENABLE_$(shell echo $(d) | tr a-z A-Z)) \
-	$(if $(filter 0,$(PREBUILD_SOFTCAP)),,-DDASH_ENABLE_SOFTCAP) \
-	$(if $(filter 0,$(PREBUILD_PACKED)),,-DDASH_ENABLE_PACKED)
+PREBUILD_DEFS = $(eval PREBUILD_DEFS := $(call run_py,csrc/build_config.py --defines --hdims $(PREBUILD_HDIMS) \
+	--dtypes $(PREBUILD_DTYPES) $(if $(filter 0,$(PREBUILD_SOFTCAP)),,--softcap) \
+	$(if $(filter 0,$(PREBUILD_PACKED)),,--packed)))$(PREBUILD_DEFS)
 PREBUILD_SRCS = csrc/fwd/fwd_dispatch.cu csrc/bwd/bwd_dispatch.cu csrc/common/seqlens_check.cu \
-	$(foreach h,$(PREBUILD_HDIMS),$(foreach d,$(PREBUILD_DTYPES),$(foreach m,full causal window,$(foreach dir,fwd bwd,\
-	$(foreach s,$(PREBUILD_MODS),csrc/instantiations/$(dir)_hdim$(h)_$(d)_$(m)$(s:_none=).cu))))) \
-	$(if $(filter 0,$(PREBUILD_PACKED)),,$(foreach h,$(PREBUILD_HDIMS),$(foreach d,$(PREBUILD_DTYPES),\
-	$(foreach m,full causal window,$(foreach dir,fwd bwd,$(foreach s,$(PREBUILD_MODS),\
-	csrc/instantiations/$(dir)_hdim$(h)_$(d)_$(m)$(s:_none=)_packed.cu))))))
+	$(call inst_list,--hdims $(PREBUILD_HDIMS) --dtypes $(PREBUILD_DTYPES) \
+	--score-mods none $(if $(filter 0,$(PREBUILD_SOFTCAP)),,softcap) \
+	--layouts batched $(if $(filter 0,$(PREBUILD_PACKED)),,packed))
 PREBUILD_OBJS = $(patsubst %.cu,build/prebuilt/%.o,$(notdir $(PREBUILD_SRCS)))
 vpath %.cu csrc/fwd csrc/bwd csrc/common csrc/instantiations
 
-prebuild: $(PREBUILD_OBJS)
+# The object list runs Python, so it is only computed where prebuild is a goal.
+prebuild: $(if $(filter prebuild,$(MAKECMDGOALS)),$(PREBUILD_OBJS))
 
 build/prebuilt/%.o: %.cu
 	@mkdir -p build/prebuilt
-	$(NVCC) -std=c++17 -O3 --use_fast_math -gencode arch=compute_90a,code=sm_90a --expt-relaxed-constexpr \
-	  --expt-extended-lambda -Icsrc -I$(CUTLASS_INC) $(PREBUILD_DEFS) $(PREBUILD_EXTRA) -Xcompiler -fPIC -c $< -o $@
+	$(NVCC) $(NVCC_COMMON_FLAGS) -Icsrc -I$(CUTLASS_INC) $(PREBUILD_DEFS) $(PREBUILD_EXTRA) -Xcompiler -fPIC -c $< -o $@
 
 # The first command on a fresh machine: it installs the package (the schedule engine's CPU module always, the kernels
 # where torch has CUDA and nvcc is present), then trains on an sm90 GPU, else on the CPU reference path.

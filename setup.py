@@ -16,8 +16,12 @@ Environment knobs:
   DASH_ATTN_DEBUG_SPIN       "1" turns an over-long semaphore spin into a trap that prints the tile coordinates
   DASH_ATTN_LINEINFO         "1" adds -lineinfo (sanitizer/profiler source lines)
   DASH_ATTN_PREBUILT_DIR     folder of kernel objects from `make prebuild` to link instead of compiling them
-  CUTLASS_DIR                CUTLASS checkout/install whose include/ holds cute/ and cutlass/ (else the
-                             nvidia-cutlass==4.2.0.0 wheel is located without importing it; see third_party/)
+  CUTLASS_DIR                CUTLASS checkout/install whose include/ holds cute/ and cutlass/, or that include/
+                             folder (else the nvidia-cutlass==4.2.0.0 wheel is located without importing it; see
+                             third_party/)
+
+The nvcc flags, the DASH_ENABLE_* defines and the CUTLASS lookup are csrc/build_config.py's, the instantiation files
+csrc/instantiations/generate.py's axis table (shared with the Makefile and csrc/bench/bench.mk).
 """
 import importlib.util
 import os
@@ -29,9 +33,19 @@ from setuptools import find_packages, setup
 
 ROOT = pathlib.Path(__file__).resolve().parent
 CSRC = ROOT / "csrc"
-ALL_HDIMS = (64, 128, 256)
-ALL_DTYPES = ("fp16", "bf16")
-MASKS = ("full", "causal", "window")
+
+
+def _load_build_config():
+    # By path: csrc/ is no package, and putting it on sys.path would let its folders shadow other modules.
+    spec = importlib.util.spec_from_file_location("dash_attn_build_config", CSRC / "build_config.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+build_config = _load_build_config()
+ALL_HDIMS = build_config.axes.HDIMS
+ALL_DTYPES = tuple(build_config.axes.DTYPES)
 
 
 def _env_list(name, allowed, cast=str):
@@ -46,18 +60,13 @@ def _env_list(name, allowed, cast=str):
 
 
 def cutlass_include_dir():
-    """CUTLASS headers: $CUTLASS_DIR/include, else the nvidia-cutlass wheel's cutlass_library/source/include."""
-    env = os.environ.get("CUTLASS_DIR")
-    if env:
-        inc = pathlib.Path(env) / "include"
-        if not (inc / "cute").is_dir():
-            sys.exit(f"CUTLASS_DIR={env}: {inc}/cute not found; point CUTLASS_DIR at a CUTLASS 4.2 checkout")
-        return str(inc)
-    spec = importlib.util.find_spec("cutlass_library")  # locates the package without importing it
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    inc = pathlib.Path(list(spec.submodule_search_locations)[0]) / "source" / "include"
-    return str(inc) if (inc / "cute").is_dir() else None
+    """CUTLASS headers (build_config.cutlass_include_dir); a CUTLASS_DIR without them stops the build."""
+    try:
+        return build_config.cutlass_include_dir()
+    except build_config.CutlassNotFound as err:
+        if os.environ.get("CUTLASS_DIR"):
+            sys.exit(str(err))
+        raise
 
 
 def sched_extension():
@@ -85,9 +94,10 @@ def cuda_build_blocker():
         return f"torch {torch.__version__} is a CPU build"
     if CUDA_HOME is None or shutil.which("nvcc", path=os.path.join(CUDA_HOME, "bin")) is None:
         return "nvcc was not found (set CUDA_HOME)"
-    if cutlass_include_dir() is None:
-        return ("CUTLASS headers not found: pip install --no-deps nvidia-cutlass==4.2.0.0 or set CUTLASS_DIR "
-                "(see third_party/README.md)")
+    try:
+        cutlass_include_dir()
+    except build_config.CutlassNotFound as err:
+        return str(err)
     return None
 
 
@@ -117,28 +127,15 @@ def cuda_extension():
     hdims = _env_list("DASH_ATTN_HDIMS", ALL_HDIMS, int)
     dtypes = _env_list("DASH_ATTN_DTYPES", ALL_DTYPES)
     softcap = os.environ.get("DASH_ATTN_SOFTCAP", "1") != "0"
-    defines = [f"-DDASH_ENABLE_HDIM_{h}" for h in hdims] + [f"-DDASH_ENABLE_{d.upper()}" for d in dtypes]
     packed = os.environ.get("DASH_ATTN_PACKED", "1") != "0"
-    defines += ["-DDASH_ENABLE_SOFTCAP"] if softcap else []
-    defines += ["-DDASH_ENABLE_PACKED"] if packed else []
-    score_mods = ("", "_softcap") if softcap else ("",)
-    inst = [f"csrc/instantiations/{direction}_hdim{h}_{d}_{m}{mod}.cu"
-            for direction in ("fwd", "bwd") for h in hdims for d in dtypes for m in MASKS for mod in score_mods]
-    if packed:
-        inst += [f"csrc/instantiations/{direction}_hdim{h}_{d}_{m}{mod}_packed.cu"
-                 for direction in ("fwd", "bwd") for h in hdims for d in dtypes for m in MASKS for mod in score_mods]
+    defines = build_config.enable_defines(hdims, dtypes, softcap, packed)
+    inst = build_config.axes.instantiation_files("csrc/instantiations/", hdims=hdims, dtypes=dtypes,
+                                                 score_mods=["none", "softcap"] if softcap else ["none"],
+                                                 layouts=["batched", "packed"] if packed else ["batched"])
     sources = ["csrc/api/binding.cpp", "csrc/fwd/fwd_dispatch.cu", "csrc/bwd/bwd_dispatch.cu",
                "csrc/common/seqlens_check.cu"] + inst
-    nvcc_flags = [
-        "-O3", "-std=c++17", "--use_fast_math",
-        "-gencode", "arch=compute_90a,code=sm_90a",
-        "--expt-relaxed-constexpr", "--expt-extended-lambda",
-        # torch disables the half/bf16 operator overloads that CUTLASS's numeric types rely on
-        "-U__CUDA_NO_HALF_OPERATORS__", "-U__CUDA_NO_HALF_CONVERSIONS__",
-        "-U__CUDA_NO_BFLOAT16_OPERATORS__", "-U__CUDA_NO_BFLOAT16_CONVERSIONS__",
-        "-U__CUDA_NO_HALF2_OPERATORS__",
-        "--threads", os.environ.get("NVCC_THREADS", "2"),
-    ] + defines
+    nvcc_flags = (build_config.NVCC_FLAGS + build_config.TORCH_NVCC_FLAGS
+                  + ["--threads", os.environ.get("NVCC_THREADS", "2")] + defines)
     if os.environ.get("DASH_ATTN_LINEINFO", "0") == "1":
         nvcc_flags.append("-lineinfo")  # for compute-sanitizer / ncu source views; makes the .so much larger
     if os.environ.get("DASH_ATTN_DEBUG_SPIN", "0") == "1":

@@ -29,46 +29,41 @@ BENCH_LDLIBS ?=
 
 bench_hdims := $(strip $(subst $(bench_comma),$(bench_space),$(H)))
 bench_dtypes := $(strip $(subst $(bench_comma),$(bench_space),$(DT)))
-bench_masks := full causal window
 # SOFTCAP=1 also builds the soft-capped kernels (dash_bench --softcap C).
 SOFTCAP ?= 0
-bench_mods := $(if $(filter 1,$(SOFTCAP)),_none _softcap,_none)
 bench_config := h$(subst $(bench_space),-,$(bench_hdims))_$(subst $(bench_space),-,$(bench_dtypes))$\
                 $(if $(filter 1,$(SOFTCAP)),_softcap)
 bench_obj_dir := $(BENCH_BUILD_DIR)/obj_$(bench_config)
 
-# CUTLASS headers: $(CUTLASS_DIR)[/include], else located from the cutlass_library package without importing it.
-# Evaluated once, and only when a recipe needs it, so including this fragment never runs Python.
-bench_cutlass_query := import importlib.util as u, os; s = u.find_spec('cutlass_library'); \
-  print(os.path.join(os.path.dirname(s.origin), 'source', 'include') if s else '')
-bench_cutlass_from_dir = $(if $(wildcard $(CUTLASS_DIR)/include/cute),$(CUTLASS_DIR)/include,$(CUTLASS_DIR))
-bench_cutlass_from_pkg = $(shell $(PYTHON) -c "$(bench_cutlass_query)" 2>/dev/null)
-bench_find_cutlass = $(if $(strip $(CUTLASS_DIR)),$(bench_cutlass_from_dir),$(bench_cutlass_from_pkg))
-BENCH_CUTLASS_INC = $(eval BENCH_CUTLASS_INC := $(bench_find_cutlass))$(BENCH_CUTLASS_INC)
-
-bench_upper = $(subst bf,BF,$(subst fp,FP,$(1)))
-BENCH_DEFINES := $(foreach h,$(bench_hdims),-DDASH_ENABLE_HDIM_$(h)) \
-                 $(foreach t,$(bench_dtypes),-DDASH_ENABLE_$(call bench_upper,$(t))) \
-                 $(if $(filter 1,$(SOFTCAP)),-DDASH_ENABLE_SOFTCAP)
-BENCH_NVCC_FLAGS ?= -std=c++17 -O3 --use_fast_math -gencode arch=compute_90a,code=sm_90a \
-                    --expt-relaxed-constexpr --expt-extended-lambda
+# The build configuration comes from csrc/build_config.py (nvcc flags, DASH_ENABLE_* defines, CUTLASS headers:
+# $(CUTLASS_DIR)[/include], else the cutlass_library package's, located without importing it) and the kernel TUs
+# from csrc/instantiations/generate.py --list. Each is evaluated once, and only when a recipe or the link needs it,
+# so including this fragment never runs Python. A query that prints nothing stops make; the
+# script says why on stderr.
+bench_py = $(or $(shell $(1) $(PYTHON) $(DASH_ROOT)/$(strip $(2))),$(error bench.mk: $(PYTHON) $(strip $(2)): no answer))
+BENCH_CUTLASS_INC = $(eval BENCH_CUTLASS_INC := $(call bench_py,CUTLASS_DIR="$(CUTLASS_DIR)",\
+                      csrc/build_config.py --cutlass-include))$(BENCH_CUTLASS_INC)
+BENCH_DEFINES = $(eval BENCH_DEFINES := $(call bench_py,,csrc/build_config.py --defines --hdims $(bench_hdims) \
+                  --dtypes $(bench_dtypes) $(if $(filter 1,$(SOFTCAP)),--softcap)))$(BENCH_DEFINES)
+BENCH_NVCC_FLAGS ?= $(eval BENCH_NVCC_FLAGS := $(call bench_py,,csrc/build_config.py --nvcc-flags))$(BENCH_NVCC_FLAGS)
 bench_threads := $(if $(NVCC_THREADS),--threads $(NVCC_THREADS))
 
-bench_inst_srcs := $(foreach dir,fwd bwd,$(foreach h,$(bench_hdims),$(foreach t,$(bench_dtypes),\
-                     $(foreach m,$(bench_masks),$(foreach s,$(bench_mods),\
-                     csrc/instantiations/$(dir)_hdim$(h)_$(t)_$(m)$(s:_none=).cu)))))
-bench_srcs := csrc/bench/bench_main.cu csrc/fwd/fwd_dispatch.cu csrc/bwd/bwd_dispatch.cu $(bench_inst_srcs)
-bench_objs := $(patsubst %.cu,$(bench_obj_dir)/%.o,$(bench_srcs))
+bench_inst_srcs = $(eval bench_inst_srcs := $(call bench_py,,csrc/instantiations/generate.py --list \
+                    --prefix csrc/instantiations/ --layouts batched --hdims $(bench_hdims) --dtypes $(bench_dtypes) \
+                    --score-mods none $(if $(filter 1,$(SOFTCAP)),softcap)))$(bench_inst_srcs)
+bench_srcs = csrc/bench/bench_main.cu csrc/fwd/fwd_dispatch.cu csrc/bwd/bwd_dispatch.cu $(bench_inst_srcs)
+bench_objs = $(patsubst %.cu,$(bench_obj_dir)/%.o,$(bench_srcs))
 
 $(bench_obj_dir)/%.o: $(DASH_ROOT)/%.cu
 	@mkdir -p $(@D)
-	@test -d "$(BENCH_CUTLASS_INC)/cute" || { echo "bench.mk: CUTLASS headers not found ('$(BENCH_CUTLASS_INC)'):" \
-	  "set CUTLASS_DIR, or pip install --no-deps nvidia-cutlass==4.2.0.0 (see third_party/)" >&2; exit 1; }
 	CPLUS_INCLUDE_PATH=$(CUDA_HOME)/include/cccl$${CPLUS_INCLUDE_PATH:+:$$CPLUS_INCLUDE_PATH} \
 	  $(NVCC) $(BENCH_NVCC_FLAGS) $(bench_threads) $(BENCH_EXTRA_FLAGS) $(BENCH_DEFINES) \
 	  -I$(DASH_ROOT)/csrc -I$(BENCH_CUTLASS_INC) -MMD -MP -c $< -o $@
 
-$(bench_obj_dir)/dash_bench: $(bench_objs)
+# The object list runs Python, so it is only computed where the binary is wanted: goals bench, bench-build or the
+# binary itself, or no goal when this fragment is the makefile (its default goal is bench-build).
+bench_goals := $(or $(MAKECMDGOALS),$(if $(filter $(bench_mk_file),$(firstword $(MAKEFILE_LIST))),bench-build))
+$(bench_obj_dir)/dash_bench: $(if $(filter bench bench-build %/dash_bench,$(bench_goals)),$(bench_objs))
 	$(NVCC) $^ -o $@ $(BENCH_LDLIBS)
 
 # The copy is unconditional and cheap: build/bench/dash_bench is always the configuration just asked for.
@@ -84,7 +79,8 @@ bench-clean:
 
 .PHONY: bench-build bench bench-clean
 
--include $(bench_objs:.o=.d)
+# The header dependencies of the objects built so far (only this configuration's are in its folder).
+-include $(wildcard $(bench_obj_dir)/csrc/*/*.d)
 
 # Included: leave the including Makefile's default goal alone. Alone (make -f csrc/bench/bench.mk): build.
 ifeq ($(firstword $(MAKEFILE_LIST)),$(bench_mk_file))

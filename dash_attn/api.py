@@ -5,7 +5,7 @@ from __future__ import annotations
 import functools
 import math
 
-from . import validation
+from . import _sinks, validation
 from ._chunked import chunked_attention, chunked_varlen_attention
 from .interface import EagerAttention, EagerVarlenAttention, eager_cuda, fwd_op, mask_args, resolve_deterministic
 from .interface import varlen_fwd_op
@@ -42,9 +42,12 @@ def _run_varlen(args, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k,
 # attention_chunk = 0 takes none of the chunked paths' work; a chunk that masks nothing for these lengths (the
 # chunked functions return None) runs the call as it is.
 def _attention(q, k, v, softmax_scale, causal, window_size, softcap, deterministic, sm_margin, return_attn_probs,
-               schedule, attention_chunk=0):
+               schedule, attention_chunk=0, learnable_sink=None, caller="flash_attn_func"):
     validation.check_qkv(q, k, v, varlen=False)
     args = _common_args(q, softmax_scale, causal, window_size, softcap, deterministic, schedule, sm_margin)
+    if learnable_sink is not None:  # caller: the public function, which _sinks' NotImplementedError names
+        out, lse = _sinks.attention(caller, q, k, v, learnable_sink, args, attention_chunk)
+        return (out, lse) if return_attn_probs else out
     result = None
     if attention_chunk:
         result = chunked_attention(q, k, v, attention_chunk, functools.partial(_run_varlen, args))
@@ -56,13 +59,16 @@ def _attention(q, k, v, softmax_scale, causal, window_size, softcap, determinist
 
 def _varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k,
                       softmax_scale, causal, window_size, softcap, deterministic, sm_margin, return_attn_probs,
-                      schedule, attention_chunk=0):
+                      schedule, attention_chunk=0, learnable_sink=None, caller="flash_attn_varlen_func"):
     validation.check_qkv(q, k, v, varlen=True)
     max_seqlen_q, max_seqlen_k = validation.check_cu_seqlens_meta(q, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                                                   max_seqlen_k)
     validation.check_seqused_meta(q, cu_seqlens_q, seqused_q, seqused_k)
     args = _common_args(q, softmax_scale, causal, window_size, softcap, deterministic, schedule, sm_margin)
     seqs = (cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k)
+    if learnable_sink is not None:
+        out, lse = _sinks.varlen_attention(caller, q, k, v, *seqs, learnable_sink, args, attention_chunk)
+        return (out, lse) if return_attn_probs else out
     result = None
     if attention_chunk:
         result = chunked_varlen_attention(q, k, v, *seqs, attention_chunk, functools.partial(_run_varlen, args))
@@ -80,7 +86,8 @@ def _varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seq
 @validation.public_entry
 def flash_attn_func(q, k, v, softmax_scale=None, causal=False, qv=None, q_descale=None, k_descale=None,
                     v_descale=None, window_size=(-1, -1), attention_chunk=0, softcap=0.0, num_splits=1, pack_gqa=None,
-                    deterministic=None, sm_margin=0, return_attn_probs=False, *, schedule="auto"):
+                    deterministic=None, sm_margin=0, return_attn_probs=False, *, schedule="auto",
+                    learnable_sink=None):
     """Scaled dot-product attention with FlashAttention-3's interface.
 
     q: (batch, seqlen_q, nheads, headdim); k: (batch, seqlen_k, nheads_k, headdim), nheads % nheads_k == 0; v:
@@ -94,6 +101,9 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, qv=None, q_descal
     deterministic: bitwise-reproducible backward; None follows torch.are_deterministic_algorithms_enabled().
     sm_margin: SMs the backward leaves free. schedule (keyword-only): backward schedule name from SCHEDULES ("auto" =
     cost model; "dynamic", units claimed at run time, only with deterministic=False).
+    learnable_sink (keyword-only; gpt-oss's attention sinks): None or a float32 (nheads,) tensor, one logit per query
+    head that joins every row's softmax denominator with no value vector (out shrinks by the mass it takes, lse
+    includes it) and takes a gradient. CPU tensors only (dash_attn/_sinks.py); CUDA raises NotImplementedError.
     Returns out (batch, seqlen_q, nheads, headdim_v), or (out, lse) with return_attn_probs, lse float32 (batch,
     nheads, seqlen_q), natural log.
     attention_chunk: 0 (off), or C > 0 (FlashAttention-3's, Llama 4's chunked attention): a query at position
@@ -108,7 +118,7 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, qv=None, q_descal
         qv=qv, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale, attention_chunk=attention_chunk,
         num_splits=num_splits, pack_gqa=pack_gqa))
     return _attention(q, k, v, softmax_scale, causal, window_size, softcap, deterministic, sm_margin,
-                      return_attn_probs, schedule, attention_chunk)
+                      return_attn_probs, schedule, attention_chunk, learnable_sink, "flash_attn_func")
 
 
 @validation.public_entry
@@ -116,7 +126,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                            seqused_k=None, softmax_scale=None, causal=False, qv=None, q_descale=None, k_descale=None,
                            v_descale=None, window_size=(-1, -1), attention_chunk=0, softcap=0.0, num_splits=1,
                            pack_gqa=None, deterministic=None, sm_margin=0, return_attn_probs=False, *,
-                           schedule="auto"):
+                           schedule="auto", learnable_sink=None):
     """Attention over sequences packed along dim 0 (FlashAttention-3's varlen interface).
 
     q: (total_q, nheads, headdim); k, v: (total_k, nheads_k, headdim); cu_seqlens_q/k: int32 (batch + 1,) prefix sums
@@ -141,13 +151,14 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
         num_splits=num_splits, pack_gqa=pack_gqa))
     return _varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k,
                              softmax_scale, causal, window_size, softcap, deterministic, sm_margin, return_attn_probs,
-                             schedule, attention_chunk)
+                             schedule, attention_chunk, learnable_sink, "flash_attn_varlen_func")
 
 
 @validation.public_entry
 def flash_attn_qkvpacked_func(qkv, softmax_scale=None, causal=False, q_descale=None, k_descale=None, v_descale=None,
                               window_size=(-1, -1), attention_chunk=0, softcap=0.0, deterministic=None,
-                              num_heads_q=None, sm_margin=0, return_attn_probs=False, *, schedule="auto"):
+                              num_heads_q=None, sm_margin=0, return_attn_probs=False, *, schedule="auto",
+                              learnable_sink=None):
     """flash_attn_func on q, k, v packed in one tensor (FlashAttention-3's qkvpacked interface).
 
     qkv: (batch, seqlen, 3, nheads, headdim), or with num_heads_q given (batch, seqlen, num_heads_q + 2 * nheads_k,
@@ -158,7 +169,7 @@ def flash_attn_qkvpacked_func(qkv, softmax_scale=None, causal=False, q_descale=N
                                                         v_descale=v_descale, attention_chunk=attention_chunk))
     q, k, v = validation.unpack_qkv(qkv, num_heads_q)
     return _attention(q, k, v, softmax_scale, causal, window_size, softcap, deterministic, sm_margin,
-                      return_attn_probs, schedule, attention_chunk)
+                      return_attn_probs, schedule, attention_chunk, learnable_sink, "flash_attn_qkvpacked_func")
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -170,7 +181,7 @@ def flash_attn_qkvpacked_func(qkv, softmax_scale=None, causal=False, q_descale=N
 @validation.public_entry
 def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
                              softcap=0.0, alibi_slopes=None, deterministic=None, return_attn_probs=False, *,
-                             sm_margin=0, schedule="auto", **fa3_options):
+                             sm_margin=0, schedule="auto", learnable_sink=None, **fa3_options):
     """flash_attn_func with k and v packed in one tensor (FlashAttention-2's kvpacked interface).
 
     q: (batch, seqlen_q, nheads, headdim); kv: (batch, seqlen_k, 2, nheads_k, headdim). Other arguments and the
@@ -180,14 +191,14 @@ def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=Fa
     attention_chunk = validation.check_fa3_options(fa3_options)
     k, v = validation.unpack_kv(kv)
     return _attention(q, k, v, softmax_scale, causal, window_size, softcap, deterministic, sm_margin,
-                      return_attn_probs, schedule, attention_chunk)
+                      return_attn_probs, schedule, attention_chunk, learnable_sink, "flash_attn_kvpacked_func")
 
 
 @validation.public_entry
 def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0, softmax_scale=None, causal=False,
                                      window_size=(-1, -1), softcap=0.0, alibi_slopes=None, deterministic=None,
                                      return_attn_probs=False, *, num_heads_q=None, sm_margin=0, schedule="auto",
-                                     **fa3_options):
+                                     learnable_sink=None, **fa3_options):
     """flash_attn_varlen_func on packed sequences whose q, k, v share one tensor (FlashAttention-2's interface).
 
     qkv: (total, 3, nheads, headdim), or with num_heads_q (total, num_heads_q + 2 * nheads_k, headdim); cu_seqlens and
@@ -198,14 +209,14 @@ def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0,
     q, k, v = validation.unpack_qkv(qkv, num_heads_q, varlen=True)
     return _varlen_attention(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, None, None, softmax_scale,
                              causal, window_size, softcap, deterministic, sm_margin, return_attn_probs, schedule,
-                             attention_chunk)
+                             attention_chunk, learnable_sink, "flash_attn_varlen_qkvpacked_func")
 
 
 @validation.public_entry
 def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
                                     softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
                                     alibi_slopes=None, deterministic=None, return_attn_probs=False, *, sm_margin=0,
-                                    schedule="auto", **fa3_options):
+                                    schedule="auto", learnable_sink=None, **fa3_options):
     """flash_attn_varlen_func with k and v packed in one tensor (FlashAttention-2's interface).
 
     q: (total_q, nheads, headdim); kv: (total_k, 2, nheads_k, headdim). Other arguments and the result as in
@@ -216,4 +227,4 @@ def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqle
     k, v = validation.unpack_kv(kv, varlen=True)
     return _varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, None, None,
                              softmax_scale, causal, window_size, softcap, deterministic, sm_margin, return_attn_probs,
-                             schedule, attention_chunk)
+                             schedule, attention_chunk, learnable_sink, "flash_attn_varlen_kvpacked_func")

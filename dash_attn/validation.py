@@ -262,6 +262,29 @@ def check_fa2_options(dropout_p, alibi_slopes) -> None:
         raise ValueError("alibi_slopes must be None: ALiBi biases are not supported by dash_attn")
 
 
+def check_learnable_sink(learnable_sink, q: torch.Tensor, attention_chunk: int = 0) -> None:
+    """learnable_sink (gpt-oss's attention sinks, dash_attn/_sinks.py): a float32 (nheads,) tensor on q's device, one
+    logit per query head. float64 q (the CPU reference, for gradcheck) also takes a float64 sink. attention_chunk
+    (checked, an int) must be 0: the chunked path (dash_attn/_chunked.py) does not carry a sink."""
+    if attention_chunk:
+        raise ValueError(f"learnable_sink with attention_chunk={attention_chunk} is not supported: pass "
+                         "attention_chunk=0 or learnable_sink=None")
+    if not isinstance(learnable_sink, torch.Tensor):
+        raise TypeError(f"learnable_sink must be None or a float32 torch.Tensor of shape (nheads,), got "
+                        f"{type(learnable_sink).__name__}")
+    allowed = (torch.float32, torch.float64) if q.dtype == torch.float64 else (torch.float32,)
+    if learnable_sink.dtype not in allowed:
+        raise TypeError(f"learnable_sink must have dtype torch.float32, got {learnable_sink.dtype}: pass "
+                        "learnable_sink.float()")
+    nheads = q.shape[-2]
+    if tuple(learnable_sink.shape) != (nheads,):
+        raise ValueError(f"learnable_sink must have shape (nheads,) = ({nheads},), one logit per query head, got "
+                         f"{tuple(learnable_sink.shape)}")
+    if learnable_sink.device != q.device:
+        raise ValueError(f"learnable_sink must be on the device of q ({q.device}), got {learnable_sink.device}: "
+                         "move it with .to(q.device)")
+
+
 def check_deterministic(deterministic) -> None:
     if deterministic is not None and not isinstance(deterministic, bool):
         raise ValueError(f"deterministic must be True, False or None (follow "

@@ -45,7 +45,7 @@ def _split_parameters(fn):
 def test_fa3_functions_take_fa3_parameters_in_fa3_order(name):
     positional, keyword_only = _split_parameters(getattr(dash_attn, name))
     assert positional == FA3_SIGNATURES[name]
-    assert keyword_only == {"schedule"}
+    assert keyword_only == {"schedule", "learnable_sink"}
     defaults = {n: p.default for n, p in inspect.signature(getattr(dash_attn, name)).parameters.items()}
     assert defaults["window_size"] == (-1, -1) and defaults["deterministic"] is None
 

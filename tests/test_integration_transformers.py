@@ -4,8 +4,8 @@ Tiny models with random weights (built from configs, nothing downloaded) run for
 and through transformers' eager attention with the same weights; logits and every weight's gradient must agree within
 TOL (gradients: TOL times their largest magnitude where that is above 1). Cases: no padding, left and right padding
 masks, padding-free packed batches (position_ids restarting, and DataCollatorWithFlattening's cu_seq_lens keywords),
-sliding windows (Mistral), softcap with alternating sliding and full layers (Gemma 2), q/k norms (Qwen 3), greedy
-generation with the KV cache; then registration, the errors and the deterministic switch. Skipped where transformers
+sliding windows (Mistral), softcap with alternating sliding and full layers (Gemma 2), q/k norms (Qwen 3), learnable
+attention sinks with alternating sliding and full layers (gpt-oss), greedy generation with the KV cache; then registration, the errors and the deterministic switch. Skipped where transformers
 is not installed.
 """
 import subprocess
@@ -38,6 +38,11 @@ def _config(arch):
         # A small softcap so that tanh's curved part is reached; layer 0 slides, layer 1 is full.
         return transformers.Gemma2Config(**TINY, head_dim=16, sliding_window=WINDOW, attn_logit_softcapping=2.0,
                                          query_pre_attn_scalar=24)
+    if arch == "gptoss":
+        # max_position_embeddings 32 times YaRN's original 4096, its default factor; layer 0 slides, layer 1 is full.
+        options = dict(TINY, max_position_embeddings=32 * 4096, intermediate_size=64)
+        return transformers.GptOssConfig(**options, head_dim=16, sliding_window=WINDOW, num_local_experts=4,
+                                         num_experts_per_tok=2, layer_types=["sliding_attention", "full_attention"])
     raise ValueError(arch)
 
 
@@ -59,6 +64,10 @@ def _models(arch):
     torch.manual_seed(0)
     dash = transformers.AutoModelForCausalLM.from_config(_config(arch), attn_implementation="dash_attn").float()
     eager = transformers.AutoModelForCausalLM.from_config(_config(arch), attn_implementation="eager").float()
+    with torch.no_grad():
+        for name, p in dash.named_parameters():
+            if name.endswith(".sinks"):  # gpt-oss initialises them near 0: spread them so that they matter
+                p.copy_(2.0 * torch.randn(p.shape, generator=torch.Generator().manual_seed(4)))
     eager.load_state_dict(dash.state_dict())
     assert dash.config._attn_implementation == "dash_attn"
     return dash.eval(), eager.eval()
@@ -94,7 +103,7 @@ def _ids(batch, seqlen):
 # Forward and backward against eager
 # ----------------------------------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("arch", ["llama", "mistral", "qwen3", "gemma2"])
+@pytest.mark.parametrize("arch", ["llama", "mistral", "qwen3", "gemma2", "gptoss"])
 def test_no_padding_matches_eager(arch):
     dash, eager = _models(arch)
     ids = _ids(2, 16)
@@ -102,7 +111,7 @@ def test_no_padding_matches_eager(arch):
     _assert_close(_step(dash, keep, input_ids=ids), _step(eager, keep, input_ids=ids), keep)
 
 
-@pytest.mark.parametrize("arch", ["llama", "mistral", "gemma2"])
+@pytest.mark.parametrize("arch", ["llama", "mistral", "gemma2", "gptoss"])
 @pytest.mark.parametrize("side", ["left", "right"])
 def test_padding_mask_matches_eager(arch, side):
     dash, eager = _models(arch)
@@ -166,7 +175,7 @@ def test_packed_flash_kwargs_match_separate_sequences(monkeypatch):
                   _separate_runs(eager, ids, lengths), keep)
 
 
-@pytest.mark.parametrize("arch", ["llama", "mistral", "gemma2"])
+@pytest.mark.parametrize("arch", ["llama", "mistral", "gemma2", "gptoss"])
 @pytest.mark.parametrize("padded", [False, True])
 def test_greedy_generation_matches_eager(arch, padded):
     """Decoding against the KV cache: one query row (bottom-right causal) per step, after a prefill."""
@@ -231,6 +240,24 @@ def test_sliding_window_convention(causal):
     assert dash_tf._window_size(12, True, 12) == (-1, -1)  # a window holding every key is left out
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_s_aux_becomes_learnable_sink(dtype):
+    """gpt-oss's s_aux, a (heads,) parameter in the model's dtype, reaches dash_attn as a float32 learnable_sink, and
+    its gradient comes back in its dtype."""
+    q, k, v = _qkv(seqlen_q=6, seqlen_k=9)
+    s_aux = torch.tensor([-1.0, 0.0, 2.0, 5.0], dtype=dtype, requires_grad=True)
+    out, _ = dash_tf.dash_attention_forward(_Module(), q, k, v, None, s_aux=s_aux, sliding_window=5)
+    expected = _reference(q, k, v, causal=True, window_size=(4, 0), learnable_sink=s_aux.detach().float())
+    torch.testing.assert_close(out, expected, atol=TOL, rtol=0)
+    out.sum().backward()
+    assert s_aux.grad.dtype == dtype and torch.isfinite(s_aux.grad).all()
+    mask = torch.ones(2, 9, dtype=torch.bool)
+    mask[1, :3] = False
+    out, _ = dash_tf.dash_attention_forward(_Module(), q, k, v, mask, s_aux=s_aux)
+    ref1 = _reference(q[1:], k[1:, :, 3:], v[1:, :, 3:], causal=True, learnable_sink=s_aux.detach().float())
+    torch.testing.assert_close(out[1], ref1[0], atol=TOL, rtol=0)
+
+
 def test_static_cache_mask_bounds_keys():
     """A padding mask shorter than the keys (a static cache's filled slots) bounds them; padded rows come back 0."""
     q, k, v = _qkv(seqlen_q=1, seqlen_k=16)
@@ -276,8 +303,10 @@ def test_training_dropout_is_refused():
 
 def test_unsupported_inputs_are_refused():
     q, k, v = _qkv()
-    with pytest.raises(NotImplementedError, match="s_aux"):
-        dash_tf.dash_attention_forward(_Module(), q, k, v, None, s_aux=torch.zeros(4))
+    with pytest.raises(ValueError, match="s_aux must be None or a floating-point"):
+        dash_tf.dash_attention_forward(_Module(), q, k, v, None, s_aux=torch.zeros(4, dtype=torch.int64))
+    with pytest.raises(ValueError, match="learnable_sink must have shape \\(nheads,\\) = \\(4,\\)"):
+        dash_tf.dash_attention_forward(_Module(), q, k, v, None, s_aux=torch.zeros(2))
     with pytest.raises(ValueError, match="attention_mask must be None or the 2-D padding mask"):
         dash_tf.dash_attention_forward(_Module(), q, k, v, torch.zeros(2, 1, 10, 10))
     with pytest.raises(ValueError, match="query must be a 4-D tensor"):

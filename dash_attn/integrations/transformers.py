@@ -16,11 +16,13 @@ when nothing is padded) and each call becomes one dash_attn call:
 - otherwise flash_attn_func on the dense batch. Causal masks align bottom-right, so queries decoding against a longer
   KV cache see the whole cache.
 sliding_window, softcap, scaling, GQA/MQA (k/v with fewer heads, passed as they are) and encoders (is_causal False)
-map onto the kernels' arguments. The backward is deterministic when torch.are_deterministic_algorithms_enabled() or
-FLASH_ATTENTION_DETERMINISTIC=1 (transformers' switch, which its enable_full_determinism sets).
-Not supported: attention dropout (the kernels have none), learnable attention sinks (s_aux), 4-D attention masks, and
-static caches (cache_implementation="static") without padding: a padding mask bounds the cache's filled slots, but
-generate() drops an all-true one for implementations not named flash*, and then the empty slots would take part
+map onto the kernels' arguments; gpt-oss's learnable attention sinks (s_aux, one logit per query head) become
+learnable_sink, in float32 (CPU tensors only until the kernels take a sink). The backward is deterministic when
+torch.are_deterministic_algorithms_enabled() or FLASH_ATTENTION_DETERMINISTIC=1 (transformers' switch, which its
+enable_full_determinism sets).
+Not supported: attention dropout (the kernels have none), 4-D attention masks, and static caches
+(cache_implementation="static") without padding: a padding mask bounds the cache's filled slots, but generate() drops
+an all-true one for implementations not named flash*, and then the empty slots would take part
 (nothing here can tell them apart); use the default dynamic cache.
 
 transformers stays optional: this module imports it only inside register().
@@ -69,14 +71,14 @@ def dash_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: to
     transformers passes are ignored. Returns (out, None): out (batch, seqlen_q, heads, dim_v), the layout of
     transformers' flash attention; the attention weights are never formed.
     """
-    _check_call(query, key, attention_mask, dropout, s_aux)
+    _check_call(query, key, attention_mask, dropout)
     causal = bool(getattr(module, "is_causal", True) if is_causal is None else is_causal)
     # transformers' layout is (batch, heads, seqlen, dim); the kernels' (batch, seqlen, heads, dim), as views.
     q, k, v = _kernel_dtype(*(t.transpose(1, 2) for t in (query, key, value)), module=module)
     options = dict(softmax_scale=None if scaling is None else float(scaling), causal=causal,
                    window_size=_window_size(sliding_window, causal, k.shape[1]),
                    softcap=0.0 if softcap is None else softcap,
-                   deterministic=_deterministic(kwargs.get("deterministic")))
+                   deterministic=_deterministic(kwargs.get("deterministic")), learnable_sink=_learnable_sink(s_aux))
     if attention_mask is not None:
         return _padded_attention(q, k, v, attention_mask.bool(), options), None
     seqlens = _given_seqlens(kwargs)
@@ -87,7 +89,7 @@ def dash_attention_forward(module: torch.nn.Module, query: torch.Tensor, key: to
     return _packed_attention(q, k, v, seqlens, options), None
 
 
-def _check_call(query, key, attention_mask, dropout, s_aux) -> None:
+def _check_call(query, key, attention_mask, dropout) -> None:
     """What the kernels cannot do, refused before any work."""
     for name, t in (("query", query), ("key", key)):
         if not isinstance(t, torch.Tensor) or t.dim() != 4:
@@ -97,9 +99,6 @@ def _check_call(query, key, attention_mask, dropout, s_aux) -> None:
         raise ValueError(f"dash_attention_forward: dropout={dropout} is not supported, the dash_attn kernels have no "
                          "attention dropout: set the model config's attention dropout (e.g. attention_dropout) to 0.0, "
                          "or use another attn_implementation for training with it")
-    if s_aux is not None:
-        raise NotImplementedError("dash_attention_forward: learnable attention sinks (s_aux) are not implemented in "
-                                  "dash_attn yet: use another attn_implementation for this model")
     if attention_mask is not None:
         if not isinstance(attention_mask, torch.Tensor) or attention_mask.dim() != 2 \
                 or attention_mask.shape[0] != query.shape[0]:
@@ -108,6 +107,17 @@ def _check_call(query, key, attention_mask, dropout, s_aux) -> None:
                              f"{query.shape[0]}, seqlen_k) that the flash-attention mask function passes, got {shape}: "
                              "call dash_attn.integrations.transformers.register() before building the model (it "
                              "registers that mask function), and pass 2-D padding masks, not 4-D ones")
+
+
+def _learnable_sink(s_aux: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """gpt-oss's sinks (a (heads,) parameter in the model's dtype) as the float32 learnable_sink dash_attn takes; the
+    cast is differentiable, so the parameter still gets its gradient. dash_attn checks the shape and device."""
+    if s_aux is None:
+        return None
+    if not isinstance(s_aux, torch.Tensor) or not s_aux.is_floating_point():
+        raise ValueError(f"dash_attention_forward: s_aux must be None or a floating-point (heads,) tensor of attention "
+                         f"sink logits, got {s_aux.dtype if isinstance(s_aux, torch.Tensor) else type(s_aux).__name__}")
+    return s_aux.to(torch.float32)
 
 
 def _kernel_dtype(q, k, v, module):

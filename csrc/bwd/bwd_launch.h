@@ -86,41 +86,50 @@ void launch_bwd_main(const BwdParams& params, const BwdWorkspaceLayout& ws, cons
   using BN = typename T::BN;
   using HD = typename T::HD;
 
-  BwdKernelParams<T> p{
-      make_tma_copy(SM90_TMA_LOAD{}, mQ, take<0, 2>(typename T::SmemLayoutQ{}), Shape<BM, HD>{}, _1{}),
-      make_tma_copy(SM90_TMA_LOAD{}, mdO, take<0, 2>(typename T::SmemLayoutQ{}), Shape<BM, HD>{}, _1{}),
-      make_tma_copy(SM90_TMA_LOAD{}, mK, typename T::SmemLayoutK{}, Shape<BN, HD>{}, _1{}),
-      make_tma_copy(SM90_TMA_LOAD{}, mV, typename T::SmemLayoutK{}, Shape<BN, HD>{}, _1{}),
-      mQ.shape(),
-      mK.shape(),
-      ScheduleRef{prob, params.schedule == ScheduleKind::kDynamic && !ScheduleRef::claims_units<T>()
-                            ? ScheduleKind::kShiftCausal
-                            : params.schedule},
-      params.deterministic,
-      ws.seqlen_q_rounded,
-      ws.num_m_blocks,
-      s.softmax_scale,
-      score_scales(s).softmax * float(M_LOG2E),
-      views.lse_log2,
-      views.dsum,
-      views.dq_accum,
-      views.semaphores,
-      params.dk,
-      params.dv,
-      params.dk_stride.row, params.dk_stride.head, params.dk_stride.batch,
-      params.dv_stride.row, params.dv_stride.head, params.dv_stride.batch,
-      s.window_left,
-      s.window_right,
-      {},
-      {},
-      score_scales(s).pre_tanh,
-      params.packed,
-      views.gemm_stats,
-      views.split_partials,
-      views.split_counters,
-      views.unit_counter,
-      views.dq_claims,
-      ws.num_q_tiles};
+  // Every field by name, in role groups; the ones a kernel variant does not use stay value-initialized.
+  BwdKernelParams<T> p{};
+  // Loads: TMA descriptors of the inputs and the (rows, d, heads, batch) shapes the kernel tiles.
+  p.tma_q = make_tma_copy(SM90_TMA_LOAD{}, mQ, take<0, 2>(typename T::SmemLayoutQ{}), Shape<BM, HD>{}, _1{});
+  p.tma_do = make_tma_copy(SM90_TMA_LOAD{}, mdO, take<0, 2>(typename T::SmemLayoutQ{}), Shape<BM, HD>{}, _1{});
+  p.tma_k = make_tma_copy(SM90_TMA_LOAD{}, mK, typename T::SmemLayoutK{}, Shape<BN, HD>{}, _1{});
+  p.tma_v = make_tma_copy(SM90_TMA_LOAD{}, mV, typename T::SmemLayoutK{}, Shape<BN, HD>{}, _1{});
+  p.shape_q = mQ.shape();
+  p.shape_k = mK.shape();
+  // Schedule: kDynamic runs as shift-causal where the kernel cannot claim units.
+  p.sched = ScheduleRef{prob, params.schedule == ScheduleKind::kDynamic && !ScheduleRef::claims_units<T>()
+                                  ? ScheduleKind::kShiftCausal
+                                  : params.schedule};
+  p.deterministic = params.deterministic;
+  p.seqlen_q_rounded = ws.seqlen_q_rounded;
+  p.num_m_blocks = ws.num_m_blocks;
+  p.num_q_tiles = ws.num_q_tiles;
+  // Scales of the score transform.
+  p.scale = s.softmax_scale;
+  p.scale_log2 = score_scales(s).softmax * float(M_LOG2E);
+  p.softcap_pre_tanh = score_scales(s).pre_tanh;
+  // Workspace: the preprocess's LSE_log2 and D, dQ's accumulator and semaphores, and the optional regions.
+  p.lse_log2 = views.lse_log2;
+  p.dsum = views.dsum;
+  p.dq_accum = views.dq_accum;
+  p.semaphores = views.semaphores;
+  p.gemm_stats = views.gemm_stats;
+  p.split_partials = views.split_partials;
+  p.split_counters = views.split_counters;
+  p.unit_counter = views.unit_counter;
+  p.dq_claims = views.dq_claims;
+  // Outputs: dK and dV with their strides (tma_dk / tma_dv below, for the staged epilogues).
+  p.dk = params.dk;
+  p.dv = params.dv;
+  p.dk_row = params.dk_stride.row;
+  p.dk_head = params.dk_stride.head;
+  p.dk_batch = params.dk_stride.batch;
+  p.dv_row = params.dv_stride.row;
+  p.dv_head = params.dv_stride.head;
+  p.dv_batch = params.dv_stride.batch;
+  // Mask and sequence layout.
+  p.window_left = s.window_left;
+  p.window_right = s.window_right;
+  p.packed = params.packed;
   if constexpr (T::kStagedEpilogue) {
     // dash_bwd_stages has checked that dk and dv are 16-byte aligned (base and strides), as TMA needs.
     auto mdK = make_qkv(params.dk, rows_k, s.headdim, s.nheads_k, batch, params.dk_stride);
@@ -153,14 +162,36 @@ void launch_bwd(const BwdParams& params, cudaStream_t stream, int32_t stages) {
                                 reinterpret_cast<int32_t*>(base + ws.dq_claims)};
   const dim3 tile_grid(ws.num_m_blocks, s.nheads, s.batch);
 
-  PreprocessParams pre{params.o, params.dout, params.lse,
-                       params.o_stride.row, params.o_stride.head, params.o_stride.batch,
-                       params.do_stride.row, params.do_stride.head, params.do_stride.batch,
-                       views.lse_log2, views.dsum, views.semaphores,
-                       s.seqlen_q, ws.seqlen_q_rounded, s.nheads, ws.num_m_blocks, value_head_dim(s),
-                       params.packed, views.gemm_stats, 1.f / (score_scales(s).softmax * float(M_LOG2E)),
-                       views.split_counters, ws.split_ctas, views.unit_counter, views.dq_claims,
-                       ws.dq_runs, ws.num_q_tiles};
+  PreprocessParams pre{};
+  // Inputs: o, dout (with their strides) and the forward's LSE.
+  pre.o = params.o;
+  pre.dout = params.dout;
+  pre.lse = params.lse;
+  pre.o_row = params.o_stride.row;
+  pre.o_head = params.o_stride.head;
+  pre.o_batch = params.o_stride.batch;
+  pre.do_row = params.do_stride.row;
+  pre.do_head = params.do_stride.head;
+  pre.do_batch = params.do_stride.batch;
+  // Shapes.
+  pre.seqlen_q = s.seqlen_q;
+  pre.seqlen_q_rounded = ws.seqlen_q_rounded;
+  pre.nheads = s.nheads;
+  pre.num_m_blocks = ws.num_m_blocks;
+  pre.headdim = value_head_dim(s);
+  pre.packed = params.packed;
+  // Workspace it writes (LSE_log2, D, the GEMM stats) and zeroes (semaphores, split and dynamic counters).
+  pre.lse_log2 = views.lse_log2;
+  pre.dsum = views.dsum;
+  pre.gemm_stats = views.gemm_stats;
+  pre.inv_scale_log2 = 1.f / (score_scales(s).softmax * float(M_LOG2E));
+  pre.semaphores = views.semaphores;
+  pre.dq_runs = ws.dq_runs;
+  pre.num_q_tiles = ws.num_q_tiles;
+  pre.split_counters = views.split_counters;
+  pre.num_split_counters = ws.split_ctas;
+  pre.unit_counter = views.unit_counter;
+  pre.dq_claims = views.dq_claims;
   if ((stages & BwdStage::kPreprocess) && ws.num_m_blocks > 0) {
     bwd_preprocess_kernel<kHeadDim, T::kBlockM, Element, kLayout, T::kGemmStats>
         <<<tile_grid, kPreprocessThreads, 0, stream>>>(pre);
@@ -170,10 +201,26 @@ void launch_bwd(const BwdParams& params, cudaStream_t stream, int32_t stages) {
     launch_bwd_main<kHeadDim, Element, kMask, kScoreMod, kLayout>(params, ws, views, stream);
   }
 
-  PostprocessParams post{views.dq_accum, params.dq, params.dq_stride.row, params.dq_stride.head, params.dq_stride.batch,
-                         s.seqlen_q, s.nheads, ws.num_m_blocks, s.softmax_scale, aligned16(params.dq, params.dq_stride),
-                         views.semaphores, bwd_problem<T>(params), s.headdim, params.packed,
-                         sched::resolve_schedule(params.schedule, bwd_problem<T>(params)), ws.num_q_tiles};
+  PostprocessParams post{};
+  // dQ: the accumulator it reads and the output it writes, with its strides.
+  post.dq_accum = views.dq_accum;
+  post.dq = params.dq;
+  post.dq_row = params.dq_stride.row;
+  post.dq_head = params.dq_stride.head;
+  post.dq_batch = params.dq_stride.batch;
+  post.aligned16 = aligned16(params.dq, params.dq_stride);
+  post.scale = s.softmax_scale;
+  // Shapes.
+  post.seqlen_q = s.seqlen_q;
+  post.nheads = s.nheads;
+  post.num_m_blocks = ws.num_m_blocks;
+  post.headdim = s.headdim;
+  post.packed = params.packed;
+  // The main kernel's tiling and schedule, for the tiles' completion counts (semaphores) and accumulator runs.
+  post.semaphores = views.semaphores;
+  post.problem = bwd_problem<T>(params);
+  post.schedule = sched::resolve_schedule(params.schedule, bwd_problem<T>(params));
+  post.num_q_tiles = ws.num_q_tiles;
   if ((stages & BwdStage::kPostprocess) && ws.num_m_blocks > 0) {
     cudaLaunchAttribute overlap{};
     overlap.id = cudaLaunchAttributeProgrammaticStreamSerialization;

@@ -37,13 +37,11 @@ def _sequence_segments(seqlen_q: int, seqlen_k: int, chunk: int) -> List[Tuple[i
 
 def _segment_args(segments: List[Tuple[int, int]]):
     """cu_seqlens_q, cu_seqlens_k (int32, on the host: the varlen op reads them there without waiting for a GPU) and
-    max_seqlen_q, max_seqlen_k of the segments."""
+    max_seqlen_q, max_seqlen_k of the (at least two) segments. Plain max(), no default=: torch.compile traces it."""
     cu = torch.zeros(len(segments) + 1, 2, dtype=torch.int64)
-    if segments:
-        cu[1:] = torch.tensor(segments, dtype=torch.int64).cumsum(0)
+    cu[1:] = torch.tensor(segments, dtype=torch.int64).cumsum(0)
     cu = cu.to(torch.int32)
-    return (cu[:, 0].contiguous(), cu[:, 1].contiguous(), max((s[0] for s in segments), default=0),
-            max((s[1] for s in segments), default=0))
+    return cu[:, 0].contiguous(), cu[:, 1].contiguous(), max(s[0] for s in segments), max(s[1] for s in segments)
 
 
 def _refuse_capture(q: torch.Tensor) -> None:

@@ -172,6 +172,14 @@ def test_packed_forms_forward_attention_chunk():
                                                             cu, cu, 10, 10, causal=True, attention_chunk=4), flat)
 
 
+def test_compiles_in_one_graph():
+    # The dense path plans its chunks from shapes only: torch.compile(fullgraph=True) traces it.
+    q, k, v, _ = _inputs(1, 10, 10)
+    call = lambda *t: dash_attn.flash_attn_func(*t, causal=True, attention_chunk=4)  # noqa: E731
+    torch._dynamo.reset()
+    _assert_close(torch.compile(call, fullgraph=True)(q, k, v), call(q, k, v))
+
+
 def test_gradcheck_through_the_chunks():
     q, k, v, _ = _inputs(1, 6, 7, nheads=2, nheads_k=1)
     leaves = [t.clone().requires_grad_() for t in (q, k, v)]

@@ -61,19 +61,15 @@ _L2_TERM_MASKS = ("full", "causal")
 # bytes to the FLOPs at 550 TFLOPS and 4 TB/s gives 1.3.
 _L2_MISS_COST = 1.8
 # ... and what a miss adds to a visit when bandwidth is not the limit (the DRAM latency the two-stage load pipeline
-# does not hide), in units of c. Without it the model put descending 3% ahead of shift_causal at causal 4k-16k, where
-# a quarter of descending's visits miss; the H200 measured descending 1.20/1.14/1.07x slower (hdim 128, C++ suite,
-# 2026-11-29 23:51 UTC). Fitted on the 20 descending-vs-shift(_causal) rows of that run (hdim 128 and 64, full and
-# causal, 1k-16k): 0.3 ranks all 20 like the GPU (0 ranked 5 the other way), mean ratio error 0.09 (0: 0.14).
+# does not hide), in units of c: without it the model ranks descending ahead of shift_causal at causal 4k-16k, where
+# the H200 runs descending 7-20% slower. 0.3 ranks all 20 measured descending-vs-shift(_causal) rows like the GPU
+# (fit: docs/tuning.md).
 _L2_MISS_LATENCY = 0.3
 # The non-deterministic backward claims its units at run time (`dynamic`) on causal masks with KV tiles at most
-# _DYNAMIC_MAX_BLOCK_N wide and at least _DYNAMIC_MIN_KV_TILES of them per head. H200 against non-det shift_causal
-# (benchmarks/RESULTS.md, 2026-12-01): hdim 256 (64-wide tiles) 4k-16k +3-5% in both the C++ bench and a 5-round
-# grid; hdim 64 (128-wide) at 8k/16k +0.4-1.6% round robin, -1.2 to +1.8% in the grids (neutral), at 4k -0.1%;
-# hdim 128 (128-wide) 16k -0.8%, 8k -0.4 to +0.3% round robin since its causal kernel takes the statistics through
-# the tensor cores (~17:25 UTC; +0.4 to +1.2% before). The model (greedy dispatch, no power cap) gives it 2-3% at every
-# length: a static grid's idle last-wave SMs let the busy ones clock higher under the 700 W cap, which the model does
-# not see.
+# _DYNAMIC_MAX_BLOCK_N wide and at least _DYNAMIC_MIN_KV_TILES of them per head: there (hdim 256) it beats non-det
+# shift_causal by 3-5% on the H200, while with 128-wide tiles it is neutral or slower (docs/tuning.md). The model
+# (greedy dispatch, no power cap) gives it 2-3% at every length: a static grid's idle last-wave SMs let the busy ones
+# clock higher under the 700 W cap, which the model does not see.
 _DYNAMIC_MAX_BLOCK_N = 64
 _DYNAMIC_MIN_KV_TILES = 64
 # `choose` simulates at most this many visits per schedule; larger problems are scaled down proportionally
@@ -366,7 +362,7 @@ def _choose_cached(mask: str, seqlen_q: int, seqlen_k: int, block_m: int, block_
         # Both modes are ranked by the deterministic simulation: the non-deterministic kernel walks the same order,
         # and the model's arrival-order run keeps its CTAs in lockstep where the GPU's drift apart, which makes it
         # overrate tile-major orders (with the latency term it picked descending at causal 16k, hdim 128, where the
-        # H200 measured non-det shift_causal 2-5% faster: benchmarks/RESULTS.md, 2026-11-30).
+        # H200 runs non-det shift_causal 2-5% faster).
         s = _sched.simulate(SCHEDULE_IDS[name], p, c=c, r=r, deterministic=True, dispatch=0, record=False,
                             l2_tiles=l2_tiles, miss=l2.miss, miss_latency=l2.latency)
         if not s["deadlock"]:  # cannot happen for static dispatch (tested); guarded so `auto` never picks a hang

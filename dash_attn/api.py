@@ -99,8 +99,9 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, qv=None, q_descal
     side wider than the sequences; causal=True sets the right side to 0 (FlashAttention-3's rules).
     softcap > 0: scores = softcap * tanh(scores / softcap).
     deterministic: bitwise-reproducible backward; None follows torch.are_deterministic_algorithms_enabled().
-    sm_margin: SMs the backward leaves free. schedule (keyword-only): backward schedule name from SCHEDULES ("auto" =
-    cost model; "dynamic", units claimed at run time, only with deterministic=False).
+    sm_margin: SMs the backward leaves free. schedule (keyword-only): backward schedule name from SCHEDULES ("auto":
+    with deterministic=True the invariant pick by mask, else the cost model's; NONDETERMINISTIC_SCHEDULES claim their
+    units at run time and run only with deterministic=False).
     learnable_sink (keyword-only; gpt-oss's attention sinks): None or a float32 (nheads,) tensor, one logit per query
     head that joins every row's softmax denominator with no value vector (out shrinks by the mass it takes, lse
     includes it) and takes a gradient. CPU tensors only (dash_attn/_sinks.py); CUDA raises NotImplementedError.

@@ -38,12 +38,12 @@ struct WarpGroupSplit {
 // Where the A operands (P^T of the dV GEMM, dS^T of the dK GEMM) come from. Register-sourced WGMMAs take a
 // warpgroup's own P^T / dS^T straight from the S^T / dP^T accumulators: P^T then needs no round trip through shared
 // memory, and the GEMM reads only B from shared memory. dS^T goes to shared memory regardless (the dQ GEMM needs every
-// warpgroup's rows). With kPtRegisters the dK GEMM reads dS^T from there and still runs while the next step's S and
-// dP GEMMs are issued; with kRegisters it reads dS^T from registers, which must stay intact until it completes, so
-// each step ends by waiting for it (held into the next step, the 16 registers of dS^T make the consumers spill).
+// warpgroup's rows). kSharedMemory: both from shared memory. kRegisters: P^T and dS^T from registers; dS^T must stay
+// intact until the dK GEMM completes, so each step ends by waiting for it (held into the next step, the 16 registers
+// of dS^T make the consumers spill).
 // Register sources need each warpgroup to own the same KV rows in the SdP and dKV GEMMs and the whole query extent of
 // its S^T rows (SdPSplit = dKVSplit = <2, 1>).
-enum class DkvOperandA { kSharedMemory, kPtRegisters, kRegisters };
+enum class DkvOperandA { kSharedMemory, kRegisters };
 
 // How the consumers partition the WGMMA operands in shared memory. kPerThread: from the thread index, which the
 // compiler cannot prove warp-uniform, so every WGMMA descriptor is built in vector registers and moved to uniform
@@ -110,7 +110,7 @@ struct BwdConfig;
 
 // hdim 128: 64 x 128 tiles (what FA3 uses for causal). With P^T taken from registers there is no P^T buffer, which
 // leaves room for two 32 KB partial-dQ staging buffers next to 2 Q/dO stages, K, V and two dS^T buffers (226 KB).
-// dK from registers (kRegisters rather than kPtRegisters) keeps the consumers spill-free at full and causal. The
+// dK from registers too (kRegisters rather than P^T alone) keeps the consumers spill-free at full and causal. The
 // measurements behind each knob of this config: docs/tuning.md, "Backward, hdim 128".
 template <>
 struct BwdConfig<128> {

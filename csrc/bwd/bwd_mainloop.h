@@ -16,6 +16,252 @@
 namespace dash::bwd {
 
 // ----------------------------------------------------------------------------------------------------------------
+// The stages of one consumer step, in the order consumer_loop runs them. All are force-inlined into the step body
+// (once per step body: see BwdConfig::masked_steps). The step counters stay consumer_loop's and go into the stages
+// by value: passed by reference, they are promoted to registers in another order, which reorders the loop's phis
+// and changes the register allocation. need_mask and the end of the step (stage release, dK/dV store) stay in the
+// loop too: in a function, need_mask came out as an int and the tile's n_block with another extension.
+namespace detail {
+
+// With few query columns per thread (hdim 128: 16) LSE goes to registers once per column; with many (hdim 64: 32)
+// that array would not fit next to the larger S/dP fragments, so it is read per element from shared memory.
+// Shuffled statistics have them in registers already.
+template <class T, class Cols>
+CUTLASS_HOST_DEVICE constexpr bool lse_in_regs() {
+  return !T::kGemmStats && (T::kShuffleStats || Cols::kCols <= 16);
+}
+
+// Soft-capping keeps 1 - t^2 per element in registers (as fp16) where LSE sits in registers (see compute_p).
+template <class T, class Cols>
+CUTLASS_HOST_DEVICE constexpr bool dtanh_in_regs() {
+  return T::kSoftcap && lse_in_regs<T, Cols>();
+}
+
+// LSE_log2 of accumulator element i: from registers or, per element, from the stage's copy in shared memory.
+template <class T, class Cols, class Coords>
+CUTLASS_DEVICE float lse_of(int i, float const (&lse_cols)[Cols::kCols], float const* lse_smem, Coords const& tScS) {
+  return lse_in_regs<T, Cols>() ? lse_cols[Cols::slot(i)] : lse_smem[get<1>(tScS.offset(i))];
+}
+
+// Issue S^T = K Q^T and dP^T = V dO^T on the stage's Q and dO.
+// kShuffle shuffles LSE (shuffle_lse, from lse_lanes) while the S WGMMAs run.
+template <class T, class Mma, class FK, class FQ, class FV, class FdO, class Acc, class ShuffleLse>
+CUTLASS_DEVICE void issue_s_dp(Mma& mma_sdp, FK& tSrK, FQ& tSrQ, FV& tSrV, FdO& tSrdO, int stage, Acc& tSrS,
+                               Acc& tdPrdP, BwdSharedStorage<T>& ss, GemmStats const& gemm_stats,
+                               ShuffleLse&& shuffle_lse, LaneStats<T::kBlockM> const& lse_lanes) {
+  if constexpr (T::kGemmStats) {
+    // S^T - LSE_log2 / scale_log2 and dP^T - D, the statistics added by the tensor cores (RowStats::kGemmInit).
+    const uint64_t desc = GemmStats::descriptor(ss.gemm_stats[stage]);
+    wgmma_gemm_from_stats<T::kBlockM>(mma_sdp, tSrK, tSrQ(_, _, _, stage), tSrS, gemm_stats, 0, desc);
+    wgmma_gemm_from_stats<T::kBlockM>(mma_sdp, tSrV, tSrdO(_, _, _, stage), tdPrdP, gemm_stats, 1, desc);
+  } else {
+    wgmma_gemm<true, -1>(mma_sdp, tSrK, tSrQ(_, _, _, stage), tSrS);
+    if constexpr (!T::kLseAhead) shuffle_lse(lse_lanes);  // ptxas issues them among the S WGMMAs
+    wgmma_gemm<true, -1>(mma_sdp, tSrV, tSrdO(_, _, _, stage), tdPrdP);
+  }
+}
+
+// P = exp2(S * scale * log2e - LSE_log2) in tSrS, once S is done, computed while the dP GEMM runs; masked entries
+// and rows without keys (LSE_log2 = +inf) give 0.
+template <class T, class Cols, class Coords, class Acc, class Dtanh, class TileLimits>
+CUTLASS_DEVICE void compute_p(BwdKernelParams<T> const& p, BwdSharedStorage<T>& ss, int stage, Coords const& tScS,
+                              Acc& tSrS, Dtanh& dtanh, float (&lse_cols)[Cols::kCols], bool body_masked,
+                              bool need_mask, int kv_rows, int diagonal, TileLimits&& tile_limits) {
+  constexpr bool kLseInRegs = lse_in_regs<T, Cols>();
+  warpgroup_wait<1>();  // S done
+  float const* lse_smem = ss.lse[stage] + tScS.m0();
+  if constexpr (kLseInRegs && !T::kShuffleStats) Cols::load(lse_cols, lse_smem, tScS);
+  warpgroup_fence_operand(tSrS);
+  // Soft-capping: the score of element i is t = tanh(S * softmax_scale / softcap), and dS will need 1 - t^2.
+  // Where LSE sits in registers, 1 - t^2 is kept per element until then, as fp16 (in [0, 1]: 11 bits against the
+  // 8 of the bf16 dS it scales; in fp32 the hdim 128 consumers spilled 116 bytes, in fp16 36-56). Where LSE is
+  // read per element from shared memory (hdim 64: 64 elements per thread, which spilled ~300 bytes held in fp16),
+  // t is recovered from P instead: log2 P = t * scale_log2 - LSE_log2. The plain kernels allocate nothing.
+  auto score = [&](int i) {
+    if constexpr (T::kSoftcap) {
+      const float t = tanh_approx(tSrS(i) * p.softcap_pre_tanh);
+      if constexpr (dtanh_in_regs<T, Cols>()) dtanh(i) = cutlass::half_t(fmaf(-t, t, 1.f));
+      return t;
+    } else {
+      return tSrS(i);
+    }
+  };
+  // The exponent of P: with RowStats::kGemmInit the accumulator holds the score less LSE_log2 / scale_log2.
+  auto exponent = [&](int i, float x) {
+    if constexpr (T::kGemmStats) {
+      return x * p.scale_log2;
+    } else {
+      return fmaf(x, p.scale_log2, -lse_of<T, Cols>(i, lse_cols, lse_smem, tScS));
+    }
+  };
+  // Whether the element at offset d from this thread's first one (see AccCoords) is masked, given the tile's
+  // limits.
+  auto is_masked = [&](auto d, int rows, int diag) {
+    const int thr_rows = rows - tScS.n0();
+    const int thr_diagonal = diag - (tScS.n0() - tScS.m0());
+    // Causal is the band (no left bound, right = 0) but keeps its own expression: a compile-time diagonal test,
+    // without the band's two run-time bounds in the masked P loop.
+    if constexpr (T::kMask == MaskKind::kWindow) {
+      const int nm = get<0>(d) - get<1>(d);
+      return get<0>(d) >= thr_rows || (p.window_right >= 0 && nm > thr_diagonal + p.window_right) ||
+             (p.window_left >= 0 && nm < thr_diagonal - p.window_left);
+    } else {
+      return get<0>(d) >= thr_rows || (T::kMask == MaskKind::kCausal && get<0>(d) - get<1>(d) > thr_diagonal);
+    }
+  };
+  // Tiles that need no mask (all but the diagonal and ragged-end ones) take a loop without the tests where the
+  // tests are per element (causal) or the LSE comes from shared memory per element (hdim 64): there, with the
+  // tests in every step, ptxas predicated each exp2, zeroed its result beforehand and reloaded the scale from the
+  // constant bank per element, on the stretch between the S wait and the dV GEMM while the tensor cores wait for
+  // P. With only the row test (full mask, LSE in registers) the separate loop is slower, so that case keeps one
+  // loop; the shuffled statistics (hdim 128 full included) were tuned with the separate loop (docs/tuning.md).
+  constexpr bool kSeparateUnmaskedLoop =
+      T::kTwoStepBodies || T::kShuffleStats || T::kMask != MaskKind::kFull || !kLseInRegs;
+  if constexpr (kSeparateUnmaskedLoop) {
+    if (body_masked) {
+      // The limits are read again here rather than held across the GEMMs: the unmasked loop needs the registers.
+      const auto [rows, diag] = tile_limits();
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < size(tSrS); ++i) {
+        const float x = score(i);  // also where masked: dS multiplies the 0 of P by its 1 - t^2
+        tSrS(i) = is_masked(tScS.offset(i), rows, diag) ? 0.f : exp2f(exponent(i, x));
+      }
+    } else {
+      CUTLASS_PRAGMA_UNROLL
+      for (int i = 0; i < size(tSrS); ++i) tSrS(i) = exp2f(exponent(i, score(i)));
+    }
+  } else {
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < size(tSrS); ++i) {
+      bool masked = false;
+      if (need_mask) masked = is_masked(tScS.offset(i), kv_rows, diagonal);
+      const float x = score(i);
+      tSrS(i) = masked ? 0.f : exp2f(exponent(i, x));
+    }
+  }
+}
+
+// Issue dV += P^T dO with P^T taken from the registers of rP.
+template <class Mma, class RP, class FdOt, class Acc>
+CUTLASS_DEVICE void issue_dv_from_regs(Mma& mma_dv, RP& rP, FdOt& tdVrdOt, int stage, Acc& tdVrdV, bool first) {
+  warpgroup_fence_operand(rP);
+  wgmma_gemm<-1>(mma_dv, make_tensor(rP.data(), accumulator_as_a_operand(rP.layout())), tdVrdOt(_, _, _, stage),
+                 tdVrdV, first);
+}
+
+// DvIssue::kAfterP: P converted to Element, and dV += P^T dO issued to run while dS is computed; P^T comes from
+// registers or, after a round trip, shared memory.
+template <class T, class Mma, class OpDv, class Acc, class RP, class R2S, class R2SThr, class PtDst, class SPt,
+          class FdOt, class DvAcc>
+CUTLASS_DEVICE void issue_dv_after_p(Mma& mma_dv, OpDv& op_dv, Acc& tSrS, RP& rP, R2S& r2s, R2SThr& r2s_thr,
+                                     PtDst& tPsPt, SPt& sPt, FdOt& tdVrdOt, int stage, DvAcc& tdVrdV, bool first,
+                                     uint32_t wg_barrier) {
+  constexpr uint32_t kMmaBarrier = uint32_t(ConsumerBarrier::kBoth);
+  rP = convert_fragment<typename T::Element>(tSrS);
+  if constexpr (T::kDvFromRegs) {
+    issue_dv_from_regs(mma_dv, rP, tdVrdOt, stage, tdVrdV, first);
+  } else {
+    if constexpr (T::kPtShared) cutlass::arch::NamedBarrier::sync(T::kNumMmaThreads, kMmaBarrier);
+    cute::copy(r2s, r2s_thr.retile_S(rP), tPsPt);
+    cutlass::arch::fence_view_async_shared();  // generic-proxy stores read next by WGMMA (async proxy)
+    if constexpr (T::kPtShared) {
+      cutlass::arch::NamedBarrier::sync(T::kNumMmaThreads, kMmaBarrier);
+    } else {
+      cutlass::arch::NamedBarrier::sync(128, wg_barrier);
+    }
+    wgmma_gemm<-1>(mma_dv, op_dv.partition_fragment_A(sPt), tdVrdOt(_, _, _, stage), tdVrdV, first);
+  }
+}
+
+// dS^T = P^T * (dP^T - D) (times 1 - t^2 where soft-capped), dP done, converted to Element (rdS) and stored to
+// dS^T buffer ds_buf; with DvIssue::kAfterDs P is converted to rP here too.
+template <class T, class Cols, class Coords, class Acc, class Dtanh, class RP, class RdS, class R2S, class R2SThr,
+          class DsDst>
+CUTLASS_DEVICE void compute_ds(BwdKernelParams<T> const& p, BwdSharedStorage<T>& ss, int stage, Coords const& tScS,
+                               Acc& tSrS, Acc& tdPrdP, Dtanh& dtanh, float (&lse_cols)[Cols::kCols],
+                               LaneStats<T::kBlockM> const& dsum_lanes, int ds_buf, RP& rP, RdS& rdS, R2S& r2s,
+                               R2SThr& r2s_thr, DsDst& tPsdSt) {
+  // Without shuffled statistics D is read per element straight from shared memory: with DvIssue::kAfterP this is
+  // the consumers' register peak (dK, dV, P, dP and the P^T operand of the running dV GEMM are all live), and a
+  // register copy of D made them spill.
+  float const* dsum = ss.dsum[stage] + tScS.m0();
+  if constexpr (T::kGemmStats) {
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < size(tSrS); ++i) tdPrdP(i) = tSrS(i) * tdPrdP(i);  // the accumulator holds dP - D
+  } else if constexpr (T::kShuffleStats) {
+    Cols::for_each_column(dsum_lanes, tScS, [&](int j, float d) { tdPrdP(j) = tSrS(j) * (tdPrdP(j) - d); });
+  } else {
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < size(tSrS); ++i) tdPrdP(i) = tSrS(i) * (tdPrdP(i) - dsum[get<1>(tScS.offset(i))]);
+  }
+  if constexpr (dtanh_in_regs<T, Cols>()) {
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < size(tdPrdP); ++i) tdPrdP(i) *= float(dtanh(i));
+  } else if constexpr (T::kSoftcap) {
+    // P = 0 (masked, or below exp2's range) has no t to recover, and its dS is 0 whatever 1 - t^2 is.
+    float const* lse_smem = ss.lse[stage] + tScS.m0();
+    const float inv_scale_log2 = 1.f / p.scale_log2;
+    CUTLASS_PRAGMA_UNROLL
+    for (int i = 0; i < size(tdPrdP); ++i) {
+      const float t = (log2f(tSrS(i)) + lse_of<T, Cols>(i, lse_cols, lse_smem, tScS)) * inv_scale_log2;
+      tdPrdP(i) = tSrS(i) > 0.f ? tdPrdP(i) * fmaf(-t, t, 1.f) : 0.f;
+    }
+  }
+  if constexpr (T::kDvAfterDs) rP = convert_fragment<typename T::Element>(tSrS);
+  rdS = convert_fragment<typename T::Element>(tdPrdP);
+  cute::copy(r2s, r2s_thr.retile_S(rdS), tPsdSt(_, _, _, ds_buf));
+}
+
+// Once every warpgroup's dS^T is in shared memory (dK, when d is split, and dQ need all its rows): issue dQ = dS K
+// and dK += dS^T Q, then wait for dV and dQ (dK may still run). dQ goes first so that its hand-off to the writer
+// overlaps the dK GEMM.
+template <class T, class MmaDq, class MmaDk, class OpDk, class FdS, class FKt, class FQt, class RdS, class SdSt,
+          class DqAcc, class DkAcc, class DvAcc, class RP>
+CUTLASS_DEVICE void issue_dq_dk(MmaDq& mma_dq, MmaDk& mma_dk, OpDk& op_dk, FdS& tdQrdS, FKt& tdQrKt, FQt& tdKrQt,
+                                RdS& rdS, SdSt& sdSt, int stage, int ds_buf, bool first, DqAcc& tdQrdQ,
+                                DkAcc& tdKrdK, DvAcc& tdVrdV, RP& rP) {
+  constexpr uint32_t kMmaBarrier = uint32_t(ConsumerBarrier::kBoth);
+  cutlass::arch::fence_view_async_shared();
+  cutlass::arch::NamedBarrier::sync(T::kNumMmaThreads, kMmaBarrier);
+  wgmma_gemm<true, -1>(mma_dq, tdQrdS(_, _, _, ds_buf), tdQrKt, tdQrdQ);
+  if constexpr (T::kDkFromRegs) {
+    warpgroup_fence_operand(rdS);
+    wgmma_gemm<-1>(mma_dk, make_tensor(rdS.data(), accumulator_as_a_operand(rdS.layout())),
+                   tdKrQt(_, _, _, stage), tdKrdK, first);
+  } else {
+    wgmma_gemm<-1>(mma_dk, op_dk.partition_fragment_A(sdSt)(_, _, _, ds_buf), tdKrQt(_, _, _, stage), tdKrdK,
+                   first);
+  }
+  warpgroup_wait<1>();  // dV and dQ done; dK may still run
+  warpgroup_fence_operand(tdVrdV);
+  warpgroup_fence_operand(tdQrdQ);
+  if constexpr (T::kDvFromRegs) warpgroup_fence_operand(rP);
+}
+
+// Hand the partial dQ to the writer warp through staging buffer dq_count (mod kDqBuffers), once the writer has read
+// it; returns the next dq_count.
+template <class T, class DqAcc>
+CUTLASS_DEVICE uint32_t hand_off_dq(BwdSharedStorage<T>& ss, DqAcc& tdQrdQ, VisitRecord const& srec, int tid,
+                                    uint32_t dq_count) {
+  const RingPos dqpos = ring_pos<T::kDqBuffers>(dq_count);
+  const int dq_buf = dqpos.index;
+  wait_barrier(ss.dq_empty[dq_buf], dqpos.phase ^ 1, WaitSite::kDqEmpty);
+  ++dq_count;
+  float4* sdq = reinterpret_cast<float4*>(ss.dq[dq_buf].data());
+  CUTLASS_PRAGMA_UNROLL
+  for (int c = 0; c < T::kDqPerThread / 4; ++c) {
+    sdq[c * T::kNumMmaThreads + tid] =
+        make_float4(tdQrdQ(4 * c), tdQrdQ(4 * c + 1), tdQrdQ(4 * c + 2), tdQrdQ(4 * c + 3));
+  }
+  if (tid == 0) ss.dq_rec[dq_buf] = srec;
+  cutlass::arch::fence_view_async_shared();  // the bulk reduce reads the staging buffer through the async proxy
+  reinterpret_cast<Barrier&>(ss.dq_full[dq_buf]).arrive();
+  return dq_count;
+}
+
+}  // namespace detail
+
+// ----------------------------------------------------------------------------------------------------------------
 // Consumer warpgroups: one step per record until the end record; dK/dV of each tile go out through `store_dkdv`.
 template <class T, class StoreDkDv>
 CUTLASS_DEVICE void consumer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<T>& ss, StoreDkDv&& store_dkdv) {
@@ -24,7 +270,6 @@ CUTLASS_DEVICE void consumer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<
   using BN = typename T::BN;
   using HD = typename T::HD;
   const int tid = threadIdx.x - 128;  // 0 .. kNumMmaThreads-1
-  constexpr uint32_t kMmaBarrier = uint32_t(ConsumerBarrier::kBoth);
   const uint32_t wg_barrier = uint32_t(ConsumerBarrier::kWarpgroup0) + tid / 128;
 
   typename T::TiledMmaSdP mma_sdp;
@@ -100,16 +345,13 @@ CUTLASS_DEVICE void consumer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<
   uint32_t kv_count = 0;
   uint32_t dq_count = 0;
   uint32_t ds_count = 0;
-  // A config that lets step t's dK GEMM run into step t+1 (two stages, dS^T read from shared memory: kPtRegisters;
-  // no config does: every step ends by waiting for its dK GEMM) releases step t's Q/dO stage once that GEMM completed.
-  int unreleased_stage = -1;
   // The LSE of each of the thread's query columns, in registers. RowStats::kShuffle*: shuffled from the lanes that
   // loaded it (LaneStats) while the S and dP GEMMs are issued (kShuffle) or at the end of the step before
   // (kShuffleAhead, which waits for that step's stage there, so that the top of the loop need not). Shuffled after
   // the S wait, the first exp2 would wait on them: they queue in the MIO pipe behind the dP GEMM's operand reads.
   // Issued during the GEMMs they are faster except under the descending order, which a step ahead serves (see
   // docs/tuning.md). The empty asm keeps the compiler from sinking the shuffles back to their use.
-  // kSharedMemory: loaded here after the S wait when it fits in registers (P's kLseInRegs); unused (and dropped)
+  // kSharedMemory: loaded here after the S wait when it fits in registers (detail::lse_in_regs); unused (and dropped)
   // otherwise.
   float lse_cols[Cols::kCols];
   auto shuffle_lse = [&](LaneStats<T::kBlockM> const& lanes) {
@@ -199,207 +441,44 @@ CUTLASS_DEVICE void consumer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<
       if constexpr (T::kShuffleStats) dsum_lanes.load(ss.dsum[stage], tid % 32);
       Tensor tSrS = partition_fragment_C(mma_sdp, Shape<BN, BM>{});
       Tensor tdPrdP = partition_fragment_C(mma_sdp, Shape<BN, BM>{});
-      if constexpr (T::kGemmStats) {
-        // S^T - LSE_log2 / scale_log2 and dP^T - D, the statistics added by the tensor cores (RowStats::kGemmInit).
-        const uint64_t desc = GemmStats::descriptor(ss.gemm_stats[stage]);
-        wgmma_gemm_from_stats<T::kBlockM>(mma_sdp, tSrK, tSrQ(_, _, _, stage), tSrS, gemm_stats, 0, desc);
-        wgmma_gemm_from_stats<T::kBlockM>(mma_sdp, tSrV, tSrdO(_, _, _, stage), tdPrdP, gemm_stats, 1, desc);
-      } else {
-        wgmma_gemm<true, -1>(mma_sdp, tSrK, tSrQ(_, _, _, stage), tSrS);
-        if constexpr (!T::kLseAhead) shuffle_lse(lse_lanes);  // ptxas issues them among the S WGMMAs
-        wgmma_gemm<true, -1>(mma_sdp, tSrV, tSrdO(_, _, _, stage), tdPrdP);
-      }
-      // A previous dK GEMM still running (see unreleased_stage; no config has one) is done once at most the two
-      // groups just issued are pending: release its stage now, not after S, so the producer's next loads start one S
-      // GEMM earlier. The wait is unconditional; a wait inside a data-dependent branch would make ptxas serialise the
-      // WGMMAs.
+      detail::issue_s_dp<T>(mma_sdp, tSrK, tSrQ, tSrV, tSrdO, stage, tSrS, tdPrdP, ss, gemm_stats, shuffle_lse,
+                            lse_lanes);
+      // At most the two groups just issued are pending here (every step ends with its dK GEMM complete), so this
+      // wait returns at once. It and the fences stay: without them the kernels compile differently (not measured).
       warpgroup_wait<2>();
       warpgroup_fence_operand(tdKrdK);
       if constexpr (T::kDkFromRegs) warpgroup_fence_operand(rdS);
-      if (unreleased_stage >= 0) {
-        reinterpret_cast<Barrier&>(ss.q_empty[unreleased_stage]).arrive();
-        unreleased_stage = -1;
-      }
 
-      // P = exp2(S * scale * log2e - LSE_log2), computed while the dP GEMM runs; masked entries and rows without
-      // keys (LSE_log2 = +inf) give 0.
-      warpgroup_wait<1>();  // S done
-      // With few query columns per thread (hdim 128: 16) LSE goes to registers once per column; with many (hdim 64:
-      // 32) that array would not fit next to the larger S/dP fragments, so it is read per element from shared memory.
-      // Shuffled statistics have them in lse_cols already.
-      constexpr bool kLseInRegs = !T::kGemmStats && (T::kShuffleStats || Cols::kCols <= 16);
-      float const* lse_smem = ss.lse[stage] + tScS.m0();
-      if constexpr (kLseInRegs && !T::kShuffleStats) Cols::load(lse_cols, lse_smem, tScS);
-      warpgroup_fence_operand(tSrS);
-      // Soft-capping: the score of element i is t = tanh(S * softmax_scale / softcap), and dS will need 1 - t^2.
-      // Where LSE sits in registers, 1 - t^2 is kept per element until then, as fp16 (in [0, 1]: 11 bits against the
-      // 8 of the bf16 dS it scales; in fp32 the hdim 128 consumers spilled 116 bytes, in fp16 36-56). Where LSE is
-      // read per element from shared memory (hdim 64: 64 elements per thread, which spilled ~300 bytes held in fp16),
-      // t is recovered from P instead: log2 P = t * scale_log2 - LSE_log2. The plain kernels allocate nothing.
-      constexpr bool kDtanhInRegs = T::kSoftcap && kLseInRegs;
-      Tensor dtanh =
-          make_tensor<cutlass::half_t>(std::conditional_t<kDtanhInRegs, decltype(tSrS.layout()), Layout<_1>>{});
-      auto score = [&](int i) {
-        if constexpr (T::kSoftcap) {
-          const float t = tanh_approx(tSrS(i) * p.softcap_pre_tanh);
-          if constexpr (kDtanhInRegs) dtanh(i) = cutlass::half_t(fmaf(-t, t, 1.f));
-          return t;
-        } else {
-          return tSrS(i);
-        }
-      };
-      auto lse_of = [&](int i) { return kLseInRegs ? lse_cols[Cols::slot(i)] : lse_smem[get<1>(tScS.offset(i))]; };
-      // The exponent of P: with RowStats::kGemmInit the accumulator holds the score less LSE_log2 / scale_log2.
-      auto exponent = [&](int i, float x) {
-        if constexpr (T::kGemmStats) {
-          return x * p.scale_log2;
-        } else {
-          return fmaf(x, p.scale_log2, -lse_of(i));
-        }
-      };
-      // Whether the element at offset d from this thread's first one (see AccCoords) is masked, given the tile's
-      // limits.
-      auto is_masked = [&](auto d, int rows, int diag) {
-        const int thr_rows = rows - tScS.n0();
-        const int thr_diagonal = diag - (tScS.n0() - tScS.m0());
-        // Causal is the band (no left bound, right = 0) but keeps its own expression: a compile-time diagonal test,
-        // without the band's two run-time bounds in the masked P loop.
-        if constexpr (T::kMask == MaskKind::kWindow) {
-          const int nm = get<0>(d) - get<1>(d);
-          return get<0>(d) >= thr_rows || (p.window_right >= 0 && nm > thr_diagonal + p.window_right) ||
-                 (p.window_left >= 0 && nm < thr_diagonal - p.window_left);
-        } else {
-          return get<0>(d) >= thr_rows || (T::kMask == MaskKind::kCausal && get<0>(d) - get<1>(d) > thr_diagonal);
-        }
-      };
-      // Tiles that need no mask (all but the diagonal and ragged-end ones) take a loop without the tests where the
-      // tests are per element (causal) or the LSE comes from shared memory per element (hdim 64): there, with the
-      // tests in every step, ptxas predicated each exp2, zeroed its result beforehand and reloaded the scale from the
-      // constant bank per element, on the stretch between the S wait and the dV GEMM while the tensor cores wait for
-      // P. With only the row test (full mask, LSE in registers) the separate loop is slower, so that case keeps one
-      // loop; the shuffled statistics (hdim 128 full included) were tuned with the separate loop (docs/tuning.md).
-      constexpr bool kSeparateUnmaskedLoop =
-          T::kTwoStepBodies || T::kShuffleStats || T::kMask != MaskKind::kFull || !kLseInRegs;
-      if constexpr (kSeparateUnmaskedLoop) {
-        if (body_masked) {
-          // The limits are read again here rather than held across the GEMMs: the unmasked loop needs the registers.
-          const auto [rows, diag] = tile_limits();
-          CUTLASS_PRAGMA_UNROLL
-          for (int i = 0; i < size(tSrS); ++i) {
-            const float x = score(i);  // also where masked: dS multiplies the 0 of P by its 1 - t^2
-            tSrS(i) = is_masked(tScS.offset(i), rows, diag) ? 0.f : exp2f(exponent(i, x));
-          }
-        } else {
-          CUTLASS_PRAGMA_UNROLL
-          for (int i = 0; i < size(tSrS); ++i) tSrS(i) = exp2f(exponent(i, score(i)));
-        }
-      } else {
-        CUTLASS_PRAGMA_UNROLL
-        for (int i = 0; i < size(tSrS); ++i) {
-          bool masked = false;
-          if (need_mask) masked = is_masked(tScS.offset(i), kv_rows, diagonal);
-          const float x = score(i);
-          tSrS(i) = masked ? 0.f : exp2f(exponent(i, x));
-        }
-      }
-
-      // dV += P^T dO runs while dS is computed (DvIssue::kAfterP) or while dS is handed over (kAfterDs, issued
-      // below); P^T comes from registers or, after a round trip, shared memory.
-      auto issue_dv = [&](auto& rP) {
-        warpgroup_fence_operand(rP);
-        wgmma_gemm<-1>(mma_dv, make_tensor(rP.data(), accumulator_as_a_operand(rP.layout())),
-                       tdVrdOt(_, _, _, stage), tdVrdV, first);
-      };
+      Tensor dtanh = make_tensor<cutlass::half_t>(
+          std::conditional_t<detail::dtanh_in_regs<T, Cols>(), decltype(tSrS.layout()), Layout<_1>>{});
+      detail::compute_p<T, Cols>(p, ss, stage, tScS, tSrS, dtanh, lse_cols, body_masked, need_mask, kv_rows,
+                                 diagonal, tile_limits);
       Tensor rP = make_tensor<Element>(tSrS.layout());
       if constexpr (!T::kDvAfterDs) {
-        rP = convert_fragment<Element>(tSrS);
-        if constexpr (T::kDvFromRegs) {
-          issue_dv(rP);
-        } else {
-          if constexpr (T::kPtShared) cutlass::arch::NamedBarrier::sync(T::kNumMmaThreads, kMmaBarrier);
-          cute::copy(r2s, r2s_thr.retile_S(rP), tPsPt);
-          cutlass::arch::fence_view_async_shared();  // generic-proxy stores read next by WGMMA (async proxy)
-          if constexpr (T::kPtShared) {
-            cutlass::arch::NamedBarrier::sync(T::kNumMmaThreads, kMmaBarrier);
-          } else {
-            cutlass::arch::NamedBarrier::sync(128, wg_barrier);
-          }
-          wgmma_gemm<-1>(mma_dv, op_dv.partition_fragment_A(sPt), tdVrdOt(_, _, _, stage), tdVrdV, first);
-        }
+        detail::issue_dv_after_p<T>(mma_dv, op_dv, tSrS, rP, r2s, r2s_thr, tPsPt, sPt, tdVrdOt, stage, tdVrdV, first,
+                                    wg_barrier);
       }
-
       // dP done; with DvIssue::kAfterP the dV GEMM may still run, with kAfterDs it is not issued yet.
       warpgroup_wait<T::kDvAfterDs ? 0 : 1>();
       warpgroup_fence_operand(tdPrdP);
-      // Without shuffled statistics D is read per element straight from shared memory: with DvIssue::kAfterP this is
-      // the consumers' register peak (dK, dV, P, dP and the P^T operand of the running dV GEMM are all live), and a
-      // register copy of D made them spill.
-      float const* dsum = ss.dsum[stage] + tScS.m0();
       const int ds_buf = ds_count++ % T::kDsBuffers;
-      if constexpr (T::kGemmStats) {
-        CUTLASS_PRAGMA_UNROLL
-        for (int i = 0; i < size(tSrS); ++i) tdPrdP(i) = tSrS(i) * tdPrdP(i);  // the accumulator holds dP - D
-      } else if constexpr (T::kShuffleStats) {
-        Cols::for_each_column(dsum_lanes, tScS, [&](int j, float d) { tdPrdP(j) = tSrS(j) * (tdPrdP(j) - d); });
-      } else {
-        CUTLASS_PRAGMA_UNROLL
-        for (int i = 0; i < size(tSrS); ++i) tdPrdP(i) = tSrS(i) * (tdPrdP(i) - dsum[get<1>(tScS.offset(i))]);
-      }
-      if constexpr (kDtanhInRegs) {
-        CUTLASS_PRAGMA_UNROLL
-        for (int i = 0; i < size(tdPrdP); ++i) tdPrdP(i) *= float(dtanh(i));
-      } else if constexpr (T::kSoftcap) {
-        // P = 0 (masked, or below exp2's range) has no t to recover, and its dS is 0 whatever 1 - t^2 is.
-        const float inv_scale_log2 = 1.f / p.scale_log2;
-        CUTLASS_PRAGMA_UNROLL
-        for (int i = 0; i < size(tdPrdP); ++i) {
-          const float t = (log2f(tSrS(i)) + lse_of(i)) * inv_scale_log2;
-          tdPrdP(i) = tSrS(i) > 0.f ? tdPrdP(i) * fmaf(-t, t, 1.f) : 0.f;
-        }
-      }
-      if constexpr (T::kDvAfterDs) rP = convert_fragment<Element>(tSrS);
-      rdS = convert_fragment<Element>(tdPrdP);
-      cute::copy(r2s, r2s_thr.retile_S(rdS), tPsdSt(_, _, _, ds_buf));
-      if constexpr (T::kDvAfterDs) issue_dv(rP);  // reads P^T and dO only, so it need not wait for the fence below
-      cutlass::arch::fence_view_async_shared();
-      // dK (when d is split) and dQ need every warpgroup's rows of dS.
-      cutlass::arch::NamedBarrier::sync(T::kNumMmaThreads, kMmaBarrier);
-
-      // dQ first so that its hand-off to the writer overlaps the dK GEMM.
+      detail::compute_ds<T, Cols>(p, ss, stage, tScS, tSrS, tdPrdP, dtanh, lse_cols, dsum_lanes, ds_buf, rP, rdS, r2s,
+                                  r2s_thr, tPsdSt);
+      // DvIssue::kAfterDs: dV += P^T dO runs while dS is handed over; it reads P^T and dO only, so it need not wait
+      // for the dS^T stores to be fenced.
+      if constexpr (T::kDvAfterDs) detail::issue_dv_from_regs(mma_dv, rP, tdVrdOt, stage, tdVrdV, first);
       Tensor tdQrdQ = partition_fragment_C(mma_dq, Shape<BM, HD>{});
-      wgmma_gemm<true, -1>(mma_dq, tdQrdS(_, _, _, ds_buf), tdQrKt, tdQrdQ);
-      if constexpr (T::kDkFromRegs) {
-        warpgroup_fence_operand(rdS);
-        wgmma_gemm<-1>(mma_dk, make_tensor(rdS.data(), accumulator_as_a_operand(rdS.layout())),
-                       tdKrQt(_, _, _, stage), tdKrdK, first);
-      } else {
-        wgmma_gemm<-1>(mma_dk, op_dk.partition_fragment_A(sdSt)(_, _, _, ds_buf), tdKrQt(_, _, _, stage), tdKrdK,
-                       first);
-      }
-      warpgroup_wait<1>();  // dV and dQ done; dK may still run
-      warpgroup_fence_operand(tdVrdV);
-      warpgroup_fence_operand(tdQrdQ);
-      if constexpr (T::kDvFromRegs) warpgroup_fence_operand(rP);
+      detail::issue_dq_dk<T>(mma_dq, mma_dk, op_dk, tdQrdS, tdQrKt, tdKrQt, rdS, sdSt, stage, ds_buf, first, tdQrdQ,
+                             tdKrdK, tdVrdV, rP);
       // The tile's last reads of K (S, dQ) and V (dP) are done; the still-running dK GEMM reads only dS^T and Q.
       // Freeing K/V now lets the producer start the next tile's K/V loads during the dQ hand-off, dK and the dK/dV
       // stores.
       if (flags & VisitRecord::kLast) reinterpret_cast<Barrier&>(ss.kv_empty).arrive();
+      dq_count = detail::hand_off_dq<T>(ss, tdQrdQ, srec, tid, dq_count);
 
-      // Hand the partial dQ to the writer warp through the next staging buffer, once the writer has read it.
-      const RingPos dqpos = ring_pos<T::kDqBuffers>(dq_count);
-      const int dq_buf = dqpos.index;
-      wait_barrier(ss.dq_empty[dq_buf], dqpos.phase ^ 1, WaitSite::kDqEmpty);
-      ++dq_count;
-      float4* sdq = reinterpret_cast<float4*>(ss.dq[dq_buf].data());
-      CUTLASS_PRAGMA_UNROLL
-      for (int c = 0; c < T::kDqPerThread / 4; ++c) {
-        sdq[c * T::kNumMmaThreads + tid] =
-            make_float4(tdQrdQ(4 * c), tdQrdQ(4 * c + 1), tdQrdQ(4 * c + 2), tdQrdQ(4 * c + 3));
-      }
-      if (tid == 0) ss.dq_rec[dq_buf] = srec;
-      cutlass::arch::fence_view_async_shared();  // the bulk reduce reads the staging buffer through the async proxy
-      reinterpret_cast<Barrier&>(ss.dq_full[dq_buf]).arrive();
-
+      // The end of the step: wait for its dK GEMM and release the Q/dO stage; the tile's last step then stores dK/dV.
+      // Every step waits for its dK GEMM, as the next step may reuse this stage (one stage) or its dS^T registers (dK
+      // from registers; held into the next step, they would make the consumers spill).
       if (flags & VisitRecord::kLast) {
         warpgroup_wait<0>();
         warpgroup_fence_operand(tdKrdK);
@@ -415,15 +494,11 @@ CUTLASS_DEVICE void consumer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<
         } else {
           store_dkdv(tile, tdKrdK, tdVrdV, thr_dv);
         }
-      } else if constexpr (T::kStages == 1 || T::kDkFromRegs) {
-        // The next step reuses this stage (one stage), or its dS^T registers (dK from registers): wait for the dK GEMM
-        // and release the stage now.
+      } else {
         warpgroup_wait<0>();
         warpgroup_fence_operand(tdKrdK);
         if constexpr (T::kDkFromRegs) warpgroup_fence_operand(rdS);
         reinterpret_cast<Barrier&>(ss.q_empty[stage]).arrive();
-      } else {
-        unreleased_stage = stage;
       }
     }
     shuffle_lse_ahead(q_count + 1);

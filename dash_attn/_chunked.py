@@ -1,6 +1,7 @@
-"""attention_chunk (FlashAttention-3's keyword, Llama 4's chunked attention) on the varlen op, without kernels of its own.
+"""attention_chunk (FlashAttention-3's keyword, Llama 4's chunked attention) on the varlen op, with no kernels of
+its own.
 
-The rule (FlashAttention-3's hopper/mask.h and test_util.construct_chunk_mask): with attention_chunk = C > 0, query row
+The rule, as FlashAttention-3 defines the keyword: with attention_chunk = C > 0, query row
 i of a sequence of seqlen_q queries and seqlen_k keys sits at position p = i + seqlen_k - seqlen_q (the bottom-right
 aligned diagonal of the causal and window masks) and sees key j only when floor(p / C) == floor(j / C), on top of its
 causal or window band. A query at p < 0 (seqlen_q > seqlen_k) shares its chunk with no key.

@@ -79,7 +79,7 @@ def _varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seq
 
 
 # ----------------------------------------------------------------------------------------------------------------------
-# FlashAttention-3's functions: its parameters in its order (hopper/flash_attn_interface.py), dash_attn's own after
+# FlashAttention-3's functions: its parameters in its order, dash_attn's own after
 # them, keyword-only. deterministic defaults to None (FA3: False): follow torch.are_deterministic_algorithms_enabled().
 # ----------------------------------------------------------------------------------------------------------------------
 

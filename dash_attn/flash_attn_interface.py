@@ -1,5 +1,5 @@
-"""FlashAttention-3's module name (its hopper/flash_attn_interface.py) with the functions dash_attn has of it, so that a
-port changes one import line:
+"""The module name FlashAttention-3 users import, holding the functions of it that dash_attn offers, so that a port
+changes one import line:
 
     from flash_attn_interface import flash_attn_func  ->  from dash_attn.flash_attn_interface import flash_attn_func
     import flash_attn_interface                       ->  from dash_attn import flash_attn_interface

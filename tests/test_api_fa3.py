@@ -14,7 +14,7 @@ from dash_attn.reference import attention_ref, attention_ref_varlen
 
 from api_common import qkv, varlen_inputs
 
-# FA3's parameters, in order (Dao-AILab/flash-attention, hopper/flash_attn_interface.py).
+# The parameter names and order a FlashAttention-3 call site passes, which our functions must accept as they are.
 FA3_DENSE = ["q", "k", "v", "softmax_scale", "causal", "qv", "q_descale", "k_descale", "v_descale", "window_size",
              "attention_chunk", "softcap", "num_splits", "pack_gqa", "deterministic", "sm_margin", "return_attn_probs"]
 FA3_VARLEN = (FA3_DENSE[:3] + ["cu_seqlens_q", "cu_seqlens_k", "max_seqlen_q", "max_seqlen_k", "seqused_q", "seqused_k"]

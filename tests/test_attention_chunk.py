@@ -1,6 +1,6 @@
 """attention_chunk (FlashAttention-3's chunked attention) on the CPU path, against a reference that builds the chunk
 mask explicitly: query i at position p = i + seqlen_k - seqlen_q sees key j iff p // C == j // C and j lies in its
-causal / window band (hopper/test_util.py's construct_chunk_mask and construct_local_mask). Dense and varlen calls,
+causal / window band, written out here independently of the implementation. Dense and varlen calls,
 the packed forms, seqused, GQA, seqlen_q != seqlen_k both ways, C not dividing the lengths and C past them; outputs,
 lse and dq/dk/dv; the argument's errors; attention_chunk=0 untouched."""
 import itertools

@@ -18,6 +18,7 @@ transformers = pytest.importorskip("transformers")
 
 from dash_attn.integrations import transformers as dash_tf  # noqa: E402
 from dash_attn.reference import attention_ref  # noqa: E402
+from gpu_common import exact_float32_matmul  # noqa: E402,F401  (autouse: the float32 reference without TF32)
 
 TOL = 1e-5
 VOCAB = 96
@@ -49,14 +50,6 @@ def _config(arch):
 @pytest.fixture(scope="module", autouse=True)
 def registered():
     dash_tf.register()
-
-
-@pytest.fixture(autouse=True)
-def exact_float32_matmul():
-    previous = torch.get_float32_matmul_precision()
-    torch.set_float32_matmul_precision("highest")
-    yield
-    torch.set_float32_matmul_precision(previous)
 
 
 def _models(arch):

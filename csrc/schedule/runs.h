@@ -85,21 +85,7 @@ struct ShiftCausalRuns {
 
   DASH_HD static int64_t num_items(const Problem& p, int32_t cta) { return ShiftCausal::num_items_applied(p, cta); }
   DASH_HD static KvTile item(const Problem& p, int32_t cta, int64_t k) {
-    const Layout l = layout(p);
-    const int64_t pairs = Snake::units_on(l.pair_units, p.num_ctas, cta);
-    int64_t head_index;
-    int32_t n;
-    if (k < 2 * pairs) {
-      const DivMod64 hu = divmod_nonneg(Snake::unit_at(p.num_ctas, cta, k / 2), l.Q);
-      head_index = hu.q;
-      const int32_t u = l.Q - 1 - static_cast<int32_t>(hu.r);
-      n = (k % 2 == 0) ? u : l.N - 1 - u;
-    } else {
-      head_index = Snake::unit_at(p.num_ctas, cta, pairs + (k - 2 * pairs)) - l.pair_units;
-      n = l.Q;
-    }
-    const DivMod64 bh = divmod_nonneg(head_index, p.nheads_k);
-    return KvTile{static_cast<int32_t>(bh.q), static_cast<int32_t>(bh.r), n};
+    return ShiftCausal::item_paired<true>(p, cta, k);
   }
   DASH_HD static int32_t num_visits(const Problem& p, const KvTile& t) { return ShiftRuns::num_visits(p, t); }
 

@@ -69,7 +69,13 @@ struct ShiftCausal {
     return 2 * pairs + (units - pairs);
   }
 
-  DASH_HD static KvTile item_applied(const Problem& p, int32_t cta, int64_t k) {
+  DASH_HD static KvTile item_applied(const Problem& p, int32_t cta, int64_t k) { return item_paired<false>(p, cta, k); }
+
+  // Item k of a CTA under the pairing: items 2i and 2i+1 are the long and short tile of the CTA's i-th pair unit,
+  // later items middle tiles. kDescendingUnits: a head's pair units launch in descending u (ShiftCausalRuns, runs.h),
+  // else ascending.
+  template <bool kDescendingUnits>
+  DASH_HD static KvTile item_paired(const Problem& p, int32_t cta, int64_t k) {
     const Layout l = layout(p);
     const int64_t pairs = Snake::units_on(l.pair_units, p.num_ctas, cta);
     int64_t head_index;
@@ -78,7 +84,7 @@ struct ShiftCausal {
       const int64_t unit = Snake::unit_at(p.num_ctas, cta, k / 2);
       const DivMod64 qr = divmod_nonneg(unit, l.Q);
       head_index = qr.q;
-      const int32_t u = static_cast<int32_t>(qr.r);
+      const int32_t u = kDescendingUnits ? l.Q - 1 - static_cast<int32_t>(qr.r) : static_cast<int32_t>(qr.r);
       n = (k % 2 == 0) ? u : l.N - 1 - u;
     } else {
       head_index = Snake::unit_at(p.num_ctas, cta, pairs + (k - 2 * pairs)) - l.pair_units;

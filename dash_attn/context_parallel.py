@@ -25,9 +25,9 @@ from typing import List, Optional, Sequence, Tuple
 import torch
 import torch.distributed as dist
 
-__all__ = ["shard_sequence", "unshard_sequence", "ring_attn_func", "simulate"]
+from ._args import MaskKind
 
-_FULL, _CAUSAL = 0, 1
+__all__ = ["shard_sequence", "unshard_sequence", "ring_attn_func", "simulate"]
 
 
 def _chunks_of(rank: int, world: int) -> Tuple[int, int]:
@@ -62,10 +62,15 @@ def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
 
 def _pair_mask(q_chunk: int, kv_chunk: int, causal: bool) -> Optional[int]:
     if not causal:
-        return _FULL
+        return MaskKind.FULL
     if q_chunk > kv_chunk:
-        return _FULL
-    return _CAUSAL if q_chunk == kv_chunk else None
+        return MaskKind.FULL
+    return MaskKind.CAUSAL if q_chunk == kv_chunk else None
+
+
+def _op_mask(mask: MaskKind) -> Tuple[int, int, int]:
+    """(mask, window_left, window_right) as the ops take them."""
+    return int(mask), -1, 0 if mask == MaskKind.CAUSAL else -1
 
 
 class _Step:
@@ -82,8 +87,8 @@ class _Step:
                 mask = _pair_mask(a, b, self.causal)
                 if mask is None:
                     continue
-                out, lse = torch.ops.dash_attn.fwd(q, k, v, self.scale, mask, -1, 0 if mask == _CAUSAL else -1, 0.0,
-                                                   self.deterministic, "auto", self.sm_margin)
+                out, lse = torch.ops.dash_attn.fwd(q, k, v, self.scale, *_op_mask(mask), 0.0, self.deterministic,
+                                                   "auto", self.sm_margin)
                 lse = lse.transpose(1, 2).unsqueeze(-1)
                 out = out.to(_acc_dtype(out.dtype))
                 lse = lse.to(out.dtype)
@@ -102,8 +107,7 @@ class _Step:
                 if mask is None:
                     continue
                 dq, dk, dv = torch.ops.dash_attn.bwd(dout_parts[i], q, k, v, out_parts[i], lse_parts[i], self.scale,
-                                                     mask, -1, 0 if mask == _CAUSAL else -1, 0.0, self.deterministic,
-                                                     "auto", self.sm_margin)
+                                                     *_op_mask(mask), 0.0, self.deterministic, "auto", self.sm_margin)
                 dq_acc[i].add_(dq)
                 dkv_acc[j][0].add_(dk)
                 dkv_acc[j][1].add_(dv)
@@ -123,13 +127,11 @@ class _Ring:
     """Point-to-point ring of a process group: send to the next rank, receive from the previous one."""
 
     def __init__(self, group):
-        self.group = group
-        self.rank = dist.get_rank(group)
-        self.world = dist.get_world_size(group)
-        self.next = dist.get_global_rank(group, (self.rank + 1) % self.world) if group is not None else \
-            (self.rank + 1) % self.world
-        self.prev = dist.get_global_rank(group, (self.rank - 1) % self.world) if group is not None else \
-            (self.rank - 1) % self.world
+        self.group = dist.group.WORLD if group is None else group
+        self.rank = dist.get_rank(self.group)
+        self.world = dist.get_world_size(self.group)
+        self.next = dist.get_global_rank(self.group, (self.rank + 1) % self.world)
+        self.prev = dist.get_global_rank(self.group, (self.rank - 1) % self.world)
 
     def start(self, tensors: Sequence[torch.Tensor]):
         """Sends `tensors` on and receives the previous rank's into fresh buffers; returns (requests, buffers)."""
@@ -187,12 +189,12 @@ class _RingAttn(torch.autograd.Function):
             step.backward(dout_parts, q_parts, out_parts, lse_parts, list(zip(_halves(travel[0]), _halves(travel[1]))),
                           q_chunks, _chunks_of(src, ring.world), dq_acc, dkv_acc)
             travel[2], travel[3] = torch.cat(dk_parts, dim=1), torch.cat(dv_parts, dim=1)
-            # The pair and its accumulators move on; after W sends the accumulators are back with their owner.
-            travel = ring.finish(ring.start(travel if s + 1 < ring.world else travel[2:]))
-            if s + 1 == ring.world:
-                travel = [None, None] + travel
+            if s + 1 < ring.world:  # the pair and its accumulators move on
+                travel = ring.finish(ring.start(travel))
+        # One more hop brings the accumulators back to their owner (the K/V need not travel).
+        dk, dv = ring.finish(ring.start(travel[2:]))
         dq = torch.cat(dq_acc, dim=1).to(q.dtype)
-        return dq, travel[2].to(k.dtype), travel[3].to(v.dtype), None, None, None, None, None
+        return dq, dk.to(k.dtype), dv.to(v.dtype), None, None, None, None, None
 
 
 def ring_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: Optional[float] = None,

@@ -15,6 +15,7 @@ import torch
 
 from . import validation
 from ._args import _reference_dtype
+from ._varlen import _checked_host_lists
 from .reference import attention_bwd_ref, attention_bwd_ref_varlen, attention_ref, attention_ref_varlen
 
 
@@ -47,11 +48,7 @@ def varlen_attention(caller: str, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q
     """flash_attn_varlen_func's body with a sink: (out, lse), lse float32 (nheads, total_q) including the sink (-inf
     on the rows past seqused, which take no part)."""
     softmax_scale, window, softcap = _common(caller, q, learnable_sink, args, attention_chunk)
-    host = [None if t is None else t.tolist() for t in (cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k)]
-    for side, cu, used, total, max_seqlen in (("q", host[0], host[2], q.shape[0], max_seqlen_q),
-                                              ("k", host[1], host[3], k.shape[0], max_seqlen_k)):
-        validation.check_cu_seqlens_values(f"cu_seqlens_{side}", cu, total, max_seqlen, f"max_seqlen_{side}", used,
-                                           f"seqused_{side}")
+    _checked_host_lists(q, k, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k)
     seqs = (cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k)
     return _SinkVarlenAttention.apply(q, k, v, learnable_sink, seqs, softmax_scale, window, softcap)
 

@@ -85,43 +85,49 @@ def _full_width(result: torch.Tensor, kernel_dim: int):
     result.copy_(rows)
 
 
-def _launch_fwd(q, k, v, out, lse, softmax_scale, mask, window_left, window_right, softcap) -> None:
-    """CUDA forward into preallocated out/lse; every check runs before the launch."""
-    _run_fwd(_check_cuda(q, v, softcap), q, k, v, out, lse, softmax_scale, mask, window_left, window_right, softcap)
+def _launch_fwd(q, k, v, out, lse, softmax_scale, mask, window_left, window_right, softcap, sink=None) -> None:
+    """CUDA forward into preallocated out/lse; every check runs before the launch. sink: None or the (nheads,) float32
+    learnable sink logits (dash_attn/_sinks.py), included in lse."""
+    _run_fwd(_check_cuda(q, v, softcap), q, k, v, out, lse, softmax_scale, mask, window_left, window_right, softcap,
+             sink)
 
 
-def _run_fwd(ext, q, k, v, out, lse, softmax_scale, mask, window_left, window_right, softcap) -> None:
+def _run_fwd(ext, q, k, v, out, lse, softmax_scale, mask, window_left, window_right, softcap, sink=None) -> None:
     """The forward once _check_cuda has passed (the varlen path checks once for all of its launches)."""
     if q.numel() == 0:
         return
-    if k.shape[1] == 0:  # no keys: every row is fully masked
+    if k.shape[1] == 0:  # no keys: every row is fully masked, and only a sink is left in its denominator
         out.zero_()
-        lse.fill_(float("-inf"))
+        if sink is None:
+            lse.fill_(float("-inf"))
+        else:
+            lse.copy_(sink.view(1, -1, 1).expand_as(lse))
         return
     with _device_guard(q.device), _full_width(out, _kernel_head_dim(q, v)) as out_rows:
-        ext.fwd(q, k, v, out_rows, lse, softmax_scale, mask, window_left, window_right, softcap)
+        ext.fwd(q, k, v, out_rows, lse, softmax_scale, mask, window_left, window_right, softcap, sink)
 
 
 def _launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, mask, window_left, window_right, softcap,
-                deterministic, schedule, sm_margin) -> None:
-    """CUDA backward into preallocated dq/dk/dv; "auto" is resolved here, before the launch."""
+                deterministic, schedule, sm_margin, sink=None, dsink=None) -> None:
+    """CUDA backward into preallocated dq/dk/dv (and dsink, float32 (nheads,), with a sink); "auto" is resolved here,
+    before the launch."""
     _run_bwd(_check_cuda(q, v, softcap), dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, mask, window_left,
-             window_right, softcap, deterministic, schedule, sm_margin)
+             window_right, softcap, deterministic, schedule, sm_margin, sink, dsink)
 
 
 def _run_bwd(ext, dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, mask, window_left, window_right, softcap,
-             deterministic, schedule, sm_margin) -> None:
+             deterministic, schedule, sm_margin, sink=None, dsink=None) -> None:
     """The backward once _check_cuda has passed."""
     if q.numel() == 0 or k.numel() == 0:
-        dq.zero_()
-        dk.zero_()
-        dv.zero_()
+        # No keys: out is 0, so D = rowsum(dO * out) = 0 and the sink takes no gradient either.
+        for grad in (dq, dk, dv) if dsink is None else (dq, dk, dv, dsink):
+            grad.zero_()
         return
     schedule_id = _resolve_schedule(schedule, q, k, v, mask, window_left, window_right, deterministic, sm_margin)
     kernel_dim = _kernel_head_dim(q, v)
     with _device_guard(q.device), _full_width(dk, kernel_dim) as dk_rows, _full_width(dv, kernel_dim) as dv_rows:
         ext.bwd(dout, q, k, v, out, lse, dq, dk_rows, dv_rows, softmax_scale, mask, window_left, window_right,
-                softcap, deterministic, schedule_id, sm_margin)
+                softcap, deterministic, schedule_id, sm_margin, sink, dsink)
 
 
 def _out_like(q: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

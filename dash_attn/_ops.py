@@ -146,13 +146,9 @@ def _varlen_fwd_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     mask, window_left, window_right = _effective_mask(mask, window_left, window_right, max_seqlen_q, max_seqlen_k)
     seqs = (cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k)
     ext, host = _check_varlen(q, k, v, *seqs, max_seqlen_q, max_seqlen_k, softcap)
-    if _runs_unplanned(ext, host, seqused_q, seqused_k):
-        bounds = _unplanned_bounds(host, mask, window_left, window_right, max_seqlen_q, max_seqlen_k)
-        return _varlen_fwd_unplanned(ext, q, k, v, seqs, bounds, softmax_scale, mask, window_left, window_right,
-                                     softcap, checked_on_host=host is not None)
     if ext is not None:
-        return _varlen_fwd_cuda(ext, q, k, v, cu_seqlens_q, cu_seqlens_k, host[0], host[1], softmax_scale, mask,
-                                window_left, window_right, softcap)
+        return varlen_fwd_launch(ext, host, q, k, v, seqs, max_seqlen_q, max_seqlen_k, softmax_scale, mask,
+                                 window_left, window_right, softcap)
     out = _out_like(q, v)
     lse = torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device)
     ref_out, ref_lse = attention_ref_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, False,
@@ -162,6 +158,30 @@ def _varlen_fwd_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     out.copy_(ref_out)
     lse.copy_(ref_lse)
     return out, lse
+
+
+def varlen_fwd_launch(ext, host, q, k, v, seqs, max_seqlen_q, max_seqlen_k, softmax_scale, mask, window_left,
+                      window_right, softcap, sink=None):
+    """The CUDA varlen forward on checked arguments (ext, host: _check_varlen's; mask already effective): the packed
+    kernels for unplanned calls, else the planned path. sink: None or (nheads,) float32 (dash_attn/_sinks.py)."""
+    if _runs_unplanned(ext, host, seqs[2], seqs[3]):
+        bounds = _unplanned_bounds(host, mask, window_left, window_right, max_seqlen_q, max_seqlen_k)
+        return _varlen_fwd_unplanned(ext, q, k, v, seqs, bounds, softmax_scale, mask, window_left, window_right,
+                                     softcap, checked_on_host=host is not None, sink=sink)
+    return _varlen_fwd_cuda(ext, q, k, v, seqs[0], seqs[1], host[0], host[1], softmax_scale, mask, window_left,
+                            window_right, softcap, sink)
+
+
+def varlen_bwd_launch(ext, host, dout, q, k, v, out, lse, seqs, max_seqlen_q, max_seqlen_k, softmax_scale, mask,
+                      window_left, window_right, softcap, deterministic, schedule, sm_margin, sink=None, dsink=None):
+    """The CUDA varlen backward on checked arguments, as varlen_fwd_launch; dsink: float32 (nheads,) with a sink."""
+    if _runs_unplanned(ext, host, seqs[2], seqs[3]):
+        bounds = _unplanned_bounds(host, mask, window_left, window_right, max_seqlen_q, max_seqlen_k)
+        return _varlen_bwd_unplanned(ext, dout, q, k, v, out, lse, seqs, bounds, softmax_scale, mask, window_left,
+                                     window_right, softcap, deterministic, schedule, sm_margin,
+                                     checked_on_host=host is not None, sink=sink, dsink=dsink)
+    return _varlen_bwd_cuda(ext, dout, q, k, v, out, lse, seqs[0], seqs[1], host[0], host[1], softmax_scale, mask,
+                            window_left, window_right, softcap, deterministic, schedule, sm_margin, sink, dsink)
 
 
 _varlen_fwd = torch.library.custom_op("dash_attn::varlen_fwd", mutates_args=())(_varlen_fwd_impl)
@@ -182,15 +202,9 @@ def _varlen_bwd_impl(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
     mask, window_left, window_right = _effective_mask(mask, window_left, window_right, max_seqlen_q, max_seqlen_k)
     seqs = (cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k)
     ext, host = _check_varlen(q, k, v, *seqs, max_seqlen_q, max_seqlen_k, softcap)
-    if _runs_unplanned(ext, host, seqused_q, seqused_k):
-        bounds = _unplanned_bounds(host, mask, window_left, window_right, max_seqlen_q, max_seqlen_k)
-        return _varlen_bwd_unplanned(ext, dout, q, k, v, out, lse, seqs, bounds, softmax_scale, mask, window_left,
-                                     window_right, softcap, deterministic, schedule, sm_margin,
-                                     checked_on_host=host is not None)
     if ext is not None:
-        return _varlen_bwd_cuda(ext, dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, host[0], host[1],
-                                softmax_scale, mask, window_left, window_right, softcap, deterministic, schedule,
-                                sm_margin)
+        return varlen_bwd_launch(ext, host, dout, q, k, v, out, lse, seqs, max_seqlen_q, max_seqlen_k, softmax_scale,
+                                 mask, window_left, window_right, softcap, deterministic, schedule, sm_margin)
     window = (window_left, window_right)
     compute_dtype = _reference_dtype(q.dtype)
     used = dict(seqused_q=seqused_q, seqused_k=seqused_k)

@@ -2,10 +2,12 @@
 
 A sink is one logit per query head, sink_h, that joins every row's softmax denominator with no value vector:
     out_i = sum_j exp(s_ij) v_j / (sum_j exp(s_ij) + exp(sink_h)),  lse_i = log(sum_j exp(s_ij) + exp(sink_h)).
-CPU tensors run the reference math (dash_attn.reference) through the autograd.Functions below; the gradient of the
-sink, d sink_h = -sum over rows of exp(sink_h - lse) * rowsum(dO * O), is summed by torch on the host, in a fixed
-order, so the backward is deterministic by construction. The CUDA kernels take no sink yet: CUDA calls are refused
-before any launch. These calls bypass the registered custom ops (dash_attn/_ops.py), whose schemas have no sink.
+CUDA tensors run the kernels: the forward adds the sink to each row's final sum (so lse includes it), the backward's
+dQ/dK/dV need nothing more than that lse, and its preprocess computes d sink_h = -sum over rows of exp(sink_h - lse) *
+rowsum(dO * O) from the D it computes anyway, summed in a fixed order (csrc/bwd/bwd_preprocess.h): deterministic in
+both modes. CPU tensors run the reference math (dash_attn.reference), d sink summed by torch on the host. These calls
+run through the autograd.Functions below, not the registered custom ops (dash_attn/_ops.py), whose schemas have no
+sink: torch.compile traces them as opaque calls.
 """
 from __future__ import annotations
 
@@ -14,43 +16,91 @@ from typing import Optional, Tuple
 import torch
 
 from . import validation
-from ._args import _reference_dtype
-from ._varlen import _checked_host_lists
+from ._args import _effective_mask, _reference_dtype
+from ._launch import _launch_bwd, _launch_fwd, _lse_shape, _out_like
+from ._ops import _last_dim_contiguous, varlen_bwd_launch, varlen_fwd_launch
+from ._varlen import _check_varlen, _checked_host_lists
 from .reference import attention_bwd_ref, attention_bwd_ref_varlen, attention_ref, attention_ref_varlen
 
 
-def _refuse_cuda(caller: str, q: torch.Tensor) -> None:
-    """NotImplementedError (which validation.public_entry does not rename) naming the public function itself."""
-    if q.device.type != "cpu":
-        raise NotImplementedError(f"{caller}(): learnable_sink: the CUDA kernels do not take a sink yet; pass "
-                                  "learnable_sink=None, or run the call on CPU tensors (the reference path)")
-
-
-def _common(caller: str, q: torch.Tensor, learnable_sink: torch.Tensor, args: tuple, attention_chunk: int):
-    """Checks the sink and the device; returns (softmax_scale, window, softcap) of api._common_args' tuple (the
-    deterministic flag, schedule and sm_margin only steer the CUDA backward)."""
-    validation.check_learnable_sink(learnable_sink, q, attention_chunk)
-    _refuse_cuda(caller, q)
+def _reference_args(args: tuple):
+    """(softmax_scale, window, softcap) of api._common_args' tuple, for the CPU reference (whose window already
+    encodes a causal mask; the deterministic flag, schedule and sm_margin only steer the CUDA backward)."""
     softmax_scale, _, window_left, window_right, softcap = args[:5]
     return softmax_scale, (window_left, window_right), softcap
 
 
-def attention(caller: str, q, k, v, learnable_sink, args: tuple,
+def attention(q, k, v, learnable_sink, args: tuple,
               attention_chunk: int = 0) -> Tuple[torch.Tensor, torch.Tensor]:
     """flash_attn_func's body with a sink: (out, lse), lse float32 (batch, nheads, seqlen_q) including the sink."""
-    softmax_scale, window, softcap = _common(caller, q, learnable_sink, args, attention_chunk)
-    return _SinkAttention.apply(q, k, v, learnable_sink, softmax_scale, window, softcap)
+    validation.check_learnable_sink(learnable_sink, q, attention_chunk)
+    if q.device.type != "cpu":
+        return _CudaSinkAttention.apply(q, k, v, learnable_sink.contiguous(), args)
+    return _SinkAttention.apply(q, k, v, learnable_sink, *_reference_args(args))
 
 
-def varlen_attention(caller: str, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q: int,
+def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q: int,
                      max_seqlen_k: int, learnable_sink, args: tuple,
                      attention_chunk: int = 0) -> Tuple[torch.Tensor, torch.Tensor]:
     """flash_attn_varlen_func's body with a sink: (out, lse), lse float32 (nheads, total_q) including the sink (-inf
     on the rows past seqused, which take no part)."""
-    softmax_scale, window, softcap = _common(caller, q, learnable_sink, args, attention_chunk)
-    _checked_host_lists(q, k, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k)
+    validation.check_learnable_sink(learnable_sink, q, attention_chunk)
     seqs = (cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k)
-    return _SinkVarlenAttention.apply(q, k, v, learnable_sink, seqs, softmax_scale, window, softcap)
+    if q.device.type != "cpu":
+        return _CudaSinkVarlenAttention.apply(q, k, v, learnable_sink.contiguous(), seqs, max_seqlen_q, max_seqlen_k,
+                                              args)
+    _checked_host_lists(q, k, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k)
+    return _SinkVarlenAttention.apply(q, k, v, learnable_sink, seqs, *_reference_args(args))
+
+
+class _CudaSinkAttention(torch.autograd.Function):
+    """Dense attention with a sink in the CUDA kernels; args: api._common_args' tuple."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, learnable_sink, args: tuple):
+        softmax_scale, mask, window_left, window_right, softcap, deterministic, schedule, sm_margin = args
+        mask, window_left, window_right = _effective_mask(mask, window_left, window_right, q.shape[1], k.shape[1])
+        out = _out_like(q, v)
+        lse = torch.empty(_lse_shape(q), dtype=torch.float32, device=q.device)
+        _launch_fwd(q, k, v, out, lse, softmax_scale, mask, window_left, window_right, softcap, learnable_sink)
+        ctx.save_for_backward(q, k, v, out, lse, learnable_sink)
+        ctx.params = (softmax_scale, mask, window_left, window_right, softcap, deterministic, schedule, sm_margin)
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        q, k, v, out, lse, learnable_sink = ctx.saved_tensors
+        dq, dk, dv, dsink = (torch.empty_like(t) for t in (q, k, v, learnable_sink))
+        _launch_bwd(_last_dim_contiguous(dout), q, k, v, out, lse, dq, dk, dv, *ctx.params, learnable_sink, dsink)
+        return dq, dk, dv, dsink, None
+
+
+class _CudaSinkVarlenAttention(torch.autograd.Function):
+    """Varlen attention with a sink in the CUDA kernels; seqs = (cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, learnable_sink, seqs, max_seqlen_q: int, max_seqlen_k: int, args: tuple):
+        softmax_scale, mask, window_left, window_right, softcap, deterministic, schedule, sm_margin = args
+        mask, window_left, window_right = _effective_mask(mask, window_left, window_right, max_seqlen_q,
+                                                          max_seqlen_k)
+        ext, host = _check_varlen(q, k, v, *seqs, max_seqlen_q, max_seqlen_k, softcap)
+        out, lse = varlen_fwd_launch(ext, host, q, k, v, seqs, max_seqlen_q, max_seqlen_k, softmax_scale, mask,
+                                     window_left, window_right, softcap, learnable_sink)
+        ctx.save_for_backward(q, k, v, out, lse, learnable_sink)
+        ctx.launch = (ext, host, seqs, max_seqlen_q, max_seqlen_k, softmax_scale, mask, window_left, window_right,
+                      softcap, deterministic, schedule, sm_margin)
+        ctx.mark_non_differentiable(lse)
+        return out, lse
+
+    @staticmethod
+    def backward(ctx, dout, dlse):
+        q, k, v, out, lse, learnable_sink = ctx.saved_tensors
+        ext, host, seqs, max_q, max_k, *params = ctx.launch
+        dsink = torch.empty_like(learnable_sink)
+        dq, dk, dv = varlen_bwd_launch(ext, host, _last_dim_contiguous(dout), q, k, v, out, lse, seqs, max_q, max_k,
+                                       *params, learnable_sink, dsink)
+        return dq, dk, dv, dsink, None, None, None, None
 
 
 def _cast_grads(grads, inputs):

@@ -180,7 +180,7 @@ def _device_int32(x: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 
 def _varlen_fwd_cuda(ext, q, k, v, cu_seqlens_q, cu_seqlens_k, cq, ck, softmax_scale, mask, window_left,
-                     window_right, softcap):
+                     window_right, softcap, sink=None):
     out = _out_like(q, v)
     lse = torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device)
     packed = _packed_launch(ext, q, k, v, cq, ck, mask, window_left, window_right)
@@ -188,7 +188,7 @@ def _varlen_fwd_cuda(ext, q, k, v, cu_seqlens_q, cu_seqlens_k, cq, ck, softmax_s
         with _device_guard(q.device):
             ext.varlen_fwd(q, k, v, out, lse, _device_int32(cu_seqlens_q, q.device),
                            _device_int32(cu_seqlens_k, q.device), None, None, packed[0], packed[1], softmax_scale,
-                           mask, window_left, window_right, softcap)
+                           mask, window_left, window_right, softcap, sink)
         return out, lse
     for sq, sk, count, seqlen_q, seqlen_k in _runs(cq, ck):
         q_b = _batched(q, sq, count, seqlen_q)
@@ -196,13 +196,14 @@ def _varlen_fwd_cuda(ext, q, k, v, cu_seqlens_q, cu_seqlens_k, cq, ck, softmax_s
         mask_b, left_b, right_b = _effective_mask(mask, window_left, window_right, seqlen_q, seqlen_k)
         lse_b = torch.empty(_lse_shape(q_b), dtype=torch.float32, device=q.device)
         _run_fwd(ext, q_b, k_b, v_b, _batched(out, sq, count, seqlen_q), lse_b, softmax_scale, mask_b, left_b,
-                 right_b, softcap)
+                 right_b, softcap, sink)
         lse[:, sq].unflatten(1, (count, seqlen_q)).copy_(lse_b.transpose(0, 1))
     return out, lse
 
 
 def _varlen_bwd_cuda(ext, dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, cq, ck, softmax_scale, mask,
-                     window_left, window_right, softcap, deterministic, schedule, sm_margin):
+                     window_left, window_right, softcap, deterministic, schedule, sm_margin, sink=None, dsink=None):
+    """dsink (with a sink): float32 (nheads,), the sum of the launches' sink gradients in the order they run."""
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     schedule = _varlen_schedule(schedule, mask, deterministic)
     packed = _packed_launch(ext, q, k, v, cq, ck, mask, window_left, window_right)
@@ -213,8 +214,11 @@ def _varlen_bwd_cuda(ext, dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, c
         with _device_guard(q.device):
             ext.varlen_bwd(dout, q, k, v, out, lse, dq, dk, dv, _device_int32(cu_seqlens_q, q.device),
                            _device_int32(cu_seqlens_k, q.device), None, None, max_q, max_k, softmax_scale, mask,
-                           window_left, window_right, softcap, deterministic, schedule_id, sm_margin)
+                           window_left, window_right, softcap, deterministic, schedule_id, sm_margin, sink, dsink)
         return dq, dk, dv
+    part = None if dsink is None else torch.empty_like(dsink)
+    if dsink is not None:
+        dsink.zero_()
     for sq, sk, count, seqlen_q, seqlen_k in _runs(cq, ck):
         q_b = _batched(q, sq, count, seqlen_q)
         k_b, v_b = _batched(k, sk, count, seqlen_k), _batched(v, sk, count, seqlen_k)
@@ -223,7 +227,9 @@ def _varlen_bwd_cuda(ext, dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, c
         _run_bwd(ext, _batched(dout, sq, count, seqlen_q), q_b, k_b, v_b, _batched(out, sq, count, seqlen_q), lse_b,
                  _batched(dq, sq, count, seqlen_q), _batched(dk, sk, count, seqlen_k),
                  _batched(dv, sk, count, seqlen_k), softmax_scale, mask_b, left_b, right_b, softcap, deterministic,
-                 schedule, sm_margin)
+                 schedule, sm_margin, sink, part)
+        if dsink is not None:
+            dsink += part
     return dq, dk, dv
 
 
@@ -253,7 +259,7 @@ def _device_seqs(q, *tensors):
 
 
 def _varlen_fwd_unplanned(ext, q, k, v, seqs, bounds, softmax_scale, mask, window_left, window_right, softcap,
-                          checked_on_host=False):
+                          checked_on_host=False, sink=None):
     """seqs: cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k (the last two may be None); bounds: max_q, max_k.
     checked_on_host: the values passed _check_varlen's host checks, so the GPU check would only repeat them."""
     cu_q, cu_k, used_q, used_k = _device_seqs(q, *seqs)
@@ -267,7 +273,10 @@ def _varlen_fwd_unplanned(ext, q, k, v, seqs, bounds, softmax_scale, mask, windo
     with _device_guard(q.device):
         if max_k > 0 and max_q > 0 and cu_q.shape[0] > 1:
             ext.varlen_fwd(q, k, v, out, lse, cu_q, cu_k, used_q, used_k, max_q, max_k, softmax_scale, mask,
-                           window_left, window_right, softcap)
+                           window_left, window_right, softcap, sink)
+        elif sink is not None and max_q > 0 and cu_q.shape[0] > 1:
+            # No keys anywhere: the rows in use see only the sink (lse = sink, out 0).
+            _fill_sink_lse(lse, sink, cu_q, used_q)
         if not checked_on_host:
             device_seqlens.flag_invalid(ext, cu_q, cu_k, used_q, used_k, q.shape[0], k.shape[0], max_q, max_k,
                                         _unplanned_band(mask, window_left, window_right), out, lse)
@@ -275,7 +284,7 @@ def _varlen_fwd_unplanned(ext, q, k, v, seqs, bounds, softmax_scale, mask, windo
 
 
 def _varlen_bwd_unplanned(ext, dout, q, k, v, out, lse, seqs, bounds, softmax_scale, mask, window_left, window_right,
-                          softcap, deterministic, schedule, sm_margin, checked_on_host=False):
+                          softcap, deterministic, schedule, sm_margin, checked_on_host=False, sink=None, dsink=None):
     cu_q, cu_k, used_q, used_k = _device_seqs(q, *seqs)
     max_q, max_k = device_seqlens.capped_bounds(q.shape[0], k.shape[0], *bounds)
     no_key_seen = max_q == 0 or max_k == 0 or cu_q.shape[0] == 1
@@ -290,8 +299,19 @@ def _varlen_bwd_unplanned(ext, dout, q, k, v, out, lse, seqs, bounds, softmax_sc
                                                 deterministic, sm_margin)
             ext.varlen_bwd(dout, q, k, v, out, lse, dq, dk, dv, cu_q, cu_k, used_q, used_k, max_q, max_k,
                            softmax_scale, mask, window_left, window_right, softcap, deterministic, schedule_id,
-                           sm_margin)
+                           sm_margin, sink, dsink)
+        elif dsink is not None:
+            dsink.zero_()  # out is 0 where no key is seen: D = 0
         if not checked_on_host:
             device_seqlens.flag_invalid(ext, cu_q, cu_k, used_q, used_k, q.shape[0], k.shape[0], max_q, max_k,
                                         _unplanned_band(mask, window_left, window_right), dq, dk, dv)
     return dq, dk, dv
+
+def _fill_sink_lse(lse, sink, cu_q, used_q) -> None:
+    """lse (nheads, total_q) = sink on the rows in use (of each sequence, its first seqused_q rows, or all), on the
+    GPU without a host sync."""
+    rows = torch.arange(lse.shape[1], device=lse.device, dtype=torch.int32)
+    seq = torch.searchsorted(cu_q[1:], rows, right=True).clamp_(max=cu_q.shape[0] - 2)
+    offset = rows - cu_q[seq]
+    in_use = offset < (cu_q[seq + 1] - cu_q[seq] if used_q is None else used_q[seq])
+    lse.copy_(torch.where(in_use, sink.view(-1, 1), lse))

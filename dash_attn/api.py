@@ -42,11 +42,11 @@ def _run_varlen(args, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k,
 # attention_chunk = 0 takes none of the chunked paths' work; a chunk that masks nothing for these lengths (the
 # chunked functions return None) runs the call as it is.
 def _attention(q, k, v, softmax_scale, causal, window_size, softcap, deterministic, sm_margin, return_attn_probs,
-               schedule, attention_chunk=0, learnable_sink=None, caller="flash_attn_func"):
+               schedule, attention_chunk=0, learnable_sink=None):
     validation.check_qkv(q, k, v, varlen=False)
     args = _common_args(q, softmax_scale, causal, window_size, softcap, deterministic, schedule, sm_margin)
-    if learnable_sink is not None:  # caller: the public function, which _sinks' NotImplementedError names
-        out, lse = _sinks.attention(caller, q, k, v, learnable_sink, args, attention_chunk)
+    if learnable_sink is not None:
+        out, lse = _sinks.attention(q, k, v, learnable_sink, args, attention_chunk)
         return (out, lse) if return_attn_probs else out
     result = None
     if attention_chunk:
@@ -59,7 +59,7 @@ def _attention(q, k, v, softmax_scale, causal, window_size, softcap, determinist
 
 def _varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k,
                       softmax_scale, causal, window_size, softcap, deterministic, sm_margin, return_attn_probs,
-                      schedule, attention_chunk=0, learnable_sink=None, caller="flash_attn_varlen_func"):
+                      schedule, attention_chunk=0, learnable_sink=None):
     validation.check_qkv(q, k, v, varlen=True)
     max_seqlen_q, max_seqlen_k = validation.check_cu_seqlens_meta(q, cu_seqlens_q, cu_seqlens_k, max_seqlen_q,
                                                                   max_seqlen_k)
@@ -67,7 +67,7 @@ def _varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seq
     args = _common_args(q, softmax_scale, causal, window_size, softcap, deterministic, schedule, sm_margin)
     seqs = (cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k)
     if learnable_sink is not None:
-        out, lse = _sinks.varlen_attention(caller, q, k, v, *seqs, learnable_sink, args, attention_chunk)
+        out, lse = _sinks.varlen_attention(q, k, v, *seqs, learnable_sink, args, attention_chunk)
         return (out, lse) if return_attn_probs else out
     result = None
     if attention_chunk:
@@ -104,7 +104,7 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, qv=None, q_descal
     units at run time and run only with deterministic=False).
     learnable_sink (keyword-only; gpt-oss's attention sinks): None or a float32 (nheads,) tensor, one logit per query
     head that joins every row's softmax denominator with no value vector (out shrinks by the mass it takes, lse
-    includes it) and takes a gradient. CPU tensors only (dash_attn/_sinks.py); CUDA raises NotImplementedError.
+    includes it) and takes a gradient (deterministic in both modes; dash_attn/_sinks.py).
     Returns out (batch, seqlen_q, nheads, headdim_v), or (out, lse) with return_attn_probs, lse float32 (batch,
     nheads, seqlen_q), natural log.
     attention_chunk: 0 (off), or C > 0 (FlashAttention-3's, Llama 4's chunked attention): a query at position
@@ -119,7 +119,7 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, qv=None, q_descal
         qv=qv, q_descale=q_descale, k_descale=k_descale, v_descale=v_descale, attention_chunk=attention_chunk,
         num_splits=num_splits, pack_gqa=pack_gqa))
     return _attention(q, k, v, softmax_scale, causal, window_size, softcap, deterministic, sm_margin,
-                      return_attn_probs, schedule, attention_chunk, learnable_sink, "flash_attn_func")
+                      return_attn_probs, schedule, attention_chunk, learnable_sink)
 
 
 @validation.public_entry
@@ -152,7 +152,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
         num_splits=num_splits, pack_gqa=pack_gqa))
     return _varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k,
                              softmax_scale, causal, window_size, softcap, deterministic, sm_margin, return_attn_probs,
-                             schedule, attention_chunk, learnable_sink, "flash_attn_varlen_func")
+                             schedule, attention_chunk, learnable_sink)
 
 
 @validation.public_entry
@@ -170,7 +170,7 @@ def flash_attn_qkvpacked_func(qkv, softmax_scale=None, causal=False, q_descale=N
                                                         v_descale=v_descale, attention_chunk=attention_chunk))
     q, k, v = validation.unpack_qkv(qkv, num_heads_q)
     return _attention(q, k, v, softmax_scale, causal, window_size, softcap, deterministic, sm_margin,
-                      return_attn_probs, schedule, attention_chunk, learnable_sink, "flash_attn_qkvpacked_func")
+                      return_attn_probs, schedule, attention_chunk, learnable_sink)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -192,7 +192,7 @@ def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=Fa
     attention_chunk = validation.check_fa3_options(fa3_options)
     k, v = validation.unpack_kv(kv)
     return _attention(q, k, v, softmax_scale, causal, window_size, softcap, deterministic, sm_margin,
-                      return_attn_probs, schedule, attention_chunk, learnable_sink, "flash_attn_kvpacked_func")
+                      return_attn_probs, schedule, attention_chunk, learnable_sink)
 
 
 @validation.public_entry
@@ -210,7 +210,7 @@ def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0,
     q, k, v = validation.unpack_qkv(qkv, num_heads_q, varlen=True)
     return _varlen_attention(q, k, v, cu_seqlens, cu_seqlens, max_seqlen, max_seqlen, None, None, softmax_scale,
                              causal, window_size, softcap, deterministic, sm_margin, return_attn_probs, schedule,
-                             attention_chunk, learnable_sink, "flash_attn_varlen_qkvpacked_func")
+                             attention_chunk, learnable_sink)
 
 
 @validation.public_entry
@@ -228,4 +228,4 @@ def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqle
     k, v = validation.unpack_kv(kv, varlen=True)
     return _varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, None, None,
                              softmax_scale, causal, window_size, softcap, deterministic, sm_margin, return_attn_probs,
-                             schedule, attention_chunk, learnable_sink, "flash_attn_varlen_kvpacked_func")
+                             schedule, attention_chunk, learnable_sink)

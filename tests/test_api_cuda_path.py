@@ -60,7 +60,7 @@ def test_launch_fwd_calls_the_binding_in_order(fake_cuda):
     q, k, v, out, lse, *_ = _bf16_inputs()
     interface._launch_fwd(q, k, v, out, lse, 0.125, 1, -1, 0, 0.0)
     name, args = fake_cuda.calls[0]
-    assert name == "fwd" and args[:5] == (q, k, v, out, lse) and args[5:] == (0.125, 1, -1, 0, 0.0)
+    assert name == "fwd" and args[:5] == (q, k, v, out, lse) and args[5:] == (0.125, 1, -1, 0, 0.0, None)
 
 
 def test_launch_refuses_unsupported_head_dim_before_launch(fake_cuda):
@@ -77,13 +77,13 @@ def test_launch_refuses_unsupported_head_dim_before_launch(fake_cuda):
 def test_launch_passes_softcap(fake_cuda):
     interface._launch_fwd(*_bf16_inputs()[:5], 0.125, 1, -1, 0, 30.0)
     name, args = fake_cuda.calls[0]
-    assert name == "fwd" and args[5:] == (0.125, 1, -1, 0, 30.0)
+    assert name == "fwd" and args[5:] == (0.125, 1, -1, 0, 30.0, None)
 
 
 def test_launch_passes_sliding_window_bounds(fake_cuda):
     interface._launch_fwd(*_bf16_inputs()[:5], 0.125, 2, 3, 0, 0.0)
     name, args = fake_cuda.calls[0]
-    assert name == "fwd" and args[5:] == (0.125, 2, 3, 0, 0.0)
+    assert name == "fwd" and args[5:] == (0.125, 2, 3, 0, 0.0, None)
 
 
 @pytest.mark.parametrize("schedule, expected", [("ascending", 0), ("descending", 1), ("spt", 2), ("shift", 3),
@@ -92,7 +92,7 @@ def test_launch_bwd_passes_schedule_ids(fake_cuda, schedule, expected):
     q, k, v, out, lse, dq, dk, dv = _bf16_inputs()
     interface._launch_bwd(out, q, k, v, out, lse, dq, dk, dv, 0.125, 0, -1, -1, 0.0, True, schedule, 4)
     name, args = fake_cuda.calls[0]
-    assert name == "bwd" and args[9:] == (0.125, 0, -1, -1, 0.0, True, expected, 4)
+    assert name == "bwd" and args[9:] == (0.125, 0, -1, -1, 0.0, True, expected, 4, None, None)
 
 
 def test_varlen_cuda_path_launches_per_run_and_assembles_rows(fake_cuda, monkeypatch):
@@ -116,8 +116,8 @@ def test_varlen_cuda_path_launches_per_run_and_assembles_rows(fake_cuda, monkeyp
     q, k, v, cu_q, cu_k, _, _ = varlen_inputs((3, 3, 0, 0, 5), (2, 2, 4, 4, 6), dtype=torch.float32)
     cq, ck = cu_q.tolist(), cu_k.tolist()
     out, lse = interface._varlen_fwd_cuda(fake_cuda, q, k, v, cu_q, cu_k, cq, ck, 0.125, 2, 4, 0, 0.0)
-    assert fake_cuda.calls == [("fwd", ((2, 3, 4, 8), (2, 2, 2, 8), 0.125, 1, -1, 0, 0.0)),
-                               ("fwd", ((1, 5, 4, 8), (1, 6, 2, 8), 0.125, 2, 4, 0, 0.0))]
+    assert fake_cuda.calls == [("fwd", ((2, 3, 4, 8), (2, 2, 2, 8), 0.125, 1, -1, 0, 0.0, None)),
+                               ("fwd", ((1, 5, 4, 8), (1, 6, 2, 8), 0.125, 2, 4, 0, 0.0, None))]
     assert torch.equal(out, q) and torch.equal(lse, q[..., 0].t())
     fake_cuda.calls.clear()
     dout = torch.randn_like(q)
@@ -151,14 +151,15 @@ def test_varlen_cuda_path_runs_the_packed_kernels_once(fake_cuda, mask, window):
     ((name, args),) = fake_cuda.calls
     assert name == "varlen_fwd" and args[:5] == (q, k, v, out, lse)
     assert args[5].dtype == torch.int32 and torch.equal(args[5], cu_q) and torch.equal(args[6], cu_k)
-    assert args[7:] == (None, None, 6, 8, 0.125, mask) + window + (0.0,)
+    assert args[7:] == (None, None, 6, 8, 0.125, mask) + window + (0.0, None)
     fake_cuda.calls.clear()
     dout = torch.randn_like(q)
     dq, dk, dv = interface._varlen_bwd_cuda(fake_cuda, dout, q, k, v, out, lse, cu_q, cu_k, cq, ck, 0.125, mask,
                                             *window, 0.0, True, "shift", 3)
     ((name, args),) = fake_cuda.calls
     assert name == "varlen_bwd" and args[:9] == (dout, q, k, v, out, lse, dq, dk, dv)
-    assert args[11:] == (None, None, 6, 8, 0.125, mask) + window + (0.0, True, interface.SCHEDULE_IDS["shift"], 3)
+    assert args[11:] == (None, None, 6, 8, 0.125, mask) + window + (0.0, True, interface.SCHEDULE_IDS["shift"], 3,
+                                                                  None, None)
 
 
 # (lens_q, lens_k, q/k head dim, v head dim, mask, extension has the packed kernels)

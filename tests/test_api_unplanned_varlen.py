@@ -65,7 +65,7 @@ def test_captured_varlen_runs_the_packed_kernels_with_capped_bounds(fake_cuda):
     (fwd_name, fwd_args), (bwd_name, bwd_args) = fake_cuda.calls
     assert fwd_name == "varlen_fwd" and fwd_args[7:11] == (None, None, 9, 7)
     assert bwd_name == "varlen_bwd" and bwd_args[11:15] == (None, None, 9, 7)
-    assert bwd_args[-2] == interface.SCHEDULE_IDS["shift"]
+    assert bwd_args[-4] == interface.SCHEDULE_IDS["shift"]  # then sm_margin, sink, dsink
     assert not any(r.isnan().any() for r in results)
 
 
@@ -182,11 +182,18 @@ def test_seqused_on_cuda_runs_unplanned_with_the_rows_in_use(fake_cuda, cpu_as_c
     assert not out.any() and torch.isneginf(lse).all()
 
 
-def test_seqused_needs_bands_inside_the_longest_ones(fake_cuda, cpu_as_cuda):
+def test_seqused_backward_bounds_reach_every_band(fake_cuda, cpu_as_cuda):
+    # Rows in use (3, 6) / (5, 6): the first sequence's causal diagonal (+2) lies right of the longest ones' (0). The
+    # forward tiles the longest rows in use; the backward's bounds move the schedule's diagonal to +2 (max_k 8), so
+    # that it reaches every band (dash_attn/_seq_bands.py; tests/test_packed_bands.py checks the results).
     q, k, v, cu_q, cu_k, _, _ = varlen_inputs((5, 6), (5, 6), headdim=64, dtype=torch.bfloat16)
     used_q, used_k = torch.tensor([3, 6], dtype=torch.int32), torch.tensor([5, 6], dtype=torch.int32)
-    with pytest.raises(ValueError, match="band"):
-        interface._varlen_fwd_impl(q, k, v, cu_q, cu_k, used_q, used_k, 6, 6, 0.125, 1, -1, 0, 0.0, True, "auto", 0)
+    args = (cu_q, cu_k, used_q, used_k, 6, 6, 0.125, 1, -1, 0, 0.0, True, "auto", 0)
+    out, lse = interface._varlen_fwd_impl(q, k, v, *args)
+    interface._varlen_bwd_impl(torch.ones_like(out), q, k, v, out, lse, *args)
+    (fwd_name, fwd_args), (bwd_name, bwd_args) = fake_cuda.calls
+    assert fwd_name == "varlen_fwd" and fwd_args[9:11] == (6, 6)
+    assert bwd_name == "varlen_bwd" and bwd_args[11:15] == (used_q, used_k, 6, 8)
 
 
 def test_seqused_refuses_head_dims_the_packed_kernels_lack(fake_cuda, cpu_as_cuda):

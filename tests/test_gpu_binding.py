@@ -24,14 +24,14 @@ SETUP = textwrap.dedent("""
 CALL = textwrap.dedent("""
     try:
         ext.bwd(o, args["q"], q, q, o, lse, *grads, 0.1, args["mask"], -1, 0, 0.0, args["deterministic"],
-                args["schedule"], args["sm_margin"])
+                args["schedule"], args["sm_margin"], None, None)
         print("accepted")
     except ValueError as e:
         print("ValueError:", e)
 """)
 
 BAD = [
-    ("schedule", 7, "schedule id 7"),
+    ("schedule", 99, "schedule id 99"),  # auto: resolved in Python, never a launch id
     ("mask", 5, "unknown mask id 5"),
     ("sm_margin", -1, "sm_margin"),
     ("q", "q.cpu()", "must be a CUDA tensor"),

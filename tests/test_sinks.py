@@ -295,33 +295,3 @@ def test_sink_with_attention_chunk_is_refused(call):
     q, k, v = qkv()
     with pytest.raises(ValueError, match="learnable_sink with attention_chunk=4 is not supported"):
         call(q, k, v, torch.zeros(4))
-
-
-def test_cuda_is_refused_before_any_launch(monkeypatch):
-    """meta tensors stand in for a GPU's: the sink path raises NotImplementedError naming the function, and no op
-    (whose CUDA branch would launch) runs."""
-    from dash_attn import _ops
-
-    def no_launch(*args, **kwargs):
-        raise AssertionError("a launch was attempted")
-
-    monkeypatch.setattr(_ops, "_launch_fwd", no_launch)
-    q, k, v = (t.to("meta") for t in qkv(dtype=torch.bfloat16))
-    sink = torch.zeros(4, device="meta")
-    with pytest.raises(NotImplementedError, match="^flash_attn_func\\(\\): learnable_sink: the CUDA kernels do not "
-                                                  "take a sink yet"):
-        dash_attn.flash_attn_func(q, k, v, learnable_sink=sink)
-    qkv_packed = torch.stack([t.to("meta") for t in qkv(nheads_k=4, dtype=torch.bfloat16)], 2)
-    with pytest.raises(NotImplementedError, match="^flash_attn_qkvpacked_func\\(\\): learnable_sink"):
-        dash_attn.flash_attn_qkvpacked_func(qkv_packed, learnable_sink=sink)
-    qv, kv, vv, cu_q, cu_k, max_q, max_k = varlen_inputs(dtype=torch.bfloat16)
-    with pytest.raises(NotImplementedError, match="^flash_attn_varlen_func\\(\\): learnable_sink"):
-        dash_attn.flash_attn_varlen_func(qv.to("meta"), kv.to("meta"), vv.to("meta"), cu_q, cu_k, max_q, max_k,
-                                         learnable_sink=sink)
-
-
-@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
-def test_cuda_tensors_are_refused():
-    q, k, v = (t.cuda() for t in qkv(dtype=torch.bfloat16))
-    with pytest.raises(NotImplementedError, match="flash_attn_func\\(\\): learnable_sink"):
-        dash_attn.flash_attn_func(q, k, v, learnable_sink=torch.zeros(4, device="cuda"))

@@ -132,6 +132,23 @@ dash::PackedSeqs packed_seqs(const at::Tensor& q, const at::Tensor& k, const at:
   return packed;
 }
 
+// Learnable sinks: (nheads,) float32 contiguous on q's device, or None. `what` names the tensor in the error.
+const float* sink_data(const OptTensor& t, const at::Tensor& q, int64_t nheads, const char* what) {
+  if (!t.has_value()) return nullptr;
+  TORCH_CHECK_VALUE(t->scalar_type() == at::kFloat && t->is_contiguous() && t->dim() == 1 && t->size(0) == nheads &&
+                        t->device() == q.device(),
+                    "dash_attn: ", what, " must be a contiguous float32 (nheads,) tensor on q's device");
+  return t->data_ptr<float>();
+}
+
+// The sink and its gradient buffer of a backward: both given or neither.
+void set_bwd_sink(dash::BwdParams& p, const OptTensor& sink, const OptTensor& dsink, const at::Tensor& q,
+                  int64_t nheads) {
+  TORCH_CHECK_VALUE(sink.has_value() == dsink.has_value(), "dash_attn: sink and dsink are given together");
+  p.sink = sink_data(sink, q, nheads, "sink");
+  p.dsink = const_cast<float*>(sink_data(dsink, q, nheads, "dsink"));
+}
+
 void check_lse(const at::Tensor& lse) {
   TORCH_CHECK_VALUE(lse.scalar_type() == at::kFloat && lse.is_contiguous() && lse.dim() == 3,
                     "dash_attn: lse must be a contiguous float32 (batch, nheads, seqlen_q) tensor");
@@ -289,7 +306,8 @@ void run_bwd(dash::BwdParams& p, const at::Tensor& q, bool deterministic, int64_
 }
 
 void fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& out, at::Tensor& lse,
-         double softmax_scale, int64_t mask, int64_t window_left, int64_t window_right, double softcap) {
+         double softmax_scale, int64_t mask, int64_t window_left, int64_t window_right, double softcap,
+         const OptTensor& sink) {
   check_tensors(Layout::kBatched, q, {{"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}});
   check_device(q);
   check_lse(lse);
@@ -297,13 +315,14 @@ void fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tens
   dash::FwdParams p;
   p.shape = make_shape(q, k, v, softmax_scale, mask, window_left, window_right, softcap);
   set_fwd_tensors(p, q, k, v, out, lse, strides_of);
+  p.sink = sink_data(sink, q, p.shape.nheads, "sink");
   run_fwd(p, "forward");
 }
 
 void bwd(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
          const at::Tensor& out, const at::Tensor& lse, at::Tensor& dq, at::Tensor& dk, at::Tensor& dv,
          double softmax_scale, int64_t mask, int64_t window_left, int64_t window_right, double softcap,
-         bool deterministic, int64_t schedule, int64_t sm_margin) {
+         bool deterministic, int64_t schedule, int64_t sm_margin, const OptTensor& sink, const OptTensor& dsink) {
   check_tensors(Layout::kBatched, q, {{"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}, {"dout", &dout}, {"dq", &dq},
                                     {"dk", &dk}, {"dv", &dv}});
   check_device(q);
@@ -313,6 +332,7 @@ void bwd(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k, const
   dash::BwdParams p;
   p.shape = make_shape(q, k, v, softmax_scale, mask, window_left, window_right, softcap);
   set_bwd_tensors(p, dout, q, k, v, out, lse, dq, dk, dv, strides_of);
+  set_bwd_sink(p, sink, dsink, q, p.shape.nheads);
   run_bwd(p, q, deterministic, schedule, sm_margin, "backward");
 }
 
@@ -339,13 +359,14 @@ void set_packed_call(Params& p, const at::Tensor& q, const at::Tensor& k, const 
 void varlen_fwd(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, at::Tensor& out, at::Tensor& lse,
                 const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k, const OptTensor& seqused_q,
                 const OptTensor& seqused_k, int64_t max_seqlen_q, int64_t max_seqlen_k, double softmax_scale,
-                int64_t mask, int64_t window_left, int64_t window_right, double softcap) {
+                int64_t mask, int64_t window_left, int64_t window_right, double softcap, const OptTensor& sink) {
   check_tensors(Layout::kPacked, q, {{"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}});
   dash::FwdParams p;
   set_packed_call(p, q, k, v, lse, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k,
                   softmax_scale, mask, window_left, window_right, softcap);
   c10::cuda::CUDAGuard guard(q.device());
   set_fwd_tensors(p, q, k, v, out, lse, packed_strides_of);
+  p.sink = sink_data(sink, q, p.shape.nheads, "sink");
   run_fwd(p, "packed forward");
 }
 
@@ -354,7 +375,7 @@ void varlen_bwd(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k
                 const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k, const OptTensor& seqused_q,
                 const OptTensor& seqused_k, int64_t max_seqlen_q, int64_t max_seqlen_k, double softmax_scale,
                 int64_t mask, int64_t window_left, int64_t window_right, double softcap, bool deterministic,
-                int64_t schedule, int64_t sm_margin) {
+                int64_t schedule, int64_t sm_margin, const OptTensor& sink, const OptTensor& dsink) {
   check_tensors(Layout::kPacked, q, {{"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}, {"dout", &dout}, {"dq", &dq},
                                     {"dk", &dk}, {"dv", &dv}});
   dash::BwdParams p;
@@ -363,6 +384,7 @@ void varlen_bwd(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k
   check_schedule_args(schedule, deterministic, sm_margin);
   c10::cuda::CUDAGuard guard(q.device());
   set_bwd_tensors(p, dout, q, k, v, out, lse, dq, dk, dv, packed_strides_of);
+  set_bwd_sink(p, sink, dsink, q, p.shape.nheads);
   run_bwd(p, q, deterministic, schedule, sm_margin, "packed backward");
 }
 

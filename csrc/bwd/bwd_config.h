@@ -318,7 +318,7 @@ struct BwdWorkspaceLayout {
   int32_t dq_runs = 1;
   int64_t num_q_tiles = 0;  // batch * nheads * num_m_blocks: the distance between runs (run_tile_index)
   size_t dq_accum = 0, lse_log2 = 0, dsum = 0, gemm_stats = 0, semaphores = 0, split_partials = 0,
-         split_counters = 0, unit_counter = 0, dq_claims = 0, total = 0;
+         split_counters = 0, unit_counter = 0, dq_claims = 0, sink_partials = 0, total = 0;
 };
 
 // Grid size the split-tail regions are sized for: shift's tail is split (schedule/tail_split.h) only in batched
@@ -368,6 +368,8 @@ inline BwdWorkspaceLayout bwd_workspace_layout(const AttnShape& s, int32_t kerne
   off = align(off + sizeof(uint64_t));
   w.dq_claims = off;
   off = align(off + bh * w.num_m_blocks * sizeof(int32_t));
+  w.sink_partials = off;  // one float per Q tile; used by calls with learnable sinks only
+  off = align(off + bh * w.num_m_blocks * sizeof(float));
   w.total = off;
   return w;
 }

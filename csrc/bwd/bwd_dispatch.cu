@@ -111,6 +111,7 @@ int dash_bwd_stages(const dash::BwdParams* params, int32_t stages, void* stream)
   if (p.deterministic && p.schedule == dash::ScheduleKind::kDynamic) return -1;
   if (s.batch <= 0 || s.nheads <= 0 || s.nheads_k <= 0 || s.nheads % s.nheads_k != 0) return -1;
   if (s.seqlen_q < 0 || s.seqlen_k < 0 || p.num_sms <= 0) return -1;
+  if ((p.sink == nullptr) != (p.dsink == nullptr)) return -1;
   if (p.workspace_bytes < dash::bwd::bwd_workspace_layout(p, dash::kernel_head_dim(s)).total) {
     return -1;
   }

@@ -192,9 +192,16 @@ void launch_bwd(const BwdParams& params, cudaStream_t stream, int32_t stages) {
   pre.num_split_counters = ws.split_ctas;
   pre.unit_counter = views.unit_counter;
   pre.dq_claims = views.dq_claims;
+  // Learnable sinks: their gradient comes from D and lse, so the preprocess stage computes it.
+  pre.sink = params.sink;
+  pre.sink_partials = params.sink != nullptr ? reinterpret_cast<float*>(base + ws.sink_partials) : nullptr;
   if ((stages & BwdStage::kPreprocess) && ws.num_m_blocks > 0) {
     bwd_preprocess_kernel<kHeadDim, T::kBlockM, Element, kLayout, T::kGemmStats>
         <<<tile_grid, kPreprocessThreads, 0, stream>>>(pre);
+    if (params.sink != nullptr) {
+      sink_grad_kernel<<<s.nheads, 32, 0, stream>>>(pre.sink_partials, params.dsink, s.batch, s.nheads,
+                                                    ws.num_m_blocks);
+    }
   }
 
   if (stages & BwdStage::kMain) {

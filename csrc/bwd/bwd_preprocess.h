@@ -46,6 +46,10 @@ struct PreprocessParams {
   int32_t* dq_claims;
   int32_t dq_runs;
   int64_t num_q_tiles;
+  // Learnable sinks (null: none): the (nheads,) logits, and per Q tile (q_tile_index) the tile's share of d sink,
+  // -sum over its rows of exp(sink - lse) * D, summed in a fixed order (sink_grad_kernel adds the shares up).
+  const float* sink;
+  float* sink_partials;
 };
 
 // x as kGemmStatParts bf16 parts, each the rounding of what the previous ones left.
@@ -94,6 +98,8 @@ __global__ void __launch_bounds__(kPreprocessThreads) bwd_preprocess_kernel(cons
   // LSE load behind them.
   constexpr int kPasses = kBlockM / kRowsPerPass;
   static_assert(kBlockM % kRowsPerPass == 0, "whole passes of rows");
+  // Each row's share of d sink, by row of the tile (written by the row's sub == 0 thread).
+  __shared__ float sink_share[kBlockM];
   uint4 o_vec[kPasses], do_vec[kPasses];
   float lse_in[kPasses];
 #pragma unroll
@@ -120,6 +126,10 @@ __global__ void __launch_bounds__(kPreprocessThreads) bwd_preprocess_kernel(cons
     if (sub == 0) {
       const float lse2 = lse_in[pass] == -INFINITY ? INFINITY : lse_in[pass] * float(M_LOG2E);
       const float dsum = row < seqlen_q ? dot : 0.f;
+      // Rows past the sequence, or without lse, take no part (and exp(sink + inf) * 0 would be NaN).
+      if (p.sink != nullptr) {
+        sink_share[r] = lse2 == INFINITY ? 0.f : -expf(p.sink[head] - lse_in[pass]) * dsum;
+      }
       if constexpr (kGemmStats) {
         // Row r of the tile goes to line r % (kBlockM / 2), in its first half for r < kBlockM / 2 (GemmStatLines).
         alignas(8) cutlass::bfloat16_t parts[2 * kGemmStatParts];
@@ -136,6 +146,19 @@ __global__ void __launch_bounds__(kPreprocessThreads) bwd_preprocess_kernel(cons
     }
   }
 
+  if (p.sink != nullptr) {
+    __syncthreads();
+    // Warp 0 adds the tile's rows in a fixed order: row-strided sums per lane, then a butterfly over the lanes.
+    if (threadIdx.x < 32) {
+      float share = 0.f;
+#pragma unroll
+      for (int r = threadIdx.x; r < kBlockM; r += 32) share += sink_share[r];
+#pragma unroll
+      for (int off = 16; off > 0; off /= 2) share += __shfl_xor_sync(0xffffffffu, share, off);
+      if (threadIdx.x == 0) p.sink_partials[tile_index] = share;
+    }
+  }
+
   if (threadIdx.x == 0) {
     for (int run = 0; run < p.dq_runs; ++run) {
       int32_t* sems = tile_semaphores<kHeadDim>(p.semaphores, run_tile_index(tile_index, run, p.num_q_tiles));
@@ -147,6 +170,25 @@ __global__ void __launch_bounds__(kPreprocessThreads) bwd_preprocess_kernel(cons
     for (int i = threadIdx.x; i < p.num_split_counters; i += blockDim.x) p.split_counters[i] = 0;
     if (threadIdx.x == 0) *p.unit_counter = 0;
   }
+}
+
+// d sink_h from the preprocess's per-tile shares, one warp per head: each sequence's tiles are added lane-strided
+// and joined by a butterfly, then the sequences in batch order. The order depends on nothing but the tile's place in
+// its sequence (tiles past a sequence's end add exact zeros), so a sequence's share is the same whatever the grid,
+// the other sequences or num_m_blocks.
+static __global__ void __launch_bounds__(32) sink_grad_kernel(const float* partials, float* dsink, int32_t batch,
+                                                       int32_t nheads, int32_t num_m_blocks) {
+  const int head = blockIdx.x;
+  float total = 0.f;
+  for (int b = 0; b < batch; ++b) {
+    const float* tiles = partials + (int64_t(b) * nheads + head) * num_m_blocks;
+    float share = 0.f;
+    for (int m = threadIdx.x; m < num_m_blocks; m += 32) share += tiles[m];
+#pragma unroll
+    for (int off = 16; off > 0; off /= 2) share += __shfl_xor_sync(0xffffffffu, share, off);
+    total += share;
+  }
+  if (threadIdx.x == 0) dsink[head] = total;
 }
 
 }  // namespace dash::bwd

@@ -100,6 +100,9 @@ struct FwdParams {
   TensorStrides q_stride, k_stride, v_stride, o_stride;
   int32_t num_sms = 0;  // read from the device at run time by the caller
   PackedSeqs packed;    // SeqLayout::kPacked calls only
+  // Learnable sinks (gpt-oss): (nheads,) float32 logits, one per query head, each adding exp(sink) to its rows'
+  // softmax denominators (with no value vector); null: none. lse includes them.
+  const float* sink = nullptr;
 };
 
 // A chunk of shift's split tail also pays a K/V load and a partial dK/dV store, and the last piece of a tile adds up
@@ -138,6 +141,11 @@ struct BwdParams {
   int32_t tail_chunk_min = kDefaultTailChunkMin;
   // Users keep the default; the benchmark varies it (dash_bench --shift-spacings).
   ShiftSpacing shift_spacing = ShiftSpacing::kSpread;
+  // Learnable sinks: the forward's (nheads,) float32 logits, or null. The lse given includes them, so the dQ/dK/dV
+  // kernels need nothing else; dsink (nheads,) float32 receives d sink_h = -sum over the rows of exp(sink_h - lse) * D
+  // (computed with D by the preprocess, reduced in a fixed order). Both set or both null.
+  const float* sink = nullptr;
+  float* dsink = nullptr;
 };
 
 }  // namespace dash

@@ -48,6 +48,7 @@ struct FwdEpilogue {
     int32_t seqlen_q;
     int32_t nheads;
     float softmax_scale;  // of the row max in LSE: softcap with soft-capping (common/score_mod.h)
+    const float* sink;    // (nheads,) learnable sink logits, or null
     TmaO tma_o;
     ShapeO shape_o;
   };
@@ -62,7 +63,7 @@ struct FwdEpilogue {
     StrideO stride_o{p.o_stride.row, cute::_1{}, p.o_stride.head,
                      Traits::kPacked ? p.o_stride.row : p.o_stride.batch};
     // Register stores need no tensor map.
-    return {o, p.o_stride, p.lse, s.seqlen_q, s.nheads, score_scales(s).softmax,
+    return {o, p.o_stride, p.lse, s.seqlen_q, s.nheads, score_scales(s).softmax, p.sink,
             kTma ? make_tma_o(o, shape_o, stride_o) : TmaO{}, shape_o};
   }
 
@@ -88,7 +89,7 @@ struct FwdEpilogue {
     Tensor tOcO = thr_pv.partition_C(cO);
     Tensor coord_rc = make_tensor(tOcO.data(), acc_to_rowcol(tOcO.layout()));
 
-    auto const lse = softmax.finalize(o_rc, p.softmax_scale);
+    auto const lse = softmax.finalize(o_rc, p.softmax_scale, p.sink == nullptr ? -INFINITY : p.sink[head]);
     // The sequence's rows; O and LSE from its row 0. LSE is (batch, nheads, seqlen_q) for batched sequences and
     // (nheads, total_q) for packed ones.
     // Read where it is used: read once ahead of the O store, it changed the batched kernels' code.

@@ -204,17 +204,29 @@ struct OnlineSoftmax {
   }
 
   // Normalises O by the row sums and returns the natural-log LSE per row (-inf, with O = 0, for rows that saw no
-  // key).
+  // key). sink: the head's learnable sink logit (natural-log units, like softmax_scale * row max), -inf for none. It
+  // joins the denominator once, here, rather than as a column of every step: it has no value vector, so only the
+  // final sum sees it. The sum is taken relative to max(row max, sink) so that a sink far above the scores cannot
+  // overflow; a row that saw no key keeps O = 0 and gets LSE = sink.
   template <class TensorO>
-  CUTLASS_DEVICE cute::array<float, kRows> finalize(TensorO& o, float softmax_scale) {
+  CUTLASS_DEVICE cute::array<float, kRows> finalize(TensorO& o, float softmax_scale, float sink) {
     cute::array<float, kRows> lse;
     cute::array<float, kRows> inv_sum;
     CUTLASS_PRAGMA_UNROLL
     for (int r = 0; r < kRows; ++r) {
       float const sum = quad_sum(row_sum[r]);
       bool const empty = sum == 0.f || sum != sum;
-      inv_sum[r] = empty ? 0.f : 1.f / sum;
-      lse[r] = empty ? -INFINITY : row_max[r] * softmax_scale + logf(sum);
+      float const row_top = row_max[r] * softmax_scale;
+      if (sink == -INFINITY) {
+        inv_sum[r] = empty ? 0.f : 1.f / sum;
+        lse[r] = empty ? -INFINITY : row_top + logf(sum);
+      } else {
+        float const top = empty ? sink : fmaxf(row_top, sink);
+        float const keys_scale = empty ? 0.f : expf(row_top - top);
+        float const total = sum * keys_scale + expf(sink - top);
+        inv_sum[r] = keys_scale / total;
+        lse[r] = top + logf(total);
+      }
     }
     rescale(o, inv_sum);
     return lse;

@@ -105,6 +105,8 @@ def parse_args(argv):
                    help="peers to run (default all present: %s; --quick leaves out flex, whose per-shape "
                         "torch.compile takes longer than the rest of a quick run)" % ",".join(peers.PEER_KEYS))
     p.add_argument("--no-peers", action="store_true", help="dash_attn only")
+    p.add_argument("--sink", action="store_true",
+                   help="add dash_attn columns with a learnable sink per query head (non-det and det, auto)")
     p.add_argument("--sm-margin", type=int, default=0, help="SMs dash_attn's backward leaves free (default 0)")
     p.add_argument("--no-dash", action="store_true", help="peers only")
     direction = p.add_mutually_exclusive_group()
@@ -443,7 +445,8 @@ def summarize(rows):
     for (gqa, hdim, mask, seqlen), group in by_problem.items():
         ok = [r for r in group if r["tflops"]]
         nondet = next((r for r in ok if r["impl"] == "dash_nondet"), None)
-        dets = [r for r in ok if r["family"] == "dash" and r["deterministic"]]
+        # The sink columns price a different call (bench --sink): they compete with neither side.
+        dets = [r for r in ok if r["family"] == "dash" and r["deterministic"] and not r["impl"].endswith("_sink")]
         det_peers = [r for r in ok if r["family"] == "peer" and r["deterministic"]]
         best_det = max(dets, key=lambda r: r["tflops"], default=None)
         best_peer = max(det_peers, key=lambda r: r["tflops"], default=None)
@@ -636,7 +639,7 @@ def main(argv=None):
     import peers
 
     impls = peers.build_impls(args.schedules, args.peers, with_dash=not args.no_dash, sm_margin=args.sm_margin,
-                              nondet_schedules=args.nondet_schedules)
+                              nondet_schedules=args.nondet_schedules, sink=args.sink)
     if not impls:
         print("nothing to run: --no-dash with --no-peers", file=sys.stderr)
         return 1

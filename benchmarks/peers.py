@@ -98,11 +98,17 @@ class Impl:
 class DashImpl(Impl):
     family = "dash"
 
-    def __init__(self, deterministic, schedule, sm_margin=0):
+    def __init__(self, deterministic, schedule, sm_margin=0, sink=False):
         self.deterministic = deterministic
         self.schedule = schedule
         self.sm_margin = sm_margin
-        if deterministic:
+        self.sink = sink  # with a learnable sink per query head (gpt-oss), to price it against the same call without
+        self._sinks = {}
+        if sink:
+            self.key = f"dash_{'det' if deterministic else 'nondet'}_sink"
+            self.label = f"dash {'det' if deterministic else 'nd'}+sink"
+            self.time_fwd = not deterministic
+        elif deterministic:
             self.key = f"dash_det_{schedule}"
             self.label = f"dash det:{SCHEDULE_SHORT.get(schedule, schedule)}"
             self.time_fwd = False  # the forward has no schedule; the non-deterministic column times it
@@ -135,11 +141,19 @@ class DashImpl(Impl):
         self._load()
         return self._reason
 
+    def _sink_for(self, nheads):
+        if not self.sink:
+            return None
+        if nheads not in self._sinks:
+            gen = torch.Generator(device="cuda").manual_seed(nheads)
+            self._sinks[nheads] = torch.randn(nheads, generator=gen, device="cuda").requires_grad_()
+        return self._sinks[nheads]
+
     def forward(self, q, k, v, problem):
         return _first(self._module.flash_attn_func(
             q, k, v, causal=problem.causal, window_size=tuple(problem.window), softcap=problem.softcap,
             deterministic=self.deterministic, schedule=self.schedule, sm_margin=self.sm_margin,
-            return_attn_probs=False))
+            return_attn_probs=False, learnable_sink=self._sink_for(q.shape[2])))
 
 
 class SdpaImpl(Impl):
@@ -285,14 +299,16 @@ class Fa3Impl(Impl):
                                                    softcap=problem.softcap, deterministic=self.deterministic))
 
 
-def build_impls(schedules, peer_keys, with_dash=True, sm_margin=0, nondet_schedules=()):
-    """Columns in table order: dash non-det (auto, then any requested visit orders), dash det per schedule, then the
-    requested peers."""
+def build_impls(schedules, peer_keys, with_dash=True, sm_margin=0, nondet_schedules=(), sink=False):
+    """Columns in table order: dash non-det (auto, then any requested visit orders), dash det per schedule, with
+    `sink` the non-det and det (auto) calls with a learnable sink, then the requested peers."""
     impls = []
     if with_dash:
         impls.append(DashImpl(False, "auto", sm_margin))
         impls.extend(DashImpl(False, s, sm_margin) for s in nondet_schedules)
         impls.extend(DashImpl(True, s, sm_margin) for s in schedules)
+        if sink:
+            impls.extend(DashImpl(det, "auto", sm_margin, sink=True) for det in (False, True))
     makers = {
         "cudnn": lambda: SdpaImpl("cudnn"),
         "fa2": lambda: SdpaImpl("fa2"),

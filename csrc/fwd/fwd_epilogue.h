@@ -75,10 +75,16 @@ struct FwdEpilogue {
     return thread_idx % cutlass::NumThreadsPerWarpGroup == 0;
   }
 
-  // tOrO: unnormalised accumulator of this thread; softmax: its row statistics. Both are consumed. rows and total_q:
-  // the tile's sequence and the number of packed query rows (SeqLayout::kPacked; unused for batched sequences).
+  // The head's learnable sink logit, -inf without sinks (OnlineSoftmax::finalize).
+  CUTLASS_DEVICE static float sink_logit(Params const& p, int head) {
+    return p.sink == nullptr ? -INFINITY : p.sink[head];
+  }
+
+  // tOrO: unnormalised accumulator of this thread; softmax: its row statistics. Both are consumed. sink: sink_logit
+  // of the tile's head. rows and total_q: the tile's sequence and the number of packed query rows (SeqLayout::kPacked;
+  // unused for batched sequences).
   template <class FragO, class Softmax>
-  CUTLASS_DEVICE static void store(Params const& p, SharedStorage& smem, FragO& tOrO, Softmax& softmax,
+  CUTLASS_DEVICE static void store(Params const& p, SharedStorage& smem, FragO& tOrO, Softmax& softmax, float sink,
                                    int thread_idx, int m_block, int head, int batch, SeqRows const& rows,
                                    int32_t total_q) {
     using namespace cute;
@@ -89,7 +95,7 @@ struct FwdEpilogue {
     Tensor tOcO = thr_pv.partition_C(cO);
     Tensor coord_rc = make_tensor(tOcO.data(), acc_to_rowcol(tOcO.layout()));
 
-    auto const lse = softmax.finalize(o_rc, p.softmax_scale, p.sink == nullptr ? -INFINITY : p.sink[head]);
+    auto const lse = softmax.finalize(o_rc, p.softmax_scale, sink);
     // The sequence's rows; O and LSE from its row 0. LSE is (batch, nheads, seqlen_q) for batched sequences and
     // (nheads, total_q) for packed ones.
     // Read where it is used: read once ahead of the O store, it changed the batched kernels' code.

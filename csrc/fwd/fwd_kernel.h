@@ -107,6 +107,8 @@ struct FwdKernel {
         SeqRows const rows = tile_rows(params, tile.batch);
         if (Traits::kPacked && tile.m_block * Traits::kBlockM >= rows.len_q) { continue; }
         auto&& lens = lens_of(params, rows);
+        // Loaded ahead of the mainloop, so that the epilogue does not wait on it.
+        float const sink = Epilogue::sink_logit(params.epilogue, tile.head);
         auto const keys = Mainloop::key_tiles(params.mainloop, lens, tile.m_block);
         if (keys.lo < keys.hi) {
           Mainloop::mma(params.mainloop, lens, smem, pipeline_k, pipeline_v, read_k, read_v, q_phase, thread_idx,
@@ -117,8 +119,8 @@ struct FwdKernel {
           clear(tOrO);
           softmax.reset();
         }
-        Epilogue::store(params.epilogue, smem, tOrO, softmax, thread_idx, tile.m_block, tile.head, tile.batch, rows,
-                        params.packed.total_q);
+        Epilogue::store(params.epilogue, smem, tOrO, softmax, sink, thread_idx, tile.m_block, tile.head, tile.batch,
+                        rows, params.packed.total_q);
       }
       WarpGroupTurns<Traits>::finish(consumer_wg);
       Epilogue::store_tail(thread_idx);

@@ -7,7 +7,7 @@ from typing import List, Optional
 
 import torch
 
-from . import device_seqlens, validation
+from . import _seq_bands, device_seqlens, validation
 from ._args import MaskKind, _effective_mask
 from ._ext import _bwd_tile_shape, _check_cuda, _device_guard, _num_sms, _supported_head_dims
 from ._launch import _lse_shape, _out_like, _resolve_schedule_for, _run_bwd, _run_fwd, _varlen_schedule
@@ -109,13 +109,14 @@ def _batched(x: torch.Tensor, rows: slice, count: int, seqlen: int) -> torch.Ten
 
 
 # The CUDA varlen path runs the packed-sequence kernels (one launch for all sequences, csrc/common/params.h:
-# PackedSeqs) where they apply: every mask (causal and windows: each sequence's band inside the longest ones') and
-# score transform, q's head dim a built kernel's own and v's the same. They tile and schedule the call as a batch of the
-# longest sequence and skip what lies past each sequence's end, so the deterministic schedules and their proofs are
-# those of that batch. Elsewhere the dense kernels run once per run of consecutive sequences with equal lengths, as
-# a batch of (sequences, seqlen, heads, d) views of the packed tensors (splitting the packed dim never copies); runs
-# write disjoint rows, so the deterministic mode stays bitwise reproducible. The window is re-normalised per run, so
-# short sequences reach the full/causal kernels. `ext` is the extension _check_varlen checked once for every launch.
+# PackedSeqs) where they apply: every mask (causal and windows: each sequence's band reached by the schedule of the
+# longest ones, dash_attn/_seq_bands.py) and score transform, q's head dim a built kernel's own and v's the same. They
+# tile and schedule the call as a batch of the longest sequence and skip what lies past each sequence's end, so the
+# deterministic schedules and their proofs are those of that batch. Elsewhere the dense kernels run once per run of
+# consecutive sequences with equal lengths, as a batch of (sequences, seqlen, heads, d) views of the packed tensors
+# (splitting the packed dim never copies); runs write disjoint rows, so the deterministic mode stays bitwise
+# reproducible. The window is re-normalised per run, so short sequences reach the full/causal kernels. `ext` is the
+# extension _check_varlen checked once for every launch.
 
 # Which varlen path runs a call the packed kernels could take. The per-run path keeps the batched kernels' schedules,
 # balanced for heads of equal length, but each run costs host time, so it takes only a few runs that each fill the GPU
@@ -163,16 +164,9 @@ def _packed_launch(ext, q, k, v, cq, ck, mask, window_left, window_right):
 
 
 def _bands_inside(lens_q, lens_k, mask, window_left, window_right) -> bool:
-    """Whether each sequence's band lies inside the longest sequences' band. The packed kernels' schedule of a causal
-    or window mask is the batch's, whose band lies around the longest sequences' diagonal (max_k - max_q): a sequence
-    band outside it would need KV tiles that schedule never visits. A right bound needs no diagonal right of the
-    batch's, a left bound none left of it."""
-    if mask == MaskKind.FULL or not lens_q:
-        return True
-    left, right = (-1, 0) if mask == MaskKind.CAUSAL else (window_left, window_right)
-    diagonal = max(lens_k) - max(lens_q)
-    return not any((right >= 0 and lk - lq > diagonal) or (left >= 0 and lk - lq < diagonal)
-                   for lq, lk in zip(lens_q, lens_k))
+    """Whether the packed kernels' schedule of the longest lengths reaches each sequence's causal or window band
+    (dash_attn/_seq_bands.py)."""
+    return _seq_bands.bands_inside(lens_q, lens_k, mask, window_left, window_right)
 
 
 def _device_int32(x: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -234,28 +228,47 @@ def _varlen_bwd_cuda(ext, dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, c
 
 
 # Unplanned calls (inside a CUDA graph capture, or given seqused_q/k): the packed-sequence kernels with bounds for the
-# longest sequences (the caller's max_seqlen inside a capture, else the longest rows in use), cu_seqlens and seqused
-# checked on the GPU afterwards (dash_attn.device_seqlens: invalid values turn every result into NaN). Rows past
-# seqused are not the kernels' to write: they start as zeros (lse -inf).
+# longest sequences (the caller's max_seqlen inside a capture, else the longest rows in use, and in the backward
+# those that reach every sequence's band: _bwd_launches), cu_seqlens and seqused checked on the GPU afterwards inside
+# a capture (dash_attn.device_seqlens: invalid values turn every result into NaN). Rows past seqused are not the
+# kernels' to write: they start as zeros (lse -inf).
 def _unplanned_band(mask, window_left, window_right):
     return None if mask == MaskKind.FULL else (window_left, window_right)
 
 
 def _unplanned_bounds(host, mask, window_left, window_right, max_seqlen_q, max_seqlen_k):
-    """The bounds of an unplanned call: the caller's inside a capture (host None), else the longest rows in use, whose
-    bands must lie inside the longest ones' (the packed kernels are the only ones that skip rows)."""
+    """The bounds of an unplanned call's forward: the caller's inside a capture (host None), else the longest rows in
+    use. The forward masks and tiles each sequence by its own lengths; the backward plans its own (_bwd_launches)."""
     if host is None:
         return max_seqlen_q, max_seqlen_k
     lens_q, lens_k = _used_lengths(host[0], host[2]), _used_lengths(host[1], host[3])
-    if not _bands_inside(lens_q, lens_k, mask, window_left, window_right):
-        raise ValueError("with seqused_q/seqused_k the packed-sequence kernels run the call, which need each sequence's "
-                         "causal or window band inside the longest sequences' band (their diagonals seqused_k - "
-                         "seqused_q equal, for instance): this call's bands differ")
     return max(lens_q, default=0), max(lens_k, default=0)
 
 
 def _device_seqs(q, *tensors):
     return [None if t is None else _device_int32(t, q.device) for t in tensors]
+
+
+def _bwd_launches(q, seqs, used_q, used_k, bounds, mask, window_left, window_right, checked_on_host):
+    """The backward launches of an unplanned call, as (seqused_q, seqused_k, max_q, max_k) on q's device. Inside a
+    capture (nothing read on the host) one with the caller's bounds, whose bands the GPU check holds to theirs
+    (device_seqlens). Otherwise the host copies _check_varlen read for this call (_host_lists returns them again
+    without a copy) plan them (dash_attn/_seq_bands.py): bounds whose schedule reaches every sequence's band, or,
+    where no one band holds them all, one launch per group of sequences, the others' rows in use set to 0 (the
+    kernels then write nothing of theirs)."""
+    if not checked_on_host:
+        return [(used_q, used_k) + tuple(bounds)]
+    cq, ck, host_q, host_k = _host_lists(*seqs)
+    lens_q, lens_k = _used_lengths(cq, host_q), _used_lengths(ck, host_k)
+    launches = _seq_bands.bwd_launches(lens_q, lens_k, mask, window_left, window_right)
+    if launches[0].members is None:
+        return [(used_q, used_k, launches[0].max_q, launches[0].max_k)]
+    rows = []
+    for launch in launches:
+        chosen = set(launch.members)
+        rows.append([[n if b in chosen else 0 for b, n in enumerate(lens)] for lens in (lens_q, lens_k)])
+    table = torch.tensor(rows, dtype=torch.int32).to(q.device, non_blocking=True)  # (launches, 2, batch)
+    return [(table[i, 0], table[i, 1], launch.max_q, launch.max_k) for i, launch in enumerate(launches)]
 
 
 def _varlen_fwd_unplanned(ext, q, k, v, seqs, bounds, softmax_scale, mask, window_left, window_right, softcap,
@@ -294,18 +307,28 @@ def _varlen_bwd_unplanned(ext, dout, q, k, v, out, lse, seqs, bounds, softmax_sc
     schedule = _varlen_schedule(schedule, mask, deterministic)
     with _device_guard(q.device):
         if not no_key_seen:
-            schedule_id = _resolve_schedule_for(schedule, q.device, cu_q.shape[0] - 1, max_q, max_k, q.shape[1],
-                                                k.shape[1], q.shape[-1], mask, window_left, window_right,
-                                                deterministic, sm_margin)
-            ext.varlen_bwd(dout, q, k, v, out, lse, dq, dk, dv, cu_q, cu_k, used_q, used_k, max_q, max_k,
-                           softmax_scale, mask, window_left, window_right, softcap, deterministic, schedule_id,
-                           sm_margin, sink, dsink)
+            launches = _bwd_launches(q, seqs, used_q, used_k, (max_q, max_k), mask, window_left, window_right,
+                                     checked_on_host)
+            # Several launches (groups of sequences) each give the sink gradient of their own rows: summed in order.
+            part = dsink if dsink is None or len(launches) == 1 else torch.empty_like(dsink)
+            if part is not dsink:
+                dsink.zero_()
+            for launch_q, launch_k, launch_max_q, launch_max_k in launches:
+                schedule_id = _resolve_schedule_for(schedule, q.device, cu_q.shape[0] - 1, launch_max_q, launch_max_k,
+                                                    q.shape[1], k.shape[1], q.shape[-1], mask, window_left,
+                                                    window_right, deterministic, sm_margin)
+                ext.varlen_bwd(dout, q, k, v, out, lse, dq, dk, dv, cu_q, cu_k, launch_q, launch_k, launch_max_q,
+                               launch_max_k, softmax_scale, mask, window_left, window_right, softcap, deterministic,
+                               schedule_id, sm_margin, sink, part)
+                if part is not dsink:
+                    dsink += part
         elif dsink is not None:
             dsink.zero_()  # out is 0 where no key is seen: D = 0
         if not checked_on_host:
             device_seqlens.flag_invalid(ext, cu_q, cu_k, used_q, used_k, q.shape[0], k.shape[0], max_q, max_k,
                                         _unplanned_band(mask, window_left, window_right), dq, dk, dv)
     return dq, dk, dv
+
 
 def _fill_sink_lse(lse, sink, cu_q, used_q) -> None:
     """lse (nheads, total_q) = sink on the rows in use (of each sequence, its first seqused_q rows, or all), on the

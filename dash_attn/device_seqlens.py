@@ -31,7 +31,8 @@ def seqlens_ok(cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, seqused_q
     causal or window mask (band = (left, right), -1 unbounded), each sequence's diagonal lies where the packed
     kernels' schedule can reach it: the schedule is that of a batch of the longest sequences, whose band lies around
     the diagonal max_k - max_q; a right bound needs no sequence diagonal right of it, a left bound none left of it
-    (the rule the host-planned path applies before choosing these kernels)."""
+    (a coarse form of dash_attn/_seq_bands.py's rule: inside a capture no bounds can be planned around the
+    diagonals)."""
     lens_q = cu_seqlens_q.long().diff()  # int64: differences of arbitrary int32 values cannot wrap around
     lens_k = cu_seqlens_k.long().diff()
     ok = (cu_seqlens_q[0] == 0) & (cu_seqlens_k[0] == 0)

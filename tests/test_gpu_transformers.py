@@ -2,12 +2,15 @@
 an sm90 GPU, the built extension or transformers).
 
 Small random models (Llama; Mistral with a sliding window; Gemma 2 with softcap, head dim 256 and alternating sliding
-and full layers; Qwen 3 with head dim 128), built from configs:
+and full layers; Qwen 3 with head dim 128; gpt-oss with learnable attention sinks, GQA, a mixture of experts and
+alternating sliding and full layers), built from configs:
 - logits of dense, padded and padding-free packed batches against a float32 eager reference, within the tolerance
   scheme of test_gpu_forward.py: twice the error of the bf16 baseline implementation (sdpa; eager for Gemma 2, whose
-  softcap sdpa ignores), or bf16 rounding;
+  softcap sdpa ignores, and for gpt-oss, which has no sdpa path), or bf16 rounding; the same for the gradient of
+  gpt-oss's sinks;
 - 10 training steps (dense, padded and packed batches, bf16 autocast over float32 weights) run twice: bitwise the same
-  losses and weights, deterministic through FLASH_ATTENTION_DETERMINISTIC=1 or torch.use_deterministic_algorithms;
+  losses and weights (gpt-oss's sinks included, which must have trained), deterministic through
+  FLASH_ATTENTION_DETERMINISTIC=1 or torch.use_deterministic_algorithms;
 - greedy generate() of 32 tokens with the KV cache: the baseline's tokens, except from a step where the two
   candidates are a near tie (random models have them; within bf16 noise either choice is right).
 """
@@ -24,7 +27,7 @@ from gpu_common import assert_within, exact_float32_matmul, tolerance  # noqa: E
 
 pytestmark = pytest.mark.gpu
 
-ARCHS = ["llama", "mistral", "gemma2", "qwen3"]
+ARCHS = ["llama", "mistral", "gemma2", "qwen3", "gptoss"]
 VOCAB = 512
 SEQLEN = 256
 WINDOW = 48
@@ -51,17 +54,43 @@ def _config(arch):
                                          query_pre_attn_scalar=256)
     if arch == "qwen3":
         return transformers.Qwen3Config(**COMMON, head_dim=128)
+    if arch == "gptoss":
+        return _gpt_oss_config()
     raise ValueError(arch)
 
 
+def _gpt_oss_config():
+    """gpt-oss: layer 0 slides, layer 1 is full, both with sinks. Every token goes to every expert
+    (num_experts_per_tok = num_local_experts): top-k routing would switch experts where two router logits nearly tie,
+    and bf16 noise picks differently from the float32 reference there, a jump no logits tolerance covers. The experts
+    run eagerly (a loop of matmuls and index_add_, deterministic under torch.use_deterministic_algorithms) rather than
+    through transformers' grouped_mm, so that the training test measures the attention's determinism, not that of a
+    grouped GEMM. max_position_embeddings is 32 times YaRN's original 4096, its default factor."""
+    options = dict(COMMON, max_position_embeddings=32 * 4096)
+    return transformers.GptOssConfig(**options, head_dim=64, sliding_window=WINDOW, num_local_experts=4,
+                                     num_experts_per_tok=4, layer_types=["sliding_attention", "full_attention"],
+                                     experts_implementation="eager")
+
+
 def _baseline(arch):
-    return "eager" if arch == "gemma2" else "sdpa"
+    return "eager" if arch in ("gemma2", "gptoss") else "sdpa"
+
+
+def _spread_sinks(state):
+    """gpt-oss initialises its sinks near 0 (normal, std initializer_range); spread over a few units, some sinks take
+    most of a row's mass and others almost none, so that a sink handled wrongly shows in the logits."""
+    gen = torch.Generator().manual_seed(4)
+    for name, t in state.items():
+        if name.endswith(".sinks"):
+            t.copy_(2.0 * torch.randn(t.shape, generator=gen))
+    return state
 
 
 def _models(arch):
     """The same random weights as dash_attn (bf16), the baseline implementation (bf16) and eager (float32)."""
     torch.manual_seed(0)
     state = transformers.AutoModelForCausalLM.from_config(_config(arch), attn_implementation="eager").state_dict()
+    state = _spread_sinks(state)
     models = {}
     for name, impl, dtype in (("dash", "dash_attn", torch.bfloat16), ("base", _baseline(arch), torch.bfloat16),
                               ("ref", "eager", torch.float32)):
@@ -106,6 +135,26 @@ def test_logits_match_baseline(arch, padded):
     _assert_logits(f"{arch} logits", models, keep, lambda m: m(input_ids=ids, attention_mask=mask).logits)
 
 
+@pytest.mark.parametrize("padded", [False, True])
+def test_gpt_oss_sink_gradients_match_eager(padded):
+    """The gradient of the causal-LM loss reaching gpt-oss's sinks (dash_attn's d learnable_sink, cast back to the
+    parameter's dtype) against float32 eager, within the bf16 eager baseline's tolerance."""
+    models = _models("gptoss")
+    ids = _ids(3, SEQLEN)
+    mask = _padding_mask(3, SEQLEN) if padded else None
+    labels = ids if mask is None else ids.masked_fill(mask == 0, -100)
+    grads = {}
+    for key, model in models.items():
+        model.zero_grad(set_to_none=True)
+        model(input_ids=ids, attention_mask=mask, labels=labels).loss.backward()
+        grads[key] = {name: p.grad for name, p in model.named_parameters() if name.endswith(".sinks")}
+    assert len(grads["ref"]) == 2 and grads["dash"].keys() == grads["ref"].keys()
+    for name, ref in grads["ref"].items():
+        got = grads["dash"][name]
+        assert got is not None and torch.isfinite(got).all(), f"{name}: no finite gradient"
+        assert_within(f"d {name}", got, ref, tolerance(grads["base"][name], ref, torch.bfloat16))
+
+
 def _packed(lengths, seed=3):
     ids = _ids(1, sum(lengths), seed)
     position_ids = torch.cat([torch.arange(n, device="cuda") for n in lengths]).unsqueeze(0)
@@ -133,12 +182,17 @@ def test_packed_batch_matches_separate_sequences(arch):
 # Deterministic training
 # ----------------------------------------------------------------------------------------------------------------------
 
-def _train(arch, steps=10):
-    """Training steps over dense, padded and packed batches; the losses and the final weights."""
+def _initial_model(arch):
     torch.manual_seed(0)
     model = transformers.AutoModelForCausalLM.from_config(_config(arch), attn_implementation="dash_attn")
-    model = model.to("cuda").train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    return model.to("cuda").train()
+
+
+def _train(arch, steps=10):
+    """Training steps over dense, padded and packed batches; the losses and the final weights by name."""
+    model = _initial_model(arch)
+    # No weight decay: only a gradient moves a weight, so a sink whose gradient is lost or zero keeps its value.
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0)
     losses = []
     for step in range(steps):
         inputs = {"input_ids": _ids(4, SEQLEN, seed=10 + step)}
@@ -154,14 +208,23 @@ def _train(arch, steps=10):
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         losses.append(loss.detach())
-    return torch.stack(losses), [p.detach().clone() for p in model.parameters()]
+    return torch.stack(losses), {name: p.detach().clone() for name, p in model.named_parameters()}
 
 
 def check_training_is_bitwise_reproducible(arch):
     (losses, weights), (losses2, weights2) = _train(arch), _train(arch)
     assert torch.isfinite(losses).all()
     assert torch.equal(losses, losses2), f"losses differ: {losses.tolist()} vs {losses2.tolist()}"
-    assert all(torch.equal(a, b) for a, b in zip(weights, weights2)), "weights differ after identical training"
+    differ = [name for name in weights if not torch.equal(weights[name], weights2[name])]
+    assert not differ, f"weights differ after identical training: {differ}"
+    # The sinks' gradient must reach them: were it lost (zero or None), the sinks would keep their initial values and
+    # the comparison above would pass without testing it.
+    initial = dict(_initial_model(arch).named_parameters())
+    sinks = [name for name in weights if name.endswith(".sinks")]
+    assert (arch == "gptoss") == bool(sinks), f"{arch}: sinks {sinks}"
+    for name in sinks:
+        assert torch.isfinite(weights[name]).all() and not torch.equal(weights[name], initial[name]), \
+            f"{name} did not train"
 
 
 @pytest.mark.parametrize("arch", ["llama", "gemma2"])
@@ -170,11 +233,14 @@ def test_training_deterministic_through_env(arch, monkeypatch):
     check_training_is_bitwise_reproducible(arch)
 
 
-def test_training_deterministic_through_torch_flag():
-    """torch.use_deterministic_algorithms needs cuBLAS's workspace setting before CUDA starts: a fresh process."""
+@pytest.mark.parametrize("arch", ["llama", "gptoss"])
+def test_training_deterministic_through_torch_flag(arch):
+    """torch.use_deterministic_algorithms needs cuBLAS's workspace setting before CUDA starts: a fresh process. gpt-oss
+    runs here only: its experts' index_add_ and gathers are deterministic under the flag (the sinks' gradient comes
+    from dash_attn's deterministic backward, which the flag selects)."""
     code = ("import sys, torch; sys.path.insert(0, sys.argv[1]); import test_gpu_transformers as t; "
             "from dash_attn.integrations.transformers import register; register(); "
-            "torch.use_deterministic_algorithms(True); t.check_training_is_bitwise_reproducible('llama')")
+            f"torch.use_deterministic_algorithms(True); t.check_training_is_bitwise_reproducible({arch!r})")
     env = {k: v for k, v in os.environ.items() if k != "FLASH_ATTENTION_DETERMINISTIC"}
     env["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
     result = subprocess.run([sys.executable, "-c", code, os.path.dirname(__file__)], env=env, capture_output=True,

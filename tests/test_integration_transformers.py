@@ -5,8 +5,9 @@ and through transformers' eager attention with the same weights; logits and ever
 TOL (gradients: TOL times their largest magnitude where that is above 1). Cases: no padding, left and right padding
 masks, padding-free packed batches (position_ids restarting, and DataCollatorWithFlattening's cu_seq_lens keywords),
 sliding windows (Mistral), softcap with alternating sliding and full layers (Gemma 2), q/k norms (Qwen 3), learnable
-attention sinks with alternating sliding and full layers (gpt-oss), greedy generation with the KV cache; then registration, the errors and the deterministic switch. Skipped where transformers
-is not installed.
+attention sinks with alternating sliding and full layers (gpt-oss), greedy generation with the KV cache; gpt-oss
+trained twice under bfloat16 autocast (bitwise the same, the sinks trained); then registration, the errors and the
+deterministic switch. Skipped where transformers is not installed.
 """
 import subprocess
 import sys
@@ -185,6 +186,45 @@ def test_greedy_generation_matches_eager(arch, padded):
     torch.testing.assert_close(torch.stack(out.logits), torch.stack(ref.logits), atol=TOL, rtol=0)
 
 
+def _train_gptoss(steps=4):
+    """gpt-oss (float32 weights) trained through dash_attn under bfloat16 autocast, as test_gpu_transformers.py trains
+    it on the GPU, over dense, padded and packed batches: the losses and the final weights by name."""
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(_config("gptoss"), attn_implementation="dash_attn").train()
+    # No weight decay: only a gradient moves a weight, so a sink whose gradient is lost or zero keeps its value.
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.0)
+    losses = []
+    for step in range(steps):
+        ids = torch.randint(1, VOCAB, (2, 16), generator=torch.Generator().manual_seed(10 + step))
+        inputs = {"input_ids": ids, "labels": ids}
+        if step % 3 == 1:
+            inputs["attention_mask"] = torch.ones_like(ids)
+            inputs["attention_mask"][0, :5] = 0
+            inputs["labels"] = ids.masked_fill(inputs["attention_mask"] == 0, -100)
+        elif step % 3 == 2:
+            inputs["input_ids"], inputs["position_ids"] = _packed_batch((9, 1, 14, 8))
+            inputs["labels"] = inputs["input_ids"]
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            loss = model(**inputs).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(loss.detach())
+    return torch.stack(losses), {name: p.detach().clone() for name, p in model.named_parameters()}
+
+
+def test_gptoss_training_is_reproducible_and_trains_the_sinks():
+    """On CPU tensors dash_attn runs its reference, so two runs from one seed agree bit for bit; the sinks' gradient
+    must reach them (they move from their initial values)."""
+    (losses, weights), (losses2, weights2) = _train_gptoss(), _train_gptoss()
+    assert torch.isfinite(losses).all() and torch.equal(losses, losses2)
+    assert all(torch.equal(weights[name], weights2[name]) for name in weights)
+    torch.manual_seed(0)
+    initial = dict(transformers.AutoModelForCausalLM.from_config(_config("gptoss")).named_parameters())
+    sinks = [name for name in weights if name.endswith(".sinks")]
+    assert len(sinks) == 2 and all(not torch.equal(weights[name], initial[name]) for name in sinks)
+
+
 # ----------------------------------------------------------------------------------------------------------------------
 # The attention function on its own
 # ----------------------------------------------------------------------------------------------------------------------
@@ -249,6 +289,18 @@ def test_s_aux_becomes_learnable_sink(dtype):
     out, _ = dash_tf.dash_attention_forward(_Module(), q, k, v, mask, s_aux=s_aux)
     ref1 = _reference(q[1:], k[1:, :, 3:], v[1:, :, 3:], causal=True, learnable_sink=s_aux.detach().float())
     torch.testing.assert_close(out[1], ref1[0], atol=TOL, rtol=0)
+
+
+def test_mixed_dtypes_take_the_widest_on_the_cpu():
+    """Under autocast gpt-oss's rotary embedding hands q and k over in float32 and v in bfloat16; the CPU reference
+    takes the three in the widest of their dtypes."""
+    q, k, v = _qkv()
+    v = v.bfloat16()
+    with torch.autocast("cpu", dtype=torch.bfloat16):  # which the reference's matmuls follow too
+        out, _ = dash_tf.dash_attention_forward(_Module(), q, k, v, None)
+        expected = _reference(q, k, v.float(), causal=True)
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out, expected, atol=TOL, rtol=0)
 
 
 def test_static_cache_mask_bounds_keys():

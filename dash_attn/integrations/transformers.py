@@ -121,10 +121,18 @@ def _learnable_sink(s_aux: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
 
 
 def _kernel_dtype(q, k, v, module):
-    """float32 activations on a GPU (autocast regions, PEFT's float32 layer norms) are cast to the half precision the
-    kernels take, as transformers' flash path does: autocast's dtype, else the model's linear weights' dtype. The CPU
-    reference computes float32 as it is given."""
-    if q.device.type == "cpu" or q.dtype != torch.float32:
+    """q, k and v in one dtype that the device's path takes. float32 activations on a GPU (autocast regions, PEFT's
+    float32 layer norms) are cast to the half precision the kernels take, as transformers' flash path does: autocast's
+    dtype, else the model's linear weights' dtype. The CPU reference computes in float32 whatever it is given; mixed
+    dtypes (under autocast, gpt-oss's rotary embedding turns q and k float32 while v stays bfloat16) take the widest
+    of them there."""
+    uniform = q.dtype == k.dtype == v.dtype
+    if q.device.type == "cpu":
+        if uniform:
+            return q, k, v
+        target = torch.promote_types(torch.promote_types(q.dtype, k.dtype), v.dtype)
+        return q.to(target), k.to(target), v.to(target)
+    if uniform and q.dtype != torch.float32:
         return q, k, v
     if torch.is_autocast_enabled(q.device.type):
         target = torch.get_autocast_dtype(q.device.type)

@@ -19,7 +19,7 @@ NVCC_FLAGS = $(NVCC_COMMON_FLAGS) -Icsrc -I$(CUTLASS_INC) \
 	$(call run_py,csrc/build_config.py --defines --hdims $(CHECK_HDIM) --dtypes $(CHECK_DTYPE))
 export CPLUS_INCLUDE_PATH := /usr/local/cuda/include/cccl:$(CPLUS_INCLUDE_PATH)
 
-.PHONY: runtime deps install dev gen test test-gpu check-kernels prebuild demo bench clean
+.PHONY: runtime deps install dev gen test test-gpu fa3-suite check-kernels prebuild demo bench clean
 
 # What the package needs to run; torch only when missing (a CPU machine gets the CPU build, a GPU node keeps its own).
 runtime:
@@ -47,6 +47,14 @@ test: deps
 
 test-gpu:
 	timeout 900 $(PYTHON) -m pytest -q -m gpu
+
+# FlashAttention-3's own hopper/test_flash_attn.py, unedited, against the built package (tests/fa3_suite/run.py):
+# FA3_HOPPER is a FlashAttention checkout's hopper/ folder, kept outside the repo; FA3_HDIMS/FA3_DTYPES narrow the
+# kernel head dims and dtypes (default: the built ones); FA3_SUITE_ARGS adds run.py options (--workers 8 --budget 200).
+FA3_SUITE_OUT ?= build/fa3_suite
+fa3-suite:
+	$(PYTHON) tests/fa3_suite/run.py --fa3 "$(FA3_HOPPER)" --out $(FA3_SUITE_OUT) $(if $(FA3_HDIMS),--hdims $(FA3_HDIMS)) \
+	    $(if $(FA3_DTYPES),--dtypes $(FA3_DTYPES)) $(FA3_SUITE_ARGS)
 
 # Compile the kernel TUs of one (hdim, dtype) without a GPU and fail on register spills or stack frames beyond the
 # measured allowances listed in csrc/tools/check_spills.py. First, the backward traits of every head dim, dtype and

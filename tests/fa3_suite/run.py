@@ -1,0 +1,100 @@
+"""Runs FlashAttention-3's own hopper/test_flash_attn.py, unedited, against dash_attn and records the result.
+
+  python3 tests/fa3_suite/run.py --fa3 PATH/TO/flash-attention/hopper [--hdims 64,128] [--dtypes bf16,fp16]
+      [--out build/fa3_suite] [--workers 8] [--budget SECONDS] [--deterministic] [-- more pytest arguments]
+
+FA3's checkout stays outside the repo (or in the git-ignored .peers/): nothing of it is copied, edited or committed.
+Needs dash_attn importable (built in place or installed), pytest and einops; pytest-xdist for --workers. Writes
+junit.xml, pytest.log, summary.json and summary.md under --out. Exit status 0 only when tests ran and none failed
+(with --collect-only among the pytest arguments: pytest's own status). What is left out and why:
+tests/fa3_suite/fa3_features.py.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+HERE = pathlib.Path(__file__).resolve().parent
+REPO = HERE.parents[1]
+TEST_FILE = "test_flash_attn.py"
+
+
+def _parse(argv):
+    ours, extra = (argv[:argv.index("--")], argv[argv.index("--") + 1:]) if "--" in argv else (argv, [])
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--fa3", default=os.environ.get("FA3_HOPPER"),
+                        help=f"FA3's hopper/ folder, holding {TEST_FILE} (env FA3_HOPPER)")
+    parser.add_argument("--hdims", help="kernel head dims to cover (default: the built ones)")
+    parser.add_argument("--dtypes", help="bf16 and/or fp16 (default: the built ones)")
+    parser.add_argument("--out", default=str(REPO / "build" / "fa3_suite"), help="folder for the results")
+    parser.add_argument("--workers", type=int, default=0,
+                        help="pytest-xdist workers, all on the one GPU (0: a single process)")
+    parser.add_argument("--budget", type=float,
+                        help="seconds; tests not started by then are skipped, so the run still ends with a summary")
+    parser.add_argument("--deterministic", action="store_true", help="dash_attn's deterministic backward throughout")
+    args = parser.parse_args(ours)
+    if not args.fa3 or not (pathlib.Path(args.fa3) / TEST_FILE).is_file():
+        parser.error(f"--fa3 (or FA3_HOPPER) must name FA3's hopper/ folder holding {TEST_FILE}, got {args.fa3!r}")
+    return args, extra
+
+
+def _plugin_options(args, out: pathlib.Path):
+    options = ["--fa3-out", str(out)]
+    for flag, value in (("--fa3-hdims", args.hdims), ("--fa3-dtypes", args.dtypes), ("--fa3-budget", args.budget)):
+        if value is not None:
+            options += [flag, str(value)]
+    return options + (["--fa3-deterministic"] if args.deterministic else [])
+
+
+def pytest_command(args, extra, out: pathlib.Path):
+    hopper = pathlib.Path(args.fa3).resolve()
+    command = [sys.executable, "-m", "pytest", str(hopper / TEST_FILE), "-p", "fa3_plugin",
+               # Neither this repo's pytest settings (its own suite's) nor any in FA3's tree apply; no cache is
+               # written into FA3's checkout; its folder is not made a package root on sys.path.
+               "-c", os.devnull, "--rootdir", str(hopper), "-p", "no:cacheprovider", "--import-mode=importlib",
+               # One line a failure (the log and junit.xml stay small however many fail); the summary classes
+               # failures by where they were raised, which that line keeps.
+               "-q", "-rfE", "--tb=line", "--junitxml", str(out / "junit.xml"),
+               "-o", "junit_suite_name=fa3_test_flash_attn"] + _plugin_options(args, out)
+    if args.workers:
+        command += ["-n", str(args.workers), "--dist", "loadgroup"]
+    return command + extra
+
+
+def _environment():
+    env = dict(os.environ)
+    # The plugin by its module name (also in the xdist workers), and dash_attn from this checkout when built in place.
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(HERE), str(REPO), env.get("PYTHONPATH")) if p)
+    return env
+
+
+def _run_logged(command, env, log: pathlib.Path) -> int:
+    with open(log, "w") as sink, subprocess.Popen(command, env=env, stdout=subprocess.PIPE,
+                                                  stderr=subprocess.STDOUT, text=True, bufsize=1) as proc:
+        for line in proc.stdout:
+            sys.stdout.write(line)
+            sink.write(line)
+    return proc.returncode
+
+
+def main(argv=None) -> int:
+    args, extra = _parse(sys.argv[1:] if argv is None else argv)
+    out = pathlib.Path(args.out).resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    command = pytest_command(args, extra, out)
+    print("fa3 suite:", " ".join(command), flush=True)
+    status = _run_logged(command, _environment(), out / "pytest.log")
+    summary = out / "summary.json"
+    if "--collect-only" in extra or "--co" in extra or not summary.is_file():
+        return status
+    print(f"fa3 suite: {out / 'summary.md'}")
+    print((out / "summary.md").read_text().split("\n\n")[1])
+    return 0 if json.loads(summary.read_text())["ok"] else (status or 1)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

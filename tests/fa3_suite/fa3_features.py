@@ -12,6 +12,7 @@ Every left-out case or sub-case carries a key:
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 from typing import Callable, Mapping, Optional, Tuple
 
@@ -24,10 +25,16 @@ DTYPE_NAMES = {torch.float16: "fp16", torch.bfloat16: "bf16"}
 assert set(DTYPE_NAMES) == set(validation.KERNEL_DTYPES)
 
 
+@functools.lru_cache(maxsize=None)
 def head_dim_offered(head_dim: int) -> bool:
-    """The head dims the API takes (validation.check_qkv), whatever the build."""
-    return (head_dim % validation.HEADDIM_MULTIPLE == 0
-            and validation.HEADDIM_MULTIPLE <= head_dim <= validation.MAX_HEADDIM)
+    """Whether the API takes `head_dim`, whatever the build: asked of its own input check (validation.check_qkv
+    reads only metadata, so meta tensors do), which is where the rule is defined."""
+    q = torch.empty(1, 1, 1, head_dim, dtype=validation.KERNEL_DTYPES[0], device="meta")
+    try:
+        validation.check_qkv(q, q, q, varlen=False)
+    except ValueError:
+        return False
+    return True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,8 +67,8 @@ FEATURES = (
             switches=("FLASH_ATTENTION_DISABLE_FP8",),
             asks=lambda params: "dtype" in params and params["dtype"] not in validation.KERNEL_DTYPES),
     Feature("qv", "qv (the extra query-value product)", asks=lambda params: params.get("has_qv") is True),
-    Feature("head_dim", f"head dims other than multiples of {validation.HEADDIM_MULTIPLE} up to "
-                        f"{validation.MAX_HEADDIM}",
+    Feature("head_dim", f"head dims its input checks refuse (above {validation.MAX_HEADDIM}: "
+                        "validation.check_qkv)",
             asks=lambda params: "d" in params and not head_dim_offered(params["d"])),
     Feature("fa3_ops", "FA3's registered custom ops (torch.ops.flash_attn_3 and their schemas)",
             tests=("test_flash3_bw_compatibility",)),

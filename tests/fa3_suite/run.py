@@ -15,6 +15,7 @@ import argparse
 import json
 import os
 import pathlib
+import signal
 import subprocess
 import sys
 
@@ -75,6 +76,8 @@ def _environment():
 def _run_logged(command, env, log: pathlib.Path) -> int:
     with open(log, "w") as sink, subprocess.Popen(command, env=env, stdout=subprocess.PIPE,
                                                   stderr=subprocess.STDOUT, text=True, bufsize=1) as proc:
+        # A `timeout` around this script signals it alone: pytest (and its xdist workers) must stop with it.
+        signal.signal(signal.SIGTERM, lambda *_: proc.terminate())
         for line in proc.stdout:
             sys.stdout.write(line)
             sink.write(line)

@@ -9,7 +9,7 @@ import torch
 
 from . import _seq_bands, device_seqlens, validation
 from ._args import MaskKind, _effective_mask
-from ._ext import _bwd_tile_shape, _check_cuda, _device_guard, _num_sms, _supported_head_dims
+from ._ext import _bwd_tile_shape, _check_cuda, _device_guard, _kernel_head_dim, _num_sms, _supported_head_dims
 from ._launch import _lse_shape, _out_like, _resolve_schedule_for, _run_bwd, _run_fwd, _varlen_schedule
 
 
@@ -67,8 +67,8 @@ def _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max
         ext = _check_cuda(q, v, softcap)
         capturing = torch.cuda.is_current_stream_capturing()
         if capturing or seqused_q is not None or seqused_k is not None:
-            validation.check_unplanned_varlen(q, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k,
-                                              ext.packed_built(), _supported_head_dims(), capturing)
+            validation.check_unplanned_varlen(q, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k,
+                                              ext.packed_built(), capturing)
         if capturing:
             return ext, None
     return ext, _checked_host_lists(q, k, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q,
@@ -271,10 +271,27 @@ def _bwd_launches(q, seqs, used_q, used_k, bounds, mask, window_left, window_rig
     return [(table[i, 0], table[i, 1], launch.max_q, launch.max_k) for i, launch in enumerate(launches)]
 
 
+# The packed kernels take a kernel's own head dim, the same for q, k and v; an unplanned call of other head dims runs
+# on copies zero-padded to the kernel's (the dense kernels' rule: validation.kernel_head_dim), its results cut back.
+def _kernel_width(q, v) -> Optional[int]:
+    """The head dim an unplanned call's tensors are widened to, or None where theirs is that already."""
+    width = _kernel_head_dim(q, v)
+    return None if q.shape[-1] == v.shape[-1] == width else width
+
+
+def _widened(t: torch.Tensor, width: int) -> torch.Tensor:
+    return t if t.shape[-1] == width else torch.nn.functional.pad(t, (0, width - t.shape[-1]))
+
+
 def _varlen_fwd_unplanned(ext, q, k, v, seqs, bounds, softmax_scale, mask, window_left, window_right, softcap,
                           checked_on_host=False, sink=None):
     """seqs: cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k (the last two may be None); bounds: max_q, max_k.
     checked_on_host: the values passed _check_varlen's host checks, so the GPU check would only repeat them."""
+    width = _kernel_width(q, v)
+    if width is not None:
+        out, lse = _varlen_fwd_unplanned(ext, *(_widened(t, width) for t in (q, k, v)), seqs, bounds, softmax_scale,
+                                         mask, window_left, window_right, softcap, checked_on_host, sink)
+        return out[..., :v.shape[-1]].contiguous(), lse
     cu_q, cu_k, used_q, used_k = _device_seqs(q, *seqs)
     max_q, max_k = device_seqlens.capped_bounds(q.shape[0], k.shape[0], *bounds)
     # Rows the kernel leaves alone (past seqused, or every row when there are no keys) start as out 0, lse -inf.
@@ -298,6 +315,12 @@ def _varlen_fwd_unplanned(ext, q, k, v, seqs, bounds, softmax_scale, mask, windo
 
 def _varlen_bwd_unplanned(ext, dout, q, k, v, out, lse, seqs, bounds, softmax_scale, mask, window_left, window_right,
                           softcap, deterministic, schedule, sm_margin, checked_on_host=False, sink=None, dsink=None):
+    width = _kernel_width(q, v)
+    if width is not None:
+        wide = [_widened(t, width) for t in (dout, q, k, v, out)]
+        grads = _varlen_bwd_unplanned(ext, *wide, lse, seqs, bounds, softmax_scale, mask, window_left, window_right,
+                                      softcap, deterministic, schedule, sm_margin, checked_on_host, sink, dsink)
+        return tuple(g[..., :t.shape[-1]].contiguous() for g, t in zip(grads, (q, k, v)))
     cu_q, cu_k, used_q, used_k = _device_seqs(q, *seqs)
     max_q, max_k = device_seqlens.capped_bounds(q.shape[0], k.shape[0], *bounds)
     no_key_seen = max_q == 0 or max_k == 0 or cu_q.shape[0] == 1

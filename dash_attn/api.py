@@ -5,6 +5,8 @@ from __future__ import annotations
 import functools
 import math
 
+import torch
+
 from . import _sinks, validation
 from ._chunked import chunked_attention, chunked_varlen_attention
 from .interface import EagerAttention, EagerVarlenAttention, eager_cuda, fwd_op, mask_args, resolve_deterministic
@@ -39,22 +41,42 @@ def _run_varlen(args, q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k,
     return op(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k, *args)
 
 
+def _padded_head_dims(q, k, v):
+    """q, k, v with their head dims zero-padded to validation.padded_head_dim's (copies only where a head dim is not a
+    multiple of 8 already); autograd drops the padding columns from their gradients. Called after _common_args, whose
+    default softmax_scale is that of the head dim given."""
+    def pad(t, headdim):
+        return t if t.shape[-1] == headdim else torch.nn.functional.pad(t, (0, headdim - t.shape[-1]))
+
+    headdim, headdim_v = (validation.padded_head_dim(t.shape[-1]) for t in (q, v))
+    return pad(q, headdim), pad(k, headdim), pad(v, headdim_v)
+
+
+def _results(out, lse, headdim_v, return_attn_probs):
+    """What the public functions return: out without v's padding columns, contiguous like an unpadded call's (callers
+    view it as (..., nheads * headdim_v)), and lse with return_attn_probs."""
+    if out.shape[-1] != headdim_v:
+        out = out[..., :headdim_v].contiguous()
+    return (out, lse) if return_attn_probs else out
+
+
 # attention_chunk = 0 takes none of the chunked paths' work; a chunk that masks nothing for these lengths (the
 # chunked functions return None) runs the call as it is.
 def _attention(q, k, v, softmax_scale, causal, window_size, softcap, deterministic, sm_margin, return_attn_probs,
                schedule, attention_chunk=0, learnable_sink=None):
     validation.check_qkv(q, k, v, varlen=False)
     args = _common_args(q, softmax_scale, causal, window_size, softcap, deterministic, schedule, sm_margin)
+    headdim_v = v.shape[-1]
+    q, k, v = _padded_head_dims(q, k, v)
     if learnable_sink is not None:
-        out, lse = _sinks.attention(q, k, v, learnable_sink, args, attention_chunk)
-        return (out, lse) if return_attn_probs else out
+        return _results(*_sinks.attention(q, k, v, learnable_sink, args, attention_chunk), headdim_v,
+                        return_attn_probs)
     result = None
     if attention_chunk:
         result = chunked_attention(q, k, v, attention_chunk, functools.partial(_run_varlen, args))
     if result is None:
         result = (EagerAttention.apply if eager_cuda(q, k, v) else fwd_op)(q, k, v, *args)
-    out, lse = result
-    return (out, lse) if return_attn_probs else out
+    return _results(*result, headdim_v, return_attn_probs)
 
 
 def _varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, seqused_q, seqused_k,
@@ -65,17 +87,18 @@ def _varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seq
                                                                   max_seqlen_k)
     validation.check_seqused_meta(q, cu_seqlens_q, seqused_q, seqused_k)
     args = _common_args(q, softmax_scale, causal, window_size, softcap, deterministic, schedule, sm_margin)
+    headdim_v = v.shape[-1]
+    q, k, v = _padded_head_dims(q, k, v)
     seqs = (cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k)
     if learnable_sink is not None:
-        out, lse = _sinks.varlen_attention(q, k, v, *seqs, learnable_sink, args, attention_chunk)
-        return (out, lse) if return_attn_probs else out
+        return _results(*_sinks.varlen_attention(q, k, v, *seqs, learnable_sink, args, attention_chunk), headdim_v,
+                        return_attn_probs)
     result = None
     if attention_chunk:
         result = chunked_varlen_attention(q, k, v, *seqs, attention_chunk, functools.partial(_run_varlen, args))
     if result is None:
         result = _run_varlen(args, q, k, v, *seqs)
-    out, lse = result
-    return (out, lse) if return_attn_probs else out
+    return _results(*result, headdim_v, return_attn_probs)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -92,8 +115,10 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, qv=None, q_descal
 
     q: (batch, seqlen_q, nheads, headdim); k: (batch, seqlen_k, nheads_k, headdim), nheads % nheads_k == 0; v:
     (batch, seqlen_k, nheads_k, headdim_v), headdim_v = headdim or another (e.g. 192 / 128); out takes headdim_v.
-    Head dims: multiples of 8 up to 256; on CUDA the kernel is the smallest built one (64, 128, 256) that holds both,
-    the missing columns read as zeros, at its cost. softmax_scale: default 1/sqrt(headdim).
+    Head dims: 1 to 256; on CUDA the kernel is the smallest built one (64, 128, 256) that holds both, the missing
+    columns read as zeros, at its cost. A head dim that is not a multiple of 8 is zero-padded to the next one first
+    (copies of q, k, v; out and the gradients come back without the padding). softmax_scale: default 1/sqrt(headdim)
+    of the head dim given.
     causal: bottom-right aligned (query i sees key j <= i + seqlen_k - seqlen_q). window_size: (left, right) around
     the same diagonal, integers (ints, numpy integers, 0-d integer tensors); a negative side is unbounded, as is a
     side wider than the sequences; causal=True sets the right side to 0 (FlashAttention-3's rules).
@@ -138,12 +163,16 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
     or window band lies inside the longest sequences' and the head dim is a kernel's own, else the dense kernels run
     once per run of consecutive sequences with equal lengths. cu_seqlens is read on the host (checks, planning); from
     the GPU that copy waits for it once per pair of tensors (the backward and other calls given the same tensors
-    reuse it), CPU tensors need none. Inside a CUDA graph capture (cu_seqlens on q's device, a kernel's own head dim
-    for q, k and v) nothing is read: the packed kernels run with max_seqlen_q/k as bounds and cu_seqlens is checked
-    on the GPU, invalid values (including a sequence longer than its bound) turning every result into NaN.
+    reuse it), CPU tensors need none. Inside a CUDA graph capture (cu_seqlens on q's device) nothing is read: the
+    packed kernels run with max_seqlen_q/k as bounds and cu_seqlens is checked on the GPU, invalid values (including
+    a sequence longer than its bound, or a causal or window band the bounds' schedule cannot reach) turning every
+    result into NaN.
     seqused_q/k (FlashAttention-3's): None or int32 (batch,) tensors, the rows of each sequence in use (from its
-    first); the rows past them take no part (out and their gradients 0, lse -inf). Such calls run in the packed
-    kernels (a kernel's own head dim, each sequence's band inside the longest ones').
+    first); the rows past them take no part (out and their gradients 0, lse -inf), and a causal mask or window lies
+    around each sequence's own diagonal seqused_k - seqused_q. Such calls run in the packed kernels; where those
+    diagonals differ, with bounds (or, for two-sided windows, launches) that reach every sequence's band
+    (dash_attn/_seq_bands.py). The packed kernels take q, k and v of one kernel's head dim: calls inside a capture
+    or with seqused run on copies padded to it where theirs differ.
     attention_chunk as in flash_attn_func, per sequence (over its rows in use); cu_seqlens is then read on the host
     to plan the chunks, and the call runs as one varlen call over them without seqused.
     """

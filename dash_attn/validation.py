@@ -27,8 +27,18 @@ INVARIANT_VARLEN_SCHEDULES = schedules_table.INVARIANT_VARLEN_SCHEDULES
 KERNEL_DTYPES = (torch.float16, torch.bfloat16)
 # The CPU reference also takes full precision so torch.autograd.gradcheck can run in float64.
 CPU_DTYPES = KERNEL_DTYPES + (torch.float32, torch.float64)
+# Head dims: any from 1 to MAX_HEADDIM. The kernels take multiples of HEADDIM_MULTIPLE (they move rows in 16-byte
+# pieces and TMA needs 16-byte strides: csrc/common/head_dims.h), so the public functions zero-pad the others to the
+# next one (padded_head_dim) and drop the padding from the results; the CPU reference runs the same padded call.
 MAX_HEADDIM = 256
 HEADDIM_MULTIPLE = 8
+
+
+def padded_head_dim(headdim: int) -> int:
+    """The head dim a call of head dim `headdim` (1..MAX_HEADDIM) runs with: the next multiple of HEADDIM_MULTIPLE.
+    Zero columns change no score q.k (the softmax scale stays that of `headdim`); on v they add output columns of
+    zeros, which are dropped, and the gradients of all padding columns are dropped likewise."""
+    return -(-headdim // HEADDIM_MULTIPLE) * HEADDIM_MULTIPLE
 
 
 # The exception types whose messages name the public function that was called. Exact types only: subclasses
@@ -100,9 +110,9 @@ def check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, varlen: bool) -
         raise ValueError(f"nheads of q ({nheads}) must be a multiple of nheads of k/v ({nheads_k}) for MQA/GQA: "
                          "pick a number of key/value heads that divides the number of query heads")
     for name, headdim in (("", q.shape[-1]), (" of v", v.shape[-1])):
-        if headdim < HEADDIM_MULTIPLE or headdim % HEADDIM_MULTIPLE != 0 or headdim > MAX_HEADDIM:
-            raise ValueError(f"head dim{name} {headdim} is not supported: use a multiple of {HEADDIM_MULTIPLE} "
-                             f"up to {MAX_HEADDIM} (pad q, k, v along the last dimension)")
+        if not 1 <= headdim <= MAX_HEADDIM:
+            raise ValueError(f"head dim{name} {headdim} is not supported: dash_attn takes head dims from 1 to "
+                             f"{MAX_HEADDIM}")
     for name, t in (("q", q), ("k", k), ("v", v)):
         if t.stride(-1) != 1:
             raise ValueError(f"{name} must have a contiguous last dimension (stride(-1) == 1), got strides "
@@ -393,12 +403,12 @@ def check_cuda_features(headdim: int, supported_head_dims: Sequence[int], softca
                            "(DASH_ATTN_SOFTCAP=0): rebuild without it, or use softcap=0.0")
 
 
-def check_unplanned_varlen(q: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor,
-                           seqused_q, seqused_k, packed_built: bool, kernel_head_dims: Sequence[int],
-                           capturing: bool) -> None:
+def check_unplanned_varlen(q: torch.Tensor, cu_seqlens_q: torch.Tensor, cu_seqlens_k: torch.Tensor, seqused_q,
+                           seqused_k, packed_built: bool, capturing: bool) -> None:
     """A varlen call inside a CUDA graph capture (which cannot read cu_seqlens on the host) or given seqused_q/k (whose
     rows past seqused no per-sequence view can skip) runs the packed-sequence kernels unplanned
-    (dash_attn.device_seqlens): refuse what those kernels cannot take, before the launch."""
+    (dash_attn.device_seqlens): refuse what those kernels cannot take, before the launch. Head dims other than a
+    kernel's own run on copies padded to one (dash_attn/_varlen.py)."""
     why = "inside a CUDA graph capture" if capturing else "with seqused_q/seqused_k"
     for name, t in (("cu_seqlens_q", cu_seqlens_q), ("cu_seqlens_k", cu_seqlens_k), ("seqused_q", seqused_q),
                     ("seqused_k", seqused_k)):
@@ -408,8 +418,3 @@ def check_unplanned_varlen(q: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch
     if not packed_built:
         raise RuntimeError(f"a varlen call {why} runs the packed-sequence kernels, which this build skipped "
                            "(DASH_ATTN_PACKED=0): rebuild without it")
-    if q.shape[-1] != v.shape[-1] or q.shape[-1] not in kernel_head_dims:
-        raise RuntimeError(f"a varlen call {why} runs the packed-sequence kernels, which take head dims "
-                           f"{sorted(kernel_head_dims)} with v's equal to q's, got q/k {q.shape[-1]} and v "
-                           f"{v.shape[-1]}: pad the head dims"
-                           + (", or call it outside the capture" if capturing else ""))

@@ -242,7 +242,9 @@ def test_head_dim_rule_holds_on_every_device():
     q, k, v = (t.to("meta") for t in qkv(headdim=16, dtype=torch.bfloat16))
     validation.check_qkv(q, k, v, varlen=False)
     q, k, v = (torch.zeros(2, 9, n, 12, dtype=torch.bfloat16, device="meta") for n in (4, 2, 2))
-    with pytest.raises(ValueError, match="head dim 12 is not supported"):
+    validation.check_qkv(q, k, v, varlen=False)  # padded to 16 by the public functions
+    q, k, v = (torch.zeros(2, 9, n, 264, dtype=torch.bfloat16, device="meta") for n in (4, 2, 2))
+    with pytest.raises(ValueError, match="head dim 264 is not supported"):
         validation.check_qkv(q, k, v, varlen=False)
 
 

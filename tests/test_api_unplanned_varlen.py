@@ -11,17 +11,14 @@ from dash_attn.reference import attention_ref_varlen
 
 from api_common import cu, patch_interface, varlen_inputs
 
-@pytest.mark.parametrize("case, message", [("cu_on_cpu", "on q's device"), ("not_built", "DASH_ATTN_PACKED=0"),
-                                           ("head_dim_96", "head dims"), ("v_head_dim", "head dims")])
+@pytest.mark.parametrize("case, message", [("cu_on_cpu", "on q's device"), ("not_built", "DASH_ATTN_PACKED=0")])
 def test_captured_varlen_refuses_what_the_packed_kernels_cannot_take(case, message):
     q, k, v, cu_q, cu_k, _, _ = (t.to("meta") if isinstance(t, torch.Tensor) else t
-                                 for t in varlen_inputs(headdim=96 if case == "head_dim_96" else 64))
+                                 for t in varlen_inputs(headdim=64))
     if case == "cu_on_cpu":
         cu_k = torch.zeros(cu_k.shape, dtype=torch.int32)
-    if case == "v_head_dim":
-        v = v.new_empty(*v.shape[:-1], 128)
     with pytest.raises(RuntimeError, match=message):
-        validation.check_unplanned_varlen(q, v, cu_q, cu_k, None, None, case != "not_built", [64, 128, 256], True)
+        validation.check_unplanned_varlen(q, cu_q, cu_k, None, None, case != "not_built", True)
 
 
 def test_captured_varlen_reads_nothing_on_the_host(fake_cuda, monkeypatch):
@@ -196,11 +193,22 @@ def test_seqused_backward_bounds_reach_every_band(fake_cuda, cpu_as_cuda):
     assert bwd_name == "varlen_bwd" and bwd_args[11:15] == (used_q, used_k, 6, 8)
 
 
-def test_seqused_refuses_head_dims_the_packed_kernels_lack(fake_cuda, cpu_as_cuda):
-    q, k, v, cu_q, cu_k, max_q, max_k = varlen_inputs(headdim=32, dtype=torch.bfloat16)
-    with pytest.raises(RuntimeError, match="with seqused_q/seqused_k runs the packed-sequence kernels"):
-        interface._varlen_fwd_impl(q, k, v, cu_q, cu_k, torch.tensor([1, 0, 2], dtype=torch.int32), None, max_q,
-                                   max_k, 0.125, 0, -1, -1, 0.0, True, "auto", 0)
+@pytest.mark.parametrize("headdim, headdim_v", [(32, 32), (96, 96), (64, 128), (104, 40)])
+def test_seqused_runs_other_head_dims_padded_to_a_kernels(fake_cuda, cpu_as_cuda, headdim, headdim_v):
+    # The packed kernels take one kernel head dim for q, k and v (the fake build has 64 and 128): the launches get
+    # copies zero-padded to it, the results come back cut to the call's head dims.
+    q, k, v, cu_q, cu_k, max_q, max_k = varlen_inputs(headdim=headdim, dtype=torch.bfloat16)
+    v = torch.randn(*v.shape[:-1], headdim_v).to(torch.bfloat16)
+    width = 64 if max(headdim, headdim_v) <= 64 else 128
+    args = (cu_q, cu_k, torch.tensor([1, 0, 2], dtype=torch.int32), None, max_q, max_k, 0.125, 0, -1, -1, 0.0, True,
+            "auto", 0)
+    out, lse = interface._varlen_fwd_impl(q, k, v, *args)
+    grads = interface._varlen_bwd_impl(torch.ones_like(out), q, k, v, out, lse, *args)
+    assert out.shape[-1] == headdim_v and [g.shape for g in grads] == [q.shape, k.shape, v.shape]
+    (_, fwd_args), (_, bwd_args) = fake_cuda.calls
+    for launched, given in zip(fwd_args[:3] + bwd_args[1:5], (q, k, v, q, k, v, out)):
+        assert launched.shape[-1] == width and torch.equal(launched[..., :given.shape[-1]], given)
+        assert not launched[..., given.shape[-1]:].any()
 
 
 @pytest.mark.parametrize("used, valid", [((3, 0, 6), True), ((2, 0, 6), True), ((4, 0, 6), False),

@@ -34,6 +34,15 @@ def _softcap_built() -> bool:
     return bool(_extension().softcap_built())
 
 
+# DASH_ATTN_DTYPES's names of the element types.
+DTYPE_NAMES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+@functools.lru_cache(maxsize=None)
+def _supported_dtypes() -> Tuple[torch.dtype, ...]:
+    return tuple(DTYPE_NAMES[name] for name in _extension().supported_dtypes())
+
+
 @functools.lru_cache(maxsize=None)
 def _num_sms(device_index: int) -> int:
     return int(_extension().num_sms(device_index))
@@ -58,7 +67,8 @@ def _held_head_dim(q: torch.Tensor, v: torch.Tensor) -> int:
 def _check_cuda(q: torch.Tensor, v: torch.Tensor, softcap: float):
     validation.check_cuda_device(q.device)
     ext = _extension()
-    validation.check_cuda_features(_held_head_dim(q, v), _supported_head_dims(), softcap, _softcap_built())
+    validation.check_cuda_features(_held_head_dim(q, v), _supported_head_dims(), softcap, _softcap_built(), q.dtype,
+                                   _supported_dtypes())
     return ext
 
 

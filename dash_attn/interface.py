@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from ._args import MaskKind, _effective_mask, _mask_args, _reference_dtype, _resolve_deterministic
 from ._ext import (_NOT_BUILT, _bwd_tile_shape, _check_cuda, _device_guard, _extension, _held_head_dim,
-                   _kernel_head_dim, _l2_bytes, _num_sms, _softcap_built, _supported_head_dims)
+                   _kernel_head_dim, _l2_bytes, _num_sms, _softcap_built, _supported_dtypes, _supported_head_dims)
 from ._launch import (_choose_schedule, _full_width, _launch_bwd, _launch_fwd, _lse_shape, _out_like,
                       _resolve_schedule, _resolve_schedule_for, _run_bwd, _run_fwd, _varlen_schedule)
 from ._ops import (_EagerAttention, _EagerVarlenAttention, _bwd, _bwd_impl, _eager_cuda, _fwd, _fwd_impl,
@@ -46,7 +46,7 @@ __all__ = [
     # re-exported internals (tests, tools)
     "_effective_mask", "_mask_args", "_reference_dtype", "_resolve_deterministic",
     "_NOT_BUILT", "_bwd_tile_shape", "_check_cuda", "_device_guard", "_extension", "_held_head_dim",
-    "_kernel_head_dim", "_l2_bytes", "_num_sms", "_softcap_built", "_supported_head_dims",
+    "_kernel_head_dim", "_l2_bytes", "_num_sms", "_softcap_built", "_supported_dtypes", "_supported_head_dims",
     "_choose_schedule", "_full_width", "_launch_bwd", "_launch_fwd", "_lse_shape", "_out_like", "_resolve_schedule",
     "_resolve_schedule_for", "_run_bwd", "_run_fwd", "_varlen_schedule",
     "_EagerAttention", "_EagerVarlenAttention", "_bwd", "_bwd_impl", "_eager_cuda", "_fwd", "_fwd_impl",

@@ -391,10 +391,15 @@ def kernel_head_dim(headdim: int, supported_head_dims: Sequence[int]) -> int:
 
 
 def check_cuda_features(headdim: int, supported_head_dims: Sequence[int], softcap: float,
-                        softcap_built: bool = True) -> None:
+                        softcap_built: bool = True, dtype: Optional[torch.dtype] = None,
+                        supported_dtypes: Optional[Sequence[torch.dtype]] = None) -> None:
     """Kernels this build does not have, or values they cannot represent: refuse them instead of computing
     something else."""
     kernel_head_dim(headdim, supported_head_dims)
+    if supported_dtypes is not None and dtype not in supported_dtypes:
+        built = ", ".join(str(d).replace("torch.", "") for d in supported_dtypes)
+        raise RuntimeError(f"{str(dtype).replace('torch.', '')} inputs need kernels this build of dash_attn skipped "
+                           f"(it has {built}): rebuild with DASH_ATTN_DTYPES including it, or cast the inputs")
     if softcap > CUDA_MAX_SOFTCAP:
         raise ValueError(f"softcap={softcap} is above {CUDA_MAX_SOFTCAP:g}, which the CUDA kernels cannot represent; "
                          "a softcap that large caps nothing: pass softcap=0.0")

@@ -63,6 +63,9 @@ class FakeExtension(types.SimpleNamespace):
     def softcap_built(self):
         return self.softcap
 
+    def supported_dtypes(self):
+        return ["fp16", "bf16"]
+
     def bwd_tile_shape(self, headdim, mask):
         return (64, 128)
 

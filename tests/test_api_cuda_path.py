@@ -37,6 +37,13 @@ def test_cuda_feature_gaps_are_refused(kwargs, error, message):
         validation.check_cuda_features(**args)
 
 
+def test_dtype_without_kernels_is_refused():
+    with pytest.raises(RuntimeError, match="float16 inputs need kernels this build of dash_attn skipped \\(it has "
+                                           "bfloat16\\): rebuild with DASH_ATTN_DTYPES"):
+        validation.check_cuda_features(128, [64, 128], 0.0, True, torch.float16, (torch.bfloat16,))
+    validation.check_cuda_features(128, [64, 128], 0.0, True, torch.bfloat16, (torch.bfloat16,))
+
+
 def test_softcap_is_accepted_where_built():
     validation.check_cuda_features(128, [64, 128], 30.0, softcap_built=True)
     validation.check_cuda_features(128, [64, 128], 0.0, softcap_built=False)

@@ -41,6 +41,18 @@ bool packed_built() {
 #endif
 }
 
+// The element types this build has kernels for, by the names of DASH_ATTN_DTYPES.
+std::vector<std::string> supported_dtypes() {
+  std::vector<std::string> names;
+#ifdef DASH_ENABLE_FP16
+  names.push_back("fp16");
+#endif
+#ifdef DASH_ENABLE_BF16
+  names.push_back("bf16");
+#endif
+  return names;
+}
+
 dash::DType dtype_of(const at::Tensor& t) {
   if (t.scalar_type() == at::kHalf) {
 #ifdef DASH_ENABLE_FP16
@@ -470,6 +482,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("bwd", &bwd, "backward: writes dq, dk, dv in place");
   m.def("supported_head_dims", &supported_head_dims);
   m.def("softcap_built", &softcap_built);
+  m.def("supported_dtypes", &supported_dtypes);
   m.def("packed_built", &packed_built);
   m.def("varlen_fwd", &varlen_fwd, "packed-sequence forward: writes out and lse (nheads, total_q) in place");
   m.def("varlen_bwd", &varlen_bwd, "packed-sequence backward: writes dq, dk, dv in place");

@@ -219,8 +219,10 @@ class PackedBwdStandIn:
 @pytest.fixture
 def packed_stand_in(fake_cuda, monkeypatch):
     """fake_cuda whose varlen_bwd is a PackedBwdStandIn of small tiles (tiles of a few rows resolve the bands
-    finely), with CPU tensors taking the CUDA branches."""
+    finely), with CPU tensors taking the CUDA branches; float64 passes the element-type check, so that the stand-in's
+    gradients match the reference's to 1e-9."""
     patch_interface(monkeypatch, "_on_cuda", lambda t: True)
+    patch_interface(monkeypatch, "_supported_dtypes", lambda: (torch.float64,))
     monkeypatch.setattr(torch.cuda, "is_current_stream_capturing", lambda: False)
     fake_cuda.varlen_bwd = PackedBwdStandIn(4, 8)
     return fake_cuda

@@ -1,9 +1,9 @@
 """Argument normalisation shared by the public functions (dash_attn/api.py) and the custom ops: mask kinds and windows,
-the deterministic flag, the reference math's compute dtype."""
+the scalar arguments of a call (OpArgs), the deterministic flag, the reference math's compute dtype."""
 from __future__ import annotations
 
 import enum
-from typing import Optional, Tuple
+from typing import NamedTuple, Optional, Tuple
 
 import torch
 
@@ -35,6 +35,42 @@ def _effective_mask(mask: int, window_left: int, window_right: int, seqlen_q: in
     if window_right >= max(seqlen_q - 1, 0):
         window_right = -1
     return _mask_args(window_left, window_right)
+
+
+class OpArgs(NamedTuple):
+    """The scalar arguments of an attention call, checked and normalised (api._common_args builds them), in the order
+    the registered custom ops take them after their tensors and sequence arguments. A tuple, so that `op(q, k, v,
+    *args)` passes them to the ops, whose schemas stay positional (torch.compile and the tests call them by position);
+    the helpers below the ops take one OpArgs and read its fields by name, so that no value binds to a neighbour's
+    parameter."""
+    softmax_scale: float
+    mask: int  # MaskKind, with causal folded into a (-1, 0) window by _mask_args
+    window_left: int
+    window_right: int
+    softcap: float
+    deterministic: bool
+    schedule: str  # a name of schedules_table.SCHEDULES; the launches turn it into an id
+    sm_margin: int
+
+    @property
+    def window(self) -> Tuple[int, int]:
+        return self.window_left, self.window_right
+
+    @property
+    def mask_args(self) -> Tuple[int, int, int]:
+        """(mask, window_left, window_right), as _mask_args returns them."""
+        return self.mask, self.window_left, self.window_right
+
+    @property
+    def kernel_args(self) -> Tuple[float, int, int, int, float]:
+        """What every binding function takes after its tensors and sequence arguments: softmax_scale, mask,
+        window_left, window_right, softcap (the backward's then take deterministic, the schedule id and sm_margin)."""
+        return self.softmax_scale, self.mask, self.window_left, self.window_right, self.softcap
+
+    def for_lengths(self, seqlen_q: int, seqlen_k: int) -> "OpArgs":
+        """These arguments with the mask _effective_mask gives for these lengths."""
+        mask, window_left, window_right = _effective_mask(*self.mask_args, seqlen_q, seqlen_k)
+        return self._replace(mask=mask, window_left=window_left, window_right=window_right)
 
 
 def _resolve_deterministic(deterministic: Optional[bool]) -> bool:

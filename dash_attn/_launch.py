@@ -10,7 +10,7 @@ from typing import Optional, Tuple
 import torch
 
 from . import validation
-from ._args import MaskKind
+from ._args import MaskKind, OpArgs
 from ._ext import _bwd_tile_shape, _check_cuda, _device_guard, _held_head_dim, _kernel_head_dim, _l2_bytes, _num_sms
 from .schedules_table import FALLBACK_SCHEDULE, SCHEDULE_IDS
 
@@ -34,36 +34,34 @@ def _choose_schedule(mask: int, seqlen_q: int, seqlen_k: int, block_m: int, bloc
                   l2=l2_model(l2_bytes, block_m, block_n, headdim))
 
 
-def _resolve_schedule(schedule: str, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: int, window_left: int,
-                      window_right: int, deterministic: bool, sm_margin: int) -> int:
+def _resolve_schedule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, args: OpArgs) -> int:
     batch, seqlen_q, nheads, _ = q.shape
-    return _resolve_schedule_for(schedule, q.device, batch, seqlen_q, k.shape[1], nheads, k.shape[2],
-                                 _held_head_dim(q, v), mask, window_left, window_right, deterministic, sm_margin)
+    return _resolve_schedule_for(args, q.device, batch, seqlen_q, k.shape[1], nheads, k.shape[2], _held_head_dim(q, v))
 
 
-def _resolve_schedule_for(schedule: str, device: torch.device, batch: int, seqlen_q: int, seqlen_k: int, nheads: int,
-                          nheads_k: int, headdim: int, mask: int, window_left: int, window_right: int,
-                          deterministic: bool, sm_margin: int) -> int:
+def _resolve_schedule_for(args: OpArgs, device: torch.device, batch: int, seqlen_q: int, seqlen_k: int, nheads: int,
+                          nheads_k: int, headdim: int) -> int:
     """The schedule id of a launch of that (batch, seqlen) problem; headdim: the head dim whose kernel runs."""
     # A deterministic `dynamic` is refused once in Python, by the public functions (validation.check_schedule_mode);
     # a direct call of the ops meets the binding's check before any launch (csrc/api/binding.cpp).
-    if schedule == "auto" and deterministic:
+    schedule, mask = args.schedule, args.mask
+    if schedule == "auto" and args.deterministic:
         schedule = validation.INVARIANT_SCHEDULES[MaskKind(mask).name.lower()]
     if schedule == "auto":
         block_m, block_n = _bwd_tile_shape(headdim, mask)
-        ctas = max(1, _num_sms(device.index) - sm_margin)
-        window = (window_left, window_right) if mask == MaskKind.WINDOW else None
+        ctas = max(1, _num_sms(device.index) - args.sm_margin)
+        window = args.window if mask == MaskKind.WINDOW else None
         schedule = _choose_schedule(mask, seqlen_q, seqlen_k, block_m, block_n, nheads, batch, ctas, window,
-                                    nheads_k, deterministic, headdim, _l2_bytes(device.index))
+                                    nheads_k, args.deterministic, headdim, _l2_bytes(device.index))
     return SCHEDULE_IDS[schedule]
 
 
-def _varlen_schedule(schedule: str, mask: int, deterministic: bool) -> str:
-    """A varlen call's schedule name: deterministic `auto` takes the varlen invariant pick for the mask, the same for
-    the packed kernels and for runs of equal lengths, so that neither the path nor the neighbours change the bits."""
-    if schedule == "auto" and deterministic:
-        return validation.INVARIANT_VARLEN_SCHEDULES[MaskKind(mask).name.lower()]
-    return schedule
+def _with_varlen_schedule(args: OpArgs) -> OpArgs:
+    """A varlen call's arguments: deterministic `auto` takes the varlen invariant pick for the mask, the same for the
+    packed kernels and for runs of equal lengths, so that neither the path nor the neighbours change the bits."""
+    if args.schedule == "auto" and args.deterministic:
+        return args._replace(schedule=validation.INVARIANT_VARLEN_SCHEDULES[MaskKind(args.mask).name.lower()])
+    return args
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -85,14 +83,13 @@ def _full_width(result: torch.Tensor, kernel_dim: int):
     result.copy_(rows)
 
 
-def _launch_fwd(q, k, v, out, lse, softmax_scale, mask, window_left, window_right, softcap, sink=None) -> None:
+def _launch_fwd(q, k, v, out, lse, args: OpArgs, sink=None) -> None:
     """CUDA forward into preallocated out/lse; every check runs before the launch. sink: None or the (nheads,) float32
     learnable sink logits (dash_attn/_sinks.py), included in lse."""
-    _run_fwd(_check_cuda(q, v, softcap), q, k, v, out, lse, softmax_scale, mask, window_left, window_right, softcap,
-             sink)
+    _run_fwd(_check_cuda(q, v, args.softcap), q, k, v, out, lse, args, sink)
 
 
-def _run_fwd(ext, q, k, v, out, lse, softmax_scale, mask, window_left, window_right, softcap, sink=None) -> None:
+def _run_fwd(ext, q, k, v, out, lse, args: OpArgs, sink=None) -> None:
     """The forward once _check_cuda has passed (the varlen path checks once for all of its launches)."""
     if q.numel() == 0:
         return
@@ -104,30 +101,27 @@ def _run_fwd(ext, q, k, v, out, lse, softmax_scale, mask, window_left, window_ri
             lse.copy_(sink.view(1, -1, 1).expand_as(lse))
         return
     with _device_guard(q.device), _full_width(out, _kernel_head_dim(q, v)) as out_rows:
-        ext.fwd(q, k, v, out_rows, lse, softmax_scale, mask, window_left, window_right, softcap, sink)
+        ext.fwd(q, k, v, out_rows, lse, *args.kernel_args, sink)
 
 
-def _launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, mask, window_left, window_right, softcap,
-                deterministic, schedule, sm_margin, sink=None, dsink=None) -> None:
+def _launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, args: OpArgs, sink=None, dsink=None) -> None:
     """CUDA backward into preallocated dq/dk/dv (and dsink, float32 (nheads,), with a sink); "auto" is resolved here,
     before the launch."""
-    _run_bwd(_check_cuda(q, v, softcap), dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, mask, window_left,
-             window_right, softcap, deterministic, schedule, sm_margin, sink, dsink)
+    _run_bwd(_check_cuda(q, v, args.softcap), dout, q, k, v, out, lse, dq, dk, dv, args, sink, dsink)
 
 
-def _run_bwd(ext, dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, mask, window_left, window_right, softcap,
-             deterministic, schedule, sm_margin, sink=None, dsink=None) -> None:
+def _run_bwd(ext, dout, q, k, v, out, lse, dq, dk, dv, args: OpArgs, sink=None, dsink=None) -> None:
     """The backward once _check_cuda has passed."""
     if q.numel() == 0 or k.numel() == 0:
         # No keys: out is 0, so D = rowsum(dO * out) = 0 and the sink takes no gradient either.
         for grad in (dq, dk, dv) if dsink is None else (dq, dk, dv, dsink):
             grad.zero_()
         return
-    schedule_id = _resolve_schedule(schedule, q, k, v, mask, window_left, window_right, deterministic, sm_margin)
+    schedule_id = _resolve_schedule(q, k, v, args)
     kernel_dim = _kernel_head_dim(q, v)
     with _device_guard(q.device), _full_width(dk, kernel_dim) as dk_rows, _full_width(dv, kernel_dim) as dv_rows:
-        ext.bwd(dout, q, k, v, out, lse, dq, dk_rows, dv_rows, softmax_scale, mask, window_left, window_right,
-                softcap, deterministic, schedule_id, sm_margin, sink, dsink)
+        ext.bwd(dout, q, k, v, out, lse, dq, dk_rows, dv_rows, *args.kernel_args, args.deterministic, schedule_id,
+                args.sm_margin, sink, dsink)
 
 
 def _out_like(q: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

@@ -8,7 +8,7 @@ from typing import Optional, Tuple
 import torch
 from torch.utils import _python_dispatch
 
-from ._args import _effective_mask, _reference_dtype
+from ._args import OpArgs, _reference_dtype
 from ._launch import _launch_bwd, _launch_fwd, _lse_shape, _out_like
 from ._varlen import (_check_varlen, _runs_unplanned, _unplanned_bounds, _varlen_bwd_cuda, _varlen_bwd_unplanned,
                       _varlen_fwd_cuda, _varlen_fwd_unplanned)
@@ -22,16 +22,17 @@ from .reference import attention_bwd_ref, attention_bwd_ref_varlen, attention_re
 def _fwd_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float, mask: int, window_left: int,
               window_right: int, softcap: float, deterministic: bool, schedule: str,
               sm_margin: int) -> Tuple[torch.Tensor, torch.Tensor]:
-    mask, window_left, window_right = _effective_mask(mask, window_left, window_right, q.shape[1], k.shape[1])
+    args = OpArgs(softmax_scale, mask, window_left, window_right, softcap, deterministic, schedule, sm_margin)
+    args = args.for_lengths(q.shape[1], k.shape[1])
     out = _out_like(q, v)
     lse = torch.empty(_lse_shape(q), dtype=torch.float32, device=q.device)
     if q.device.type == "cpu":
-        ref_out, ref_lse = attention_ref(q, k, v, softmax_scale, False, (window_left, window_right), softcap,
+        ref_out, ref_lse = attention_ref(q, k, v, args.softmax_scale, False, args.window, args.softcap,
                                          return_lse=True, compute_dtype=_reference_dtype(q.dtype))
         out.copy_(ref_out)
         lse.copy_(ref_lse)
         return out, lse
-    _launch_fwd(q, k, v, out, lse, softmax_scale, mask, window_left, window_right, softcap)
+    _launch_fwd(q, k, v, out, lse, args)
     return out, lse
 
 
@@ -47,28 +48,27 @@ def _bwd_impl(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
               lse: torch.Tensor, softmax_scale: float, mask: int, window_left: int, window_right: int, softcap: float,
               deterministic: bool, schedule: str,
               sm_margin: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    mask, window_left, window_right = _effective_mask(mask, window_left, window_right, q.shape[1], k.shape[1])
+    args = OpArgs(softmax_scale, mask, window_left, window_right, softcap, deterministic, schedule, sm_margin)
+    args = args.for_lengths(q.shape[1], k.shape[1])
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     if q.device.type == "cpu":
         # The reference backward recomputes out and lse in the compute dtype: the saved float32 lse would cap the
         # accuracy of float64 gradcheck.
-        window = (window_left, window_right)
         compute_dtype = _reference_dtype(q.dtype)
-        ref_out, ref_lse = attention_ref(q, k, v, softmax_scale, False, window, softcap, return_lse=True,
-                                         compute_dtype=compute_dtype)
+        ref_out, ref_lse = attention_ref(q, k, v, args.softmax_scale, False, args.window, args.softcap,
+                                         return_lse=True, compute_dtype=compute_dtype)
         # The given out and lse rule, as in the kernels: a caller may pass those of a larger attention (the
         # context-parallel path does). Rows whose lse is the float32 rounding of this call's own take the
         # recomputed values, which keep the precision float32 storage dropped.
         own = ref_lse.to(lse.dtype) == lse
         ref_lse = torch.where(own, ref_lse, lse.to(compute_dtype))
         ref_out = torch.where(own.transpose(1, 2).unsqueeze(-1), ref_out, out.to(compute_dtype))
-        grads = attention_bwd_ref(dout, q, k, v, ref_out, ref_lse, softmax_scale, False, window, softcap,
-                                  compute_dtype)
+        grads = attention_bwd_ref(dout, q, k, v, ref_out, ref_lse, args.softmax_scale, False, args.window,
+                                  args.softcap, compute_dtype)
         for dst, src in zip((dq, dk, dv), grads):
             dst.copy_(src)
         return dq, dk, dv
-    _launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, softmax_scale, mask, window_left, window_right, softcap,
-                deterministic, schedule, sm_margin)
+    _launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, args)
     return dq, dk, dv
 
 
@@ -143,16 +143,16 @@ def _varlen_fwd_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
                      max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float, mask: int, window_left: int,
                      window_right: int, softcap: float, deterministic: bool, schedule: str,
                      sm_margin: int) -> Tuple[torch.Tensor, torch.Tensor]:
-    mask, window_left, window_right = _effective_mask(mask, window_left, window_right, max_seqlen_q, max_seqlen_k)
+    args = OpArgs(softmax_scale, mask, window_left, window_right, softcap, deterministic, schedule, sm_margin)
+    args = args.for_lengths(max_seqlen_q, max_seqlen_k)
     seqs = (cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k)
     ext, host = _check_varlen(q, k, v, *seqs, max_seqlen_q, max_seqlen_k, softcap)
     if ext is not None:
-        return varlen_fwd_launch(ext, host, q, k, v, seqs, max_seqlen_q, max_seqlen_k, softmax_scale, mask,
-                                 window_left, window_right, softcap)
+        return varlen_fwd_launch(ext, host, q, k, v, seqs, max_seqlen_q, max_seqlen_k, args)
     out = _out_like(q, v)
     lse = torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device)
-    ref_out, ref_lse = attention_ref_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, False,
-                                            (window_left, window_right), softcap, return_lse=True,
+    ref_out, ref_lse = attention_ref_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, args.softmax_scale, False,
+                                            args.window, args.softcap, return_lse=True,
                                             compute_dtype=_reference_dtype(q.dtype), seqused_q=seqused_q,
                                             seqused_k=seqused_k)
     out.copy_(ref_out)
@@ -160,28 +160,23 @@ def _varlen_fwd_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     return out, lse
 
 
-def varlen_fwd_launch(ext, host, q, k, v, seqs, max_seqlen_q, max_seqlen_k, softmax_scale, mask, window_left,
-                      window_right, softcap, sink=None):
-    """The CUDA varlen forward on checked arguments (ext, host: _check_varlen's; mask already effective): the packed
-    kernels for unplanned calls, else the planned path. sink: None or (nheads,) float32 (dash_attn/_sinks.py)."""
+def varlen_fwd_launch(ext, host, q, k, v, seqs, max_seqlen_q, max_seqlen_k, args: OpArgs, sink=None):
+    """The CUDA varlen forward on checked arguments (ext, host: _check_varlen's; args: mask already effective): the
+    packed kernels for unplanned calls, else the planned path. sink: None or (nheads,) float32 (dash_attn/_sinks.py)."""
     if _runs_unplanned(ext, host, seqs[2], seqs[3]):
-        bounds = _unplanned_bounds(host, mask, window_left, window_right, max_seqlen_q, max_seqlen_k)
-        return _varlen_fwd_unplanned(ext, q, k, v, seqs, bounds, softmax_scale, mask, window_left, window_right,
-                                     softcap, checked_on_host=host is not None, sink=sink)
-    return _varlen_fwd_cuda(ext, q, k, v, seqs[0], seqs[1], host[0], host[1], softmax_scale, mask, window_left,
-                            window_right, softcap, sink)
+        bounds = _unplanned_bounds(host, max_seqlen_q, max_seqlen_k)
+        return _varlen_fwd_unplanned(ext, q, k, v, seqs, bounds, args, checked_on_host=host is not None, sink=sink)
+    return _varlen_fwd_cuda(ext, q, k, v, seqs[0], seqs[1], host[0], host[1], args, sink)
 
 
-def varlen_bwd_launch(ext, host, dout, q, k, v, out, lse, seqs, max_seqlen_q, max_seqlen_k, softmax_scale, mask,
-                      window_left, window_right, softcap, deterministic, schedule, sm_margin, sink=None, dsink=None):
+def varlen_bwd_launch(ext, host, dout, q, k, v, out, lse, seqs, max_seqlen_q, max_seqlen_k, args: OpArgs, sink=None,
+                      dsink=None):
     """The CUDA varlen backward on checked arguments, as varlen_fwd_launch; dsink: float32 (nheads,) with a sink."""
     if _runs_unplanned(ext, host, seqs[2], seqs[3]):
-        bounds = _unplanned_bounds(host, mask, window_left, window_right, max_seqlen_q, max_seqlen_k)
-        return _varlen_bwd_unplanned(ext, dout, q, k, v, out, lse, seqs, bounds, softmax_scale, mask, window_left,
-                                     window_right, softcap, deterministic, schedule, sm_margin,
+        bounds = _unplanned_bounds(host, max_seqlen_q, max_seqlen_k)
+        return _varlen_bwd_unplanned(ext, dout, q, k, v, out, lse, seqs, bounds, args,
                                      checked_on_host=host is not None, sink=sink, dsink=dsink)
-    return _varlen_bwd_cuda(ext, dout, q, k, v, out, lse, seqs[0], seqs[1], host[0], host[1], softmax_scale, mask,
-                            window_left, window_right, softcap, deterministic, schedule, sm_margin, sink, dsink)
+    return _varlen_bwd_cuda(ext, dout, q, k, v, out, lse, seqs[0], seqs[1], host[0], host[1], args, sink, dsink)
 
 
 _varlen_fwd = torch.library.custom_op("dash_attn::varlen_fwd", mutates_args=())(_varlen_fwd_impl)
@@ -199,19 +194,19 @@ def _varlen_bwd_impl(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
                      max_seqlen_k: int, softmax_scale: float, mask: int, window_left: int, window_right: int,
                      softcap: float, deterministic: bool, schedule: str,
                      sm_margin: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    mask, window_left, window_right = _effective_mask(mask, window_left, window_right, max_seqlen_q, max_seqlen_k)
+    args = OpArgs(softmax_scale, mask, window_left, window_right, softcap, deterministic, schedule, sm_margin)
+    args = args.for_lengths(max_seqlen_q, max_seqlen_k)
     seqs = (cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k)
     ext, host = _check_varlen(q, k, v, *seqs, max_seqlen_q, max_seqlen_k, softcap)
     if ext is not None:
-        return varlen_bwd_launch(ext, host, dout, q, k, v, out, lse, seqs, max_seqlen_q, max_seqlen_k, softmax_scale,
-                                 mask, window_left, window_right, softcap, deterministic, schedule, sm_margin)
-    window = (window_left, window_right)
+        return varlen_bwd_launch(ext, host, dout, q, k, v, out, lse, seqs, max_seqlen_q, max_seqlen_k, args)
     compute_dtype = _reference_dtype(q.dtype)
     used = dict(seqused_q=seqused_q, seqused_k=seqused_k)
-    ref_out, ref_lse = attention_ref_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, softmax_scale, False, window,
-                                            softcap, return_lse=True, compute_dtype=compute_dtype, **used)
-    grads = attention_bwd_ref_varlen(dout, q, k, v, ref_out, ref_lse, cu_seqlens_q, cu_seqlens_k, softmax_scale,
-                                     False, window, softcap, compute_dtype, **used)
+    ref_out, ref_lse = attention_ref_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k, args.softmax_scale, False,
+                                            args.window, args.softcap, return_lse=True, compute_dtype=compute_dtype,
+                                            **used)
+    grads = attention_bwd_ref_varlen(dout, q, k, v, ref_out, ref_lse, cu_seqlens_q, cu_seqlens_k, args.softmax_scale,
+                                     False, args.window, args.softcap, compute_dtype, **used)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     for dst, src in zip((dq, dk, dv), grads):
         dst.copy_(src)

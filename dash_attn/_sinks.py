@@ -16,21 +16,20 @@ from typing import Optional, Tuple
 import torch
 
 from . import validation
-from ._args import _effective_mask, _reference_dtype
+from ._args import OpArgs, _reference_dtype
 from ._launch import _launch_bwd, _launch_fwd, _lse_shape, _out_like
 from ._ops import _last_dim_contiguous, varlen_bwd_launch, varlen_fwd_launch
 from ._varlen import _check_varlen, _checked_host_lists
 from .reference import attention_bwd_ref, attention_bwd_ref_varlen, attention_ref, attention_ref_varlen
 
 
-def _reference_args(args: tuple):
-    """(softmax_scale, window, softcap) of api._common_args' tuple, for the CPU reference (whose window already
-    encodes a causal mask; the deterministic flag, schedule and sm_margin only steer the CUDA backward)."""
-    softmax_scale, _, window_left, window_right, softcap = args[:5]
-    return softmax_scale, (window_left, window_right), softcap
+def _reference_args(args: OpArgs):
+    """(softmax_scale, window, softcap) for the CPU reference (whose window already encodes a causal mask; the
+    deterministic flag, schedule and sm_margin only steer the CUDA backward)."""
+    return args.softmax_scale, args.window, args.softcap
 
 
-def attention(q, k, v, learnable_sink, args: tuple,
+def attention(q, k, v, learnable_sink, args: OpArgs,
               attention_chunk: int = 0) -> Tuple[torch.Tensor, torch.Tensor]:
     """flash_attn_func's body with a sink: (out, lse), lse float32 (batch, nheads, seqlen_q) including the sink."""
     validation.check_learnable_sink(learnable_sink, q, attention_chunk)
@@ -40,7 +39,7 @@ def attention(q, k, v, learnable_sink, args: tuple,
 
 
 def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q: int,
-                     max_seqlen_k: int, learnable_sink, args: tuple,
+                     max_seqlen_k: int, learnable_sink, args: OpArgs,
                      attention_chunk: int = 0) -> Tuple[torch.Tensor, torch.Tensor]:
     """flash_attn_varlen_func's body with a sink: (out, lse), lse float32 (nheads, total_q) including the sink (-inf
     on the rows past seqused, which take no part)."""
@@ -54,17 +53,16 @@ def varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, 
 
 
 class _CudaSinkAttention(torch.autograd.Function):
-    """Dense attention with a sink in the CUDA kernels; args: api._common_args' tuple."""
+    """Dense attention with a sink in the CUDA kernels."""
 
     @staticmethod
-    def forward(ctx, q, k, v, learnable_sink, args: tuple):
-        softmax_scale, mask, window_left, window_right, softcap, deterministic, schedule, sm_margin = args
-        mask, window_left, window_right = _effective_mask(mask, window_left, window_right, q.shape[1], k.shape[1])
+    def forward(ctx, q, k, v, learnable_sink, args: OpArgs):
+        args = args.for_lengths(q.shape[1], k.shape[1])
         out = _out_like(q, v)
         lse = torch.empty(_lse_shape(q), dtype=torch.float32, device=q.device)
-        _launch_fwd(q, k, v, out, lse, softmax_scale, mask, window_left, window_right, softcap, learnable_sink)
+        _launch_fwd(q, k, v, out, lse, args, learnable_sink)
         ctx.save_for_backward(q, k, v, out, lse, learnable_sink)
-        ctx.params = (softmax_scale, mask, window_left, window_right, softcap, deterministic, schedule, sm_margin)
+        ctx.args = args
         ctx.mark_non_differentiable(lse)
         return out, lse
 
@@ -72,7 +70,7 @@ class _CudaSinkAttention(torch.autograd.Function):
     def backward(ctx, dout, dlse):
         q, k, v, out, lse, learnable_sink = ctx.saved_tensors
         dq, dk, dv, dsink = (torch.empty_like(t) for t in (q, k, v, learnable_sink))
-        _launch_bwd(_last_dim_contiguous(dout), q, k, v, out, lse, dq, dk, dv, *ctx.params, learnable_sink, dsink)
+        _launch_bwd(_last_dim_contiguous(dout), q, k, v, out, lse, dq, dk, dv, ctx.args, learnable_sink, dsink)
         return dq, dk, dv, dsink, None
 
 
@@ -80,26 +78,22 @@ class _CudaSinkVarlenAttention(torch.autograd.Function):
     """Varlen attention with a sink in the CUDA kernels; seqs = (cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k)."""
 
     @staticmethod
-    def forward(ctx, q, k, v, learnable_sink, seqs, max_seqlen_q: int, max_seqlen_k: int, args: tuple):
-        softmax_scale, mask, window_left, window_right, softcap, deterministic, schedule, sm_margin = args
-        mask, window_left, window_right = _effective_mask(mask, window_left, window_right, max_seqlen_q,
-                                                          max_seqlen_k)
-        ext, host = _check_varlen(q, k, v, *seqs, max_seqlen_q, max_seqlen_k, softcap)
-        out, lse = varlen_fwd_launch(ext, host, q, k, v, seqs, max_seqlen_q, max_seqlen_k, softmax_scale, mask,
-                                     window_left, window_right, softcap, learnable_sink)
+    def forward(ctx, q, k, v, learnable_sink, seqs, max_seqlen_q: int, max_seqlen_k: int, args: OpArgs):
+        args = args.for_lengths(max_seqlen_q, max_seqlen_k)
+        ext, host = _check_varlen(q, k, v, *seqs, max_seqlen_q, max_seqlen_k, args.softcap)
+        out, lse = varlen_fwd_launch(ext, host, q, k, v, seqs, max_seqlen_q, max_seqlen_k, args, learnable_sink)
         ctx.save_for_backward(q, k, v, out, lse, learnable_sink)
-        ctx.launch = (ext, host, seqs, max_seqlen_q, max_seqlen_k, softmax_scale, mask, window_left, window_right,
-                      softcap, deterministic, schedule, sm_margin)
+        ctx.launch = (ext, host, seqs, max_seqlen_q, max_seqlen_k, args)
         ctx.mark_non_differentiable(lse)
         return out, lse
 
     @staticmethod
     def backward(ctx, dout, dlse):
         q, k, v, out, lse, learnable_sink = ctx.saved_tensors
-        ext, host, seqs, max_q, max_k, *params = ctx.launch
+        ext, host, seqs, max_q, max_k, args = ctx.launch
         dsink = torch.empty_like(learnable_sink)
         dq, dk, dv = varlen_bwd_launch(ext, host, _last_dim_contiguous(dout), q, k, v, out, lse, seqs, max_q, max_k,
-                                       *params, learnable_sink, dsink)
+                                       args, learnable_sink, dsink)
         return dq, dk, dv, dsink, None, None, None, None
 
 

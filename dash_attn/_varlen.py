@@ -8,9 +8,9 @@ from typing import List, Optional
 import torch
 
 from . import _seq_bands, device_seqlens, validation
-from ._args import MaskKind, _effective_mask
+from ._args import MaskKind, OpArgs
 from ._ext import _bwd_tile_shape, _check_cuda, _device_guard, _kernel_head_dim, _num_sms, _supported_head_dims
-from ._launch import _lse_shape, _out_like, _resolve_schedule_for, _run_bwd, _run_fwd, _varlen_schedule
+from ._launch import _lse_shape, _out_like, _resolve_schedule_for, _run_bwd, _run_fwd, _with_varlen_schedule
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -173,42 +173,40 @@ def _device_int32(x: torch.Tensor, device: torch.device) -> torch.Tensor:
     return x.to(device=device, dtype=torch.int32, non_blocking=True).contiguous()
 
 
-def _varlen_fwd_cuda(ext, q, k, v, cu_seqlens_q, cu_seqlens_k, cq, ck, softmax_scale, mask, window_left,
-                     window_right, softcap, sink=None):
+def _varlen_fwd_cuda(ext, q, k, v, cu_seqlens_q, cu_seqlens_k, cq, ck, args: OpArgs, sink=None):
     out = _out_like(q, v)
     lse = torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device)
-    packed = _packed_launch(ext, q, k, v, cq, ck, mask, window_left, window_right)
+    packed = _packed_launch(ext, q, k, v, cq, ck, *args.mask_args)
     if packed is not None:
         with _device_guard(q.device):
             ext.varlen_fwd(q, k, v, out, lse, _device_int32(cu_seqlens_q, q.device),
-                           _device_int32(cu_seqlens_k, q.device), None, None, packed[0], packed[1], softmax_scale,
-                           mask, window_left, window_right, softcap, sink)
+                           _device_int32(cu_seqlens_k, q.device), None, None, packed[0], packed[1], *args.kernel_args,
+                           sink)
         return out, lse
     for sq, sk, count, seqlen_q, seqlen_k in _runs(cq, ck):
         q_b = _batched(q, sq, count, seqlen_q)
         k_b, v_b = _batched(k, sk, count, seqlen_k), _batched(v, sk, count, seqlen_k)
-        mask_b, left_b, right_b = _effective_mask(mask, window_left, window_right, seqlen_q, seqlen_k)
         lse_b = torch.empty(_lse_shape(q_b), dtype=torch.float32, device=q.device)
-        _run_fwd(ext, q_b, k_b, v_b, _batched(out, sq, count, seqlen_q), lse_b, softmax_scale, mask_b, left_b,
-                 right_b, softcap, sink)
+        _run_fwd(ext, q_b, k_b, v_b, _batched(out, sq, count, seqlen_q), lse_b, args.for_lengths(seqlen_q, seqlen_k),
+                 sink)
         lse[:, sq].unflatten(1, (count, seqlen_q)).copy_(lse_b.transpose(0, 1))
     return out, lse
 
 
-def _varlen_bwd_cuda(ext, dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, cq, ck, softmax_scale, mask,
-                     window_left, window_right, softcap, deterministic, schedule, sm_margin, sink=None, dsink=None):
+def _varlen_bwd_cuda(ext, dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, cq, ck, args: OpArgs, sink=None,
+                     dsink=None):
     """dsink (with a sink): float32 (nheads,), the sum of the launches' sink gradients in the order they run."""
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    schedule = _varlen_schedule(schedule, mask, deterministic)
-    packed = _packed_launch(ext, q, k, v, cq, ck, mask, window_left, window_right)
+    args = _with_varlen_schedule(args)
+    packed = _packed_launch(ext, q, k, v, cq, ck, *args.mask_args)
     if packed is not None:
         max_q, max_k = packed
-        schedule_id = _resolve_schedule_for(schedule, q.device, len(cq) - 1, max_q, max_k, q.shape[1], k.shape[1],
-                                            q.shape[-1], mask, window_left, window_right, deterministic, sm_margin)
+        schedule_id = _resolve_schedule_for(args, q.device, len(cq) - 1, max_q, max_k, q.shape[1], k.shape[1],
+                                            q.shape[-1])
         with _device_guard(q.device):
             ext.varlen_bwd(dout, q, k, v, out, lse, dq, dk, dv, _device_int32(cu_seqlens_q, q.device),
-                           _device_int32(cu_seqlens_k, q.device), None, None, max_q, max_k, softmax_scale, mask,
-                           window_left, window_right, softcap, deterministic, schedule_id, sm_margin, sink, dsink)
+                           _device_int32(cu_seqlens_k, q.device), None, None, max_q, max_k, *args.kernel_args,
+                           args.deterministic, schedule_id, args.sm_margin, sink, dsink)
         return dq, dk, dv
     part = None if dsink is None else torch.empty_like(dsink)
     if dsink is not None:
@@ -216,12 +214,10 @@ def _varlen_bwd_cuda(ext, dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, c
     for sq, sk, count, seqlen_q, seqlen_k in _runs(cq, ck):
         q_b = _batched(q, sq, count, seqlen_q)
         k_b, v_b = _batched(k, sk, count, seqlen_k), _batched(v, sk, count, seqlen_k)
-        mask_b, left_b, right_b = _effective_mask(mask, window_left, window_right, seqlen_q, seqlen_k)
         lse_b = lse[:, sq].unflatten(1, (count, seqlen_q)).transpose(0, 1).contiguous()
         _run_bwd(ext, _batched(dout, sq, count, seqlen_q), q_b, k_b, v_b, _batched(out, sq, count, seqlen_q), lse_b,
                  _batched(dq, sq, count, seqlen_q), _batched(dk, sk, count, seqlen_k),
-                 _batched(dv, sk, count, seqlen_k), softmax_scale, mask_b, left_b, right_b, softcap, deterministic,
-                 schedule, sm_margin, sink, part)
+                 _batched(dv, sk, count, seqlen_k), args.for_lengths(seqlen_q, seqlen_k), sink, part)
         if dsink is not None:
             dsink += part
     return dq, dk, dv
@@ -232,11 +228,11 @@ def _varlen_bwd_cuda(ext, dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, c
 # those that reach every sequence's band: _bwd_launches), cu_seqlens and seqused checked on the GPU afterwards inside
 # a capture (dash_attn.device_seqlens: invalid values turn every result into NaN). Rows past seqused are not the
 # kernels' to write: they start as zeros (lse -inf).
-def _unplanned_band(mask, window_left, window_right):
-    return None if mask == MaskKind.FULL else (window_left, window_right)
+def _unplanned_band(args: OpArgs):
+    return None if args.mask == MaskKind.FULL else args.window
 
 
-def _unplanned_bounds(host, mask, window_left, window_right, max_seqlen_q, max_seqlen_k):
+def _unplanned_bounds(host, max_seqlen_q, max_seqlen_k):
     """The bounds of an unplanned call's forward: the caller's inside a capture (host None), else the longest rows in
     use. The forward masks and tiles each sequence by its own lengths; the backward plans its own (_bwd_launches)."""
     if host is None:
@@ -249,7 +245,7 @@ def _device_seqs(q, *tensors):
     return [None if t is None else _device_int32(t, q.device) for t in tensors]
 
 
-def _bwd_launches(q, seqs, used_q, used_k, bounds, mask, window_left, window_right, checked_on_host):
+def _bwd_launches(q, seqs, used_q, used_k, bounds, args: OpArgs, checked_on_host):
     """The backward launches of an unplanned call, as (seqused_q, seqused_k, max_q, max_k) on q's device. Inside a
     capture (nothing read on the host) one with the caller's bounds, whose bands the GPU check holds to theirs
     (device_seqlens). Otherwise the host copies _check_varlen read for this call (_host_lists returns them again
@@ -260,7 +256,7 @@ def _bwd_launches(q, seqs, used_q, used_k, bounds, mask, window_left, window_rig
         return [(used_q, used_k) + tuple(bounds)]
     cq, ck, host_q, host_k = _host_lists(*seqs)
     lens_q, lens_k = _used_lengths(cq, host_q), _used_lengths(ck, host_k)
-    launches = _seq_bands.bwd_launches(lens_q, lens_k, mask, window_left, window_right)
+    launches = _seq_bands.bwd_launches(lens_q, lens_k, *args.mask_args)
     if launches[0].members is None:
         return [(used_q, used_k, launches[0].max_q, launches[0].max_k)]
     rows = []
@@ -283,14 +279,13 @@ def _widened(t: torch.Tensor, width: int) -> torch.Tensor:
     return t if t.shape[-1] == width else torch.nn.functional.pad(t, (0, width - t.shape[-1]))
 
 
-def _varlen_fwd_unplanned(ext, q, k, v, seqs, bounds, softmax_scale, mask, window_left, window_right, softcap,
-                          checked_on_host=False, sink=None):
+def _varlen_fwd_unplanned(ext, q, k, v, seqs, bounds, args: OpArgs, checked_on_host=False, sink=None):
     """seqs: cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k (the last two may be None); bounds: max_q, max_k.
     checked_on_host: the values passed _check_varlen's host checks, so the GPU check would only repeat them."""
     width = _kernel_width(q, v)
     if width is not None:
-        out, lse = _varlen_fwd_unplanned(ext, *(_widened(t, width) for t in (q, k, v)), seqs, bounds, softmax_scale,
-                                         mask, window_left, window_right, softcap, checked_on_host, sink)
+        out, lse = _varlen_fwd_unplanned(ext, *(_widened(t, width) for t in (q, k, v)), seqs, bounds, args,
+                                         checked_on_host, sink)
         return out[..., :v.shape[-1]].contiguous(), lse
     cu_q, cu_k, used_q, used_k = _device_seqs(q, *seqs)
     max_q, max_k = device_seqlens.capped_bounds(q.shape[0], k.shape[0], *bounds)
@@ -302,24 +297,22 @@ def _varlen_fwd_unplanned(ext, q, k, v, seqs, bounds, softmax_scale, mask, windo
         lse.fill_(float("-inf"))
     with _device_guard(q.device):
         if max_k > 0 and max_q > 0 and cu_q.shape[0] > 1:
-            ext.varlen_fwd(q, k, v, out, lse, cu_q, cu_k, used_q, used_k, max_q, max_k, softmax_scale, mask,
-                           window_left, window_right, softcap, sink)
+            ext.varlen_fwd(q, k, v, out, lse, cu_q, cu_k, used_q, used_k, max_q, max_k, *args.kernel_args, sink)
         elif sink is not None and max_q > 0 and cu_q.shape[0] > 1:
             # No keys anywhere: the rows in use see only the sink (lse = sink, out 0).
             _fill_sink_lse(lse, sink, cu_q, used_q)
         if not checked_on_host:
             device_seqlens.flag_invalid(ext, cu_q, cu_k, used_q, used_k, q.shape[0], k.shape[0], max_q, max_k,
-                                        _unplanned_band(mask, window_left, window_right), out, lse)
+                                        _unplanned_band(args), out, lse)
     return out, lse
 
 
-def _varlen_bwd_unplanned(ext, dout, q, k, v, out, lse, seqs, bounds, softmax_scale, mask, window_left, window_right,
-                          softcap, deterministic, schedule, sm_margin, checked_on_host=False, sink=None, dsink=None):
+def _varlen_bwd_unplanned(ext, dout, q, k, v, out, lse, seqs, bounds, args: OpArgs, checked_on_host=False, sink=None,
+                          dsink=None):
     width = _kernel_width(q, v)
     if width is not None:
         wide = [_widened(t, width) for t in (dout, q, k, v, out)]
-        grads = _varlen_bwd_unplanned(ext, *wide, lse, seqs, bounds, softmax_scale, mask, window_left, window_right,
-                                      softcap, deterministic, schedule, sm_margin, checked_on_host, sink, dsink)
+        grads = _varlen_bwd_unplanned(ext, *wide, lse, seqs, bounds, args, checked_on_host, sink, dsink)
         return tuple(g[..., :t.shape[-1]].contiguous() for g, t in zip(grads, (q, k, v)))
     cu_q, cu_k, used_q, used_k = _device_seqs(q, *seqs)
     max_q, max_k = device_seqlens.capped_bounds(q.shape[0], k.shape[0], *bounds)
@@ -327,29 +320,27 @@ def _varlen_bwd_unplanned(ext, dout, q, k, v, out, lse, seqs, bounds, softmax_sc
     # Gradients the kernel does not write (rows past seqused, or all of them when no query sees a key) start as 0.
     untouched_rows = used_q is not None or used_k is not None or no_key_seen
     dq, dk, dv = ((torch.zeros_like if untouched_rows else torch.empty_like)(t) for t in (q, k, v))
-    schedule = _varlen_schedule(schedule, mask, deterministic)
+    args = _with_varlen_schedule(args)
     with _device_guard(q.device):
         if not no_key_seen:
-            launches = _bwd_launches(q, seqs, used_q, used_k, (max_q, max_k), mask, window_left, window_right,
-                                     checked_on_host)
+            launches = _bwd_launches(q, seqs, used_q, used_k, (max_q, max_k), args, checked_on_host)
             # Several launches (groups of sequences) each give the sink gradient of their own rows: summed in order.
             part = dsink if dsink is None or len(launches) == 1 else torch.empty_like(dsink)
             if part is not dsink:
                 dsink.zero_()
             for launch_q, launch_k, launch_max_q, launch_max_k in launches:
-                schedule_id = _resolve_schedule_for(schedule, q.device, cu_q.shape[0] - 1, launch_max_q, launch_max_k,
-                                                    q.shape[1], k.shape[1], q.shape[-1], mask, window_left,
-                                                    window_right, deterministic, sm_margin)
+                schedule_id = _resolve_schedule_for(args, q.device, cu_q.shape[0] - 1, launch_max_q, launch_max_k,
+                                                    q.shape[1], k.shape[1], q.shape[-1])
                 ext.varlen_bwd(dout, q, k, v, out, lse, dq, dk, dv, cu_q, cu_k, launch_q, launch_k, launch_max_q,
-                               launch_max_k, softmax_scale, mask, window_left, window_right, softcap, deterministic,
-                               schedule_id, sm_margin, sink, part)
+                               launch_max_k, *args.kernel_args, args.deterministic, schedule_id, args.sm_margin, sink,
+                               part)
                 if part is not dsink:
                     dsink += part
         elif dsink is not None:
             dsink.zero_()  # out is 0 where no key is seen: D = 0
         if not checked_on_host:
             device_seqlens.flag_invalid(ext, cu_q, cu_k, used_q, used_k, q.shape[0], k.shape[0], max_q, max_k,
-                                        _unplanned_band(mask, window_left, window_right), dq, dk, dv)
+                                        _unplanned_band(args), dq, dk, dv)
     return dq, dk, dv
 
 

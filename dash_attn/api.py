@@ -9,8 +9,8 @@ import torch
 
 from . import _sinks, validation
 from ._chunked import chunked_attention, chunked_varlen_attention
-from .interface import EagerAttention, EagerVarlenAttention, eager_cuda, fwd_op, mask_args, resolve_deterministic
-from .interface import varlen_fwd_op
+from .interface import EagerAttention, EagerVarlenAttention, OpArgs, eager_cuda, fwd_op, mask_args
+from .interface import resolve_deterministic, varlen_fwd_op
 from .schedules_table import NONDETERMINISTIC_SCHEDULES, SCHEDULES
 
 __all__ = ["flash_attn_func", "flash_attn_qkvpacked_func", "flash_attn_kvpacked_func", "flash_attn_varlen_func",
@@ -30,7 +30,7 @@ def _common_args(q, softmax_scale, causal, window_size, softcap, deterministic, 
     mask, window_left, window_right = mask_args(window_left, window_right)
     deterministic = resolve_deterministic(deterministic)
     validation.check_schedule_mode(schedule, deterministic)
-    return (float(softmax_scale), mask, window_left, window_right, softcap, deterministic, schedule, sm_margin)
+    return OpArgs(float(softmax_scale), mask, window_left, window_right, softcap, deterministic, schedule, sm_margin)
 
 
 # The bodies of the public functions. The public functions check their own extra arguments and call these, never each

@@ -25,7 +25,7 @@ from typing import List, Optional, Sequence, Tuple
 import torch
 import torch.distributed as dist
 
-from ._args import MaskKind
+from ._args import MaskKind, OpArgs
 
 __all__ = ["shard_sequence", "unshard_sequence", "ring_attn_func", "simulate"]
 
@@ -68,17 +68,18 @@ def _pair_mask(q_chunk: int, kv_chunk: int, causal: bool) -> Optional[int]:
     return MaskKind.CAUSAL if q_chunk == kv_chunk else None
 
 
-def _op_mask(mask: MaskKind) -> Tuple[int, int, int]:
-    """(mask, window_left, window_right) as the ops take them."""
-    return int(mask), -1, 0 if mask == MaskKind.CAUSAL else -1
-
-
 class _Step:
     """The per-step work of one rank against one traveling K/V pair (shared by the distributed run and `simulate`,
     so both add in the same order)."""
 
     def __init__(self, scale: float, causal: bool, deterministic: bool, sm_margin: int = 0):
         self.scale, self.causal, self.deterministic, self.sm_margin = scale, causal, deterministic, sm_margin
+
+    def _op_args(self, mask: MaskKind) -> OpArgs:
+        """The ops' scalar arguments for one (Q chunk, KV chunk) pair of this mask."""
+        return OpArgs(softmax_scale=self.scale, mask=int(mask), window_left=-1,
+                      window_right=0 if mask == MaskKind.CAUSAL else -1, softcap=0.0,
+                      deterministic=self.deterministic, schedule="auto", sm_margin=self.sm_margin)
 
     def forward(self, q_parts, kv_parts, q_chunks, kv_chunks, acc):
         """Adds this step's partial outputs into acc[i] = (out fp32, lse fp32 (batch, seqlen, heads, 1))."""
@@ -87,8 +88,7 @@ class _Step:
                 mask = _pair_mask(a, b, self.causal)
                 if mask is None:
                     continue
-                out, lse = torch.ops.dash_attn.fwd(q, k, v, self.scale, *_op_mask(mask), 0.0, self.deterministic,
-                                                   "auto", self.sm_margin)
+                out, lse = torch.ops.dash_attn.fwd(q, k, v, *self._op_args(mask))
                 lse = lse.transpose(1, 2).unsqueeze(-1)
                 out = out.to(_acc_dtype(out.dtype))
                 lse = lse.to(out.dtype)
@@ -106,8 +106,8 @@ class _Step:
                 mask = _pair_mask(a, b, self.causal)
                 if mask is None:
                     continue
-                dq, dk, dv = torch.ops.dash_attn.bwd(dout_parts[i], q, k, v, out_parts[i], lse_parts[i], self.scale,
-                                                     *_op_mask(mask), 0.0, self.deterministic, "auto", self.sm_margin)
+                dq, dk, dv = torch.ops.dash_attn.bwd(dout_parts[i], q, k, v, out_parts[i], lse_parts[i],
+                                                     *self._op_args(mask))
                 dq_acc[i].add_(dq)
                 dkv_acc[j][0].add_(dk)
                 dkv_acc[j][1].add_(dv)

@@ -8,7 +8,8 @@ opaque ops per attention call. deterministic, schedule and sm_margin travel as o
 
 This module is the facade of that layer: the public names api.py calls, and the pieces the tests reach, re-exported
 from the modules that hold them by role:
-    _args.py      argument normalisation (mask kinds, windows, the deterministic flag)
+    _args.py      argument normalisation (mask kinds, windows, the deterministic flag) and OpArgs, the scalar
+                  arguments the ops take after their tensors, which the helpers below them pass as one
     _ext.py       the CUDA extension: lazy loading, cached queries, the checks before a launch
     _launch.py    the backward schedule of a launch (`auto` resolved) and the dense CUDA launches
     _varlen.py    the varlen CUDA paths: host copies of cu_seqlens, packed or per-run launches, unplanned calls
@@ -18,11 +19,11 @@ it where its callers look it up: in the module that holds it and in those that i
 """
 from __future__ import annotations
 
-from ._args import MaskKind, _effective_mask, _mask_args, _reference_dtype, _resolve_deterministic
+from ._args import MaskKind, OpArgs, _effective_mask, _mask_args, _reference_dtype, _resolve_deterministic
 from ._ext import (_NOT_BUILT, _bwd_tile_shape, _check_cuda, _device_guard, _extension, _held_head_dim,
                    _kernel_head_dim, _l2_bytes, _num_sms, _softcap_built, _supported_dtypes, _supported_head_dims)
 from ._launch import (_choose_schedule, _full_width, _launch_bwd, _launch_fwd, _lse_shape, _out_like,
-                      _resolve_schedule, _resolve_schedule_for, _run_bwd, _run_fwd, _varlen_schedule)
+                      _resolve_schedule, _resolve_schedule_for, _run_bwd, _run_fwd, _with_varlen_schedule)
 from ._ops import (_EagerAttention, _EagerVarlenAttention, _bwd, _bwd_impl, _eager_cuda, _fwd, _fwd_impl,
                    _varlen_bwd, _varlen_bwd_impl, _varlen_fwd, _varlen_fwd_impl)
 from ._varlen import (_batched, _bands_inside, _check_varlen, _host_lists, _on_cuda, _packed_launch, _runs,
@@ -41,14 +42,14 @@ resolve_deterministic = _resolve_deterministic
 
 __all__ = [
     # public
-    "MaskKind", "SCHEDULE_IDS", "FALLBACK_SCHEDULE", "fwd_op", "varlen_fwd_op", "EagerAttention",
+    "MaskKind", "OpArgs", "SCHEDULE_IDS", "FALLBACK_SCHEDULE", "fwd_op", "varlen_fwd_op", "EagerAttention",
     "EagerVarlenAttention", "eager_cuda", "mask_args", "resolve_deterministic",
     # re-exported internals (tests, tools)
     "_effective_mask", "_mask_args", "_reference_dtype", "_resolve_deterministic",
     "_NOT_BUILT", "_bwd_tile_shape", "_check_cuda", "_device_guard", "_extension", "_held_head_dim",
     "_kernel_head_dim", "_l2_bytes", "_num_sms", "_softcap_built", "_supported_dtypes", "_supported_head_dims",
     "_choose_schedule", "_full_width", "_launch_bwd", "_launch_fwd", "_lse_shape", "_out_like", "_resolve_schedule",
-    "_resolve_schedule_for", "_run_bwd", "_run_fwd", "_varlen_schedule",
+    "_resolve_schedule_for", "_run_bwd", "_run_fwd", "_with_varlen_schedule",
     "_EagerAttention", "_EagerVarlenAttention", "_bwd", "_bwd_impl", "_eager_cuda", "_fwd", "_fwd_impl",
     "_varlen_bwd", "_varlen_bwd_impl", "_varlen_fwd", "_varlen_fwd_impl",
     "_batched", "_bands_inside", "_check_varlen", "_host_lists", "_on_cuda", "_packed_launch", "_runs",

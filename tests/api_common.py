@@ -1,5 +1,6 @@
 """Inputs and the recording stand-in extension shared by the CPU-side API tests (test_api.py,
-test_api_cuda_path.py, test_api_unplanned_varlen.py); patch_interface, which the GPU tests use too."""
+test_api_cuda_path.py, test_api_unplanned_varlen.py) and their launch arguments (op_args); patch_interface, which
+the GPU tests use too."""
 import sys
 import types
 
@@ -25,6 +26,15 @@ def varlen_inputs(lens_q=(3, 0, 6), lens_k=(4, 2, 5), nheads=4, nheads_k=2, head
     k = torch.randn(sum(lens_k), nheads_k, headdim, generator=gen, dtype=dtype).requires_grad_(requires_grad)
     v = torch.randn(sum(lens_k), nheads_k, headdim, generator=gen, dtype=dtype).requires_grad_(requires_grad)
     return q, k, v, cu(lens_q), cu(lens_k), max(lens_q), max(lens_k)
+
+
+def op_args(mask=0, window=(-1, -1), softcap=0.0, deterministic=True, schedule="shift", sm_margin=0,
+            softmax_scale=0.125):
+    """The launch helpers' scalar arguments (interface.OpArgs), each field by name."""
+    from dash_attn import interface
+
+    return interface.OpArgs(softmax_scale=softmax_scale, mask=mask, window_left=window[0], window_right=window[1],
+                            softcap=softcap, deterministic=deterministic, schedule=schedule, sm_margin=sm_margin)
 
 
 def patch_interface(monkeypatch, name, replacement):

@@ -9,7 +9,7 @@ import torch
 
 from dash_attn import interface, validation
 
-from api_common import cu, qkv, varlen_inputs
+from api_common import cu, op_args, qkv, varlen_inputs
 
 
 def test_missing_extension_error_names_the_fix(monkeypatch):
@@ -63,32 +63,41 @@ def _bf16_inputs(headdim=64):
     return q, k, v, out, lse, dq, dk, dv
 
 
+def test_op_args_are_the_last_parameters_of_every_op():
+    # The public functions splat OpArgs into the registered ops after their tensors (and context_parallel builds it by
+    # field name): its fields must be those parameters, in the schemas' order.
+    for op in (torch.ops.dash_attn.fwd, torch.ops.dash_attn.bwd, torch.ops.dash_attn.varlen_fwd,
+               torch.ops.dash_attn.varlen_bwd):
+        names = [argument.name for argument in op.default._schema.arguments]
+        assert names[-len(interface.OpArgs._fields):] == list(interface.OpArgs._fields), op
+
+
 def test_launch_fwd_calls_the_binding_in_order(fake_cuda):
     q, k, v, out, lse, *_ = _bf16_inputs()
-    interface._launch_fwd(q, k, v, out, lse, 0.125, 1, -1, 0, 0.0)
+    interface._launch_fwd(q, k, v, out, lse, op_args(mask=1, window=(-1, 0), softmax_scale=0.25))
     name, args = fake_cuda.calls[0]
-    assert name == "fwd" and args[:5] == (q, k, v, out, lse) and args[5:] == (0.125, 1, -1, 0, 0.0, None)
+    assert name == "fwd" and args[:5] == (q, k, v, out, lse) and args[5:] == (0.25, 1, -1, 0, 0.0, None)
 
 
 def test_launch_refuses_unsupported_head_dim_before_launch(fake_cuda):
     q, k, v, out, lse, *_ = _bf16_inputs(headdim=192)  # the fake build's largest head dim is 128
     with pytest.raises(ValueError, match="head dim 192"):
-        interface._launch_fwd(q, k, v, out, lse, 0.125, 0, -1, -1, 0.0)
+        interface._launch_fwd(q, k, v, out, lse, op_args())
     fake_cuda.softcap = False
     interface._softcap_built.cache_clear()
     with pytest.raises(RuntimeError, match="softcap"):
-        interface._launch_fwd(*_bf16_inputs()[:5], 0.125, 0, -1, -1, 5.0)
+        interface._launch_fwd(*_bf16_inputs()[:5], op_args(softcap=5.0))
     assert fake_cuda.calls == []
 
 
 def test_launch_passes_softcap(fake_cuda):
-    interface._launch_fwd(*_bf16_inputs()[:5], 0.125, 1, -1, 0, 30.0)
+    interface._launch_fwd(*_bf16_inputs()[:5], op_args(mask=1, window=(-1, 0), softcap=30.0))
     name, args = fake_cuda.calls[0]
     assert name == "fwd" and args[5:] == (0.125, 1, -1, 0, 30.0, None)
 
 
 def test_launch_passes_sliding_window_bounds(fake_cuda):
-    interface._launch_fwd(*_bf16_inputs()[:5], 0.125, 2, 3, 0, 0.0)
+    interface._launch_fwd(*_bf16_inputs()[:5], op_args(mask=2, window=(3, 0)))
     name, args = fake_cuda.calls[0]
     assert name == "fwd" and args[5:] == (0.125, 2, 3, 0, 0.0, None)
 
@@ -97,7 +106,7 @@ def test_launch_passes_sliding_window_bounds(fake_cuda):
                                                 ("shift_causal", 4)])
 def test_launch_bwd_passes_schedule_ids(fake_cuda, schedule, expected):
     q, k, v, out, lse, dq, dk, dv = _bf16_inputs()
-    interface._launch_bwd(out, q, k, v, out, lse, dq, dk, dv, 0.125, 0, -1, -1, 0.0, True, schedule, 4)
+    interface._launch_bwd(out, q, k, v, out, lse, dq, dk, dv, op_args(schedule=schedule, sm_margin=4))
     name, args = fake_cuda.calls[0]
     assert name == "bwd" and args[9:] == (0.125, 0, -1, -1, 0.0, True, expected, 4, None, None)
 
@@ -122,14 +131,14 @@ def test_varlen_cuda_path_launches_per_run_and_assembles_rows(fake_cuda, monkeyp
     monkeypatch.setattr(fake_cuda, "bwd", bwd)
     q, k, v, cu_q, cu_k, _, _ = varlen_inputs((3, 3, 0, 0, 5), (2, 2, 4, 4, 6), dtype=torch.float32)
     cq, ck = cu_q.tolist(), cu_k.tolist()
-    out, lse = interface._varlen_fwd_cuda(fake_cuda, q, k, v, cu_q, cu_k, cq, ck, 0.125, 2, 4, 0, 0.0)
+    out, lse = interface._varlen_fwd_cuda(fake_cuda, q, k, v, cu_q, cu_k, cq, ck, op_args(mask=2, window=(4, 0)))
     assert fake_cuda.calls == [("fwd", ((2, 3, 4, 8), (2, 2, 2, 8), 0.125, 1, -1, 0, 0.0, None)),
                                ("fwd", ((1, 5, 4, 8), (1, 6, 2, 8), 0.125, 2, 4, 0, 0.0, None))]
     assert torch.equal(out, q) and torch.equal(lse, q[..., 0].t())
     fake_cuda.calls.clear()
     dout = torch.randn_like(q)
-    dq, dk, dv = interface._varlen_bwd_cuda(fake_cuda, dout, q, k, v, out, lse, cu_q, cu_k, cq, ck, 0.125, 2, 4, 0,
-                                            0.0, True, "shift", 0)
+    dq, dk, dv = interface._varlen_bwd_cuda(fake_cuda, dout, q, k, v, out, lse, cu_q, cu_k, cq, ck,
+                                            op_args(mask=2, window=(4, 0)))
     assert [c[1][:4] for c in fake_cuda.calls] == [((2, 3, 4, 8), (2, 2, 2, 8), 0.125, 1),
                                                    ((1, 5, 4, 8), (1, 6, 2, 8), 0.125, 2)]
     keys_without_queries = slice(4, 12)
@@ -153,7 +162,7 @@ def test_varlen_cuda_path_runs_the_packed_kernels_once(fake_cuda, mask, window):
     # and int32 cu_seqlens.
     q, k, v, cu_q, cu_k, _, _ = varlen_inputs((3, 0, 6), (5, 2, 8), headdim=64, dtype=torch.bfloat16)
     cq, ck = cu_q.tolist(), cu_k.tolist()
-    out, lse = interface._varlen_fwd_cuda(fake_cuda, q, k, v, cu_q.long(), cu_k, cq, ck, 0.125, mask, *window, 0.0)
+    out, lse = interface._varlen_fwd_cuda(fake_cuda, q, k, v, cu_q.long(), cu_k, cq, ck, op_args(mask, window))
     assert out.shape == q.shape and lse.shape == (4, 9)
     ((name, args),) = fake_cuda.calls
     assert name == "varlen_fwd" and args[:5] == (q, k, v, out, lse)
@@ -161,8 +170,8 @@ def test_varlen_cuda_path_runs_the_packed_kernels_once(fake_cuda, mask, window):
     assert args[7:] == (None, None, 6, 8, 0.125, mask) + window + (0.0, None)
     fake_cuda.calls.clear()
     dout = torch.randn_like(q)
-    dq, dk, dv = interface._varlen_bwd_cuda(fake_cuda, dout, q, k, v, out, lse, cu_q, cu_k, cq, ck, 0.125, mask,
-                                            *window, 0.0, True, "shift", 3)
+    dq, dk, dv = interface._varlen_bwd_cuda(fake_cuda, dout, q, k, v, out, lse, cu_q, cu_k, cq, ck,
+                                            op_args(mask, window, sm_margin=3))
     ((name, args),) = fake_cuda.calls
     assert name == "varlen_bwd" and args[:9] == (dout, q, k, v, out, lse, dq, dk, dv)
     assert args[11:] == (None, None, 6, 8, 0.125, mask) + window + (0.0, True, interface.SCHEDULE_IDS["shift"], 3,
@@ -208,7 +217,8 @@ def test_auto_schedule_uses_the_cost_model(fake_cuda, monkeypatch):
 
     monkeypatch.setitem(sys.modules, "dash_attn.schedule", types.SimpleNamespace(choose=choose, l2_model=l2_model))
     q, k, v, out, lse, dq, dk, dv = _bf16_inputs()
-    interface._launch_bwd(out, q, k, v, out, lse, dq, dk, dv, 0.125, 1, -1, 0, 0.0, False, "auto", 4)
+    interface._launch_bwd(out, q, k, v, out, lse, dq, dk, dv,
+                          op_args(mask=1, window=(-1, 0), deterministic=False, schedule="auto", sm_margin=4))
     # The device's L2 size (the fixture reports 60 MiB) and the head dim reach the model's L2 term.
     assert seen == [("causal", 10, 12, 64, 128, 4, 2, 128, None, 2, False, ("l2", 60 * 2**20, 64, 128, 64))]
     assert fake_cuda.calls[0][1][15] == interface.SCHEDULE_IDS["shift"]
@@ -220,15 +230,16 @@ def test_deterministic_auto_picks_by_mask_alone(fake_cuda, monkeypatch, mask, ex
     monkeypatch.setitem(sys.modules, "dash_attn.schedule", None)
     q, k, v, out, lse, dq, dk, dv = _bf16_inputs()
     for margin in (0, 18):
-        interface._launch_bwd(out, q, k, v, out, lse, dq, dk, dv, 0.125, mask, 5 if mask == 2 else -1,
-                              0 if mask else -1, 0.0, True, "auto", margin)
+        window = (5 if mask == 2 else -1, 0 if mask else -1)
+        interface._launch_bwd(out, q, k, v, out, lse, dq, dk, dv,
+                              op_args(mask, window, schedule="auto", sm_margin=margin))
     assert [c[1][15] for c in fake_cuda.calls] == [interface.SCHEDULE_IDS[expected]] * 2
 
 
 def test_auto_schedule_falls_back_without_the_simulator(fake_cuda, monkeypatch):
     monkeypatch.setitem(sys.modules, "dash_attn.schedule", None)
     q, k, v, out, lse, dq, dk, dv = _bf16_inputs()
-    interface._launch_bwd(out, q, k, v, out, lse, dq, dk, dv, 0.125, 0, -1, -1, 0.0, False, "auto", 0)
+    interface._launch_bwd(out, q, k, v, out, lse, dq, dk, dv, op_args(deterministic=False, schedule="auto"))
     assert fake_cuda.calls[0][1][15] == interface.SCHEDULE_IDS[interface.FALLBACK_SCHEDULE]
 
 
@@ -266,15 +277,15 @@ def test_launch_takes_head_dims_between_kernels(fake_cuda):
 
     fake_cuda.fwd = write_rows
     q, k, v, out, lse, *_ = _bf16_inputs(headdim=96)
-    interface._launch_fwd(q, k, v, out, lse, 0.125, 0, -1, -1, 0.0)
+    interface._launch_fwd(q, k, v, out, lse, op_args())
     assert len(fake_cuda.calls) == 1 and bool((out == 7.0).all())
     q, k, v, out, lse, dq, dk, dv = _bf16_inputs(headdim=96)
-    interface._launch_bwd(q, q, k, v, out, lse, dq, dk, dv, 0.125, 0, -1, -1, 0.0, True, "shift", 0)
+    interface._launch_bwd(q, q, k, v, out, lse, dq, dk, dv, op_args())
     name, args = fake_cuda.calls[-1]
     assert name == "bwd" and args[6] is dq and args[7].stride(-2) == 128 and args[8].stride(-2) == 128
     q, k, v, out, lse, *_ = _bf16_inputs(headdim=192)
     with pytest.raises(ValueError, match="head dim 192 is above every compiled"):
-        interface._launch_fwd(q, k, v, out, lse, 0.125, 0, -1, -1, 0.0)
+        interface._launch_fwd(q, k, v, out, lse, op_args())
     assert len(fake_cuda.calls) == 2
 
 
@@ -283,9 +294,9 @@ def test_launch_takes_head_dims_between_kernels(fake_cuda):
 def test_launch_value_head_dim_below_the_kernel_goes_through_full_rows(fake_cuda):
     q, k, v, out, lse, dq, dk, dv = _bf16_inputs(headdim=128)
     v, out, dv = v[..., :64].contiguous(), out[..., :64].contiguous(), dv[..., :64].contiguous()
-    interface._launch_fwd(q, k, v, out, lse, 0.125, 0, -1, -1, 0.0)
+    interface._launch_fwd(q, k, v, out, lse, op_args())
     assert fake_cuda.calls[-1][1][3].stride(-2) == 128  # out rows as wide as the 128 kernel
-    interface._launch_bwd(out, q, k, v, out, lse, dq, dk, dv, 0.125, 0, -1, -1, 0.0, True, "shift", 0)
+    interface._launch_bwd(out, q, k, v, out, lse, dq, dk, dv, op_args())
     args = fake_cuda.calls[-1][1]
     assert args[6] is dq and args[7] is dk and args[8].stride(-2) == 128
 

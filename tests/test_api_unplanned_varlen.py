@@ -9,7 +9,7 @@ import dash_attn
 from dash_attn import interface, validation
 from dash_attn.reference import attention_ref_varlen
 
-from api_common import cu, patch_interface, varlen_inputs
+from api_common import cu, op_args, patch_interface, varlen_inputs
 
 @pytest.mark.parametrize("case, message", [("cu_on_cpu", "on q's device"), ("not_built", "DASH_ATTN_PACKED=0")])
 def test_captured_varlen_refuses_what_the_packed_kernels_cannot_take(case, message):
@@ -50,9 +50,9 @@ def _captured_call(ext, lens_q, lens_k, bounds, mask=0, window=(-1, -1), cu_edit
     if cu_edit is not None:
         cu_edit(cu_q, cu_k)
     seqs = (cu_q, cu_k) + used
-    out, lse = interface._varlen_fwd_unplanned(ext, q, k, v, seqs, bounds, 0.125, mask, *window, 0.0)
-    grads = interface._varlen_bwd_unplanned(ext, torch.randn_like(out), q, k, v, out, lse, seqs, bounds, 0.125, mask,
-                                            *window, 0.0, True, "shift", 0)
+    out, lse = interface._varlen_fwd_unplanned(ext, q, k, v, seqs, bounds, op_args(mask, window))
+    grads = interface._varlen_bwd_unplanned(ext, torch.randn_like(out), q, k, v, out, lse, seqs, bounds,
+                                            op_args(mask, window))
     return (out, lse) + grads
 
 

@@ -25,6 +25,14 @@ inline int32_t bwd_num_ctas(const BwdParams& params, const sched::Problem& prob)
   return static_cast<int32_t>(std::max<int64_t>(1, std::min<int64_t>(usable, units)));
 }
 
+// A TensorStrides into the (row, head, batch) fields of a kernel's parameter struct, which keeps them as members of
+// their own (the structs' layout is the kernels' parameter space; the host fills each group in one call).
+inline void set_strides(int64_t& row, int64_t& head, int64_t& batch, const TensorStrides& strides) {
+  row = strides.row;
+  head = strides.head;
+  batch = strides.batch;
+}
+
 // The regions of the workspace the main kernel reads (LSE_log2, D) and accumulates into (dQ, semaphores).
 struct BwdWorkspaceViews {
   float* lse_log2;
@@ -120,12 +128,8 @@ void launch_bwd_main(const BwdParams& params, const BwdWorkspaceLayout& ws, cons
   // Outputs: dK and dV with their strides (tma_dk / tma_dv below, for the staged epilogues).
   p.dk = params.dk;
   p.dv = params.dv;
-  p.dk_row = params.dk_stride.row;
-  p.dk_head = params.dk_stride.head;
-  p.dk_batch = params.dk_stride.batch;
-  p.dv_row = params.dv_stride.row;
-  p.dv_head = params.dv_stride.head;
-  p.dv_batch = params.dv_stride.batch;
+  set_strides(p.dk_row, p.dk_head, p.dk_batch, params.dk_stride);
+  set_strides(p.dv_row, p.dv_head, p.dv_batch, params.dv_stride);
   // Mask and sequence layout.
   p.window_left = s.window_left;
   p.window_right = s.window_right;
@@ -167,12 +171,8 @@ void launch_bwd(const BwdParams& params, cudaStream_t stream, int32_t stages) {
   pre.o = params.o;
   pre.dout = params.dout;
   pre.lse = params.lse;
-  pre.o_row = params.o_stride.row;
-  pre.o_head = params.o_stride.head;
-  pre.o_batch = params.o_stride.batch;
-  pre.do_row = params.do_stride.row;
-  pre.do_head = params.do_stride.head;
-  pre.do_batch = params.do_stride.batch;
+  set_strides(pre.o_row, pre.o_head, pre.o_batch, params.o_stride);
+  set_strides(pre.do_row, pre.do_head, pre.do_batch, params.do_stride);
   // Shapes.
   pre.seqlen_q = s.seqlen_q;
   pre.seqlen_q_rounded = ws.seqlen_q_rounded;
@@ -212,9 +212,7 @@ void launch_bwd(const BwdParams& params, cudaStream_t stream, int32_t stages) {
   // dQ: the accumulator it reads and the output it writes, with its strides.
   post.dq_accum = views.dq_accum;
   post.dq = params.dq;
-  post.dq_row = params.dq_stride.row;
-  post.dq_head = params.dq_stride.head;
-  post.dq_batch = params.dq_stride.batch;
+  set_strides(post.dq_row, post.dq_head, post.dq_batch, params.dq_stride);
   post.aligned16 = aligned16(params.dq, params.dq_stride);
   post.scale = s.softmax_scale;
   // Shapes.
@@ -226,7 +224,7 @@ void launch_bwd(const BwdParams& params, cudaStream_t stream, int32_t stages) {
   // The main kernel's tiling and schedule, for the tiles' completion counts (semaphores) and accumulator runs.
   post.semaphores = views.semaphores;
   post.problem = bwd_problem<T>(params);
-  post.schedule = sched::resolve_schedule(params.schedule, bwd_problem<T>(params));
+  post.schedule = sched::resolve_schedule(params.schedule, post.problem);
   post.num_q_tiles = ws.num_q_tiles;
   if ((stages & BwdStage::kPostprocess) && ws.num_m_blocks > 0) {
     cudaLaunchAttribute overlap{};

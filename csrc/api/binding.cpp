@@ -79,12 +79,9 @@ void check_tensor(const at::Tensor& t, const char* name, const at::Tensor& like,
                     c10::toString(like.scalar_type()));
   TORCH_CHECK_VALUE(t.get_device() == like.get_device(), "dash_attn: ", name, " is on another device than q");
   // TMA descriptors need 16-byte aligned base addresses and strides.
-  TORCH_CHECK_VALUE(reinterpret_cast<uintptr_t>(t.data_ptr()) % 16 == 0, "dash_attn: ", name,
-                    " must be 16-byte aligned");
-  for (int i = 0; i < dims - 1; ++i) {
-    TORCH_CHECK_VALUE(t.stride(i) * t.element_size() % 16 == 0, "dash_attn: stride ", num(i), " of ", name,
-                      " must be a multiple of 16 bytes");
-  }
+  TORCH_CHECK_VALUE(dash::aligned16(t.data_ptr(), dims == 4 ? strides_of(t) : packed_strides_of(t),
+                                    static_cast<int64_t>(t.element_size())),
+                    "dash_attn: ", name, " must be 16-byte aligned (its address and strides in bytes multiples of 16)");
 }
 
 // The layouts the kernels take: batched (batch, seqlen, heads, headdim) or packed sequences (total_tokens, heads,
@@ -179,7 +176,7 @@ dash::AttnShape finish_shape(dash::AttnShape s, const at::Tensor& q, double soft
   TORCH_CHECK_VALUE(dash::kernel_head_dim(s) != 0, "dash_attn: head dims ", num(s.headdim), " (q, k) and ",
                     num(s.headdim_v), " (v) have no kernel: multiples of ", num(dash::kHeadDimMultiple),
                     " up to the largest built head dim");
-  TORCH_CHECK_VALUE(s.nheads_k > 0 && s.nheads % s.nheads_k == 0, "dash_attn: nheads (", num(s.nheads),
+  TORCH_CHECK_VALUE(dash::heads_grouped(s), "dash_attn: nheads (", num(s.nheads),
                     ") must be divisible by nheads_k (", num(s.nheads_k), ")");
   TORCH_CHECK_VALUE(std::isfinite(softcap) && softcap >= 0.0, "dash_attn: softcap must be finite and >= 0, got ",
                     num(softcap));
@@ -270,11 +267,10 @@ void run_fwd(dash::FwdParams& p, const char* what) {
 }
 
 void check_schedule_args(int64_t schedule, bool deterministic, int64_t sm_margin) {
-  const int64_t dynamic = static_cast<int64_t>(dash::ScheduleKind::kDynamic);
-  const int64_t last = static_cast<int64_t>(dash::ScheduleKind::kShiftCausalRuns);  // the last concrete id
-  TORCH_CHECK_VALUE(schedule >= 0 && schedule <= last, "dash_attn: schedule id ", num(schedule),
+  TORCH_CHECK_VALUE(dash::concrete_schedule(schedule), "dash_attn: schedule id ", num(schedule),
                     " is not a concrete schedule (auto is resolved in Python)");
-  TORCH_CHECK_VALUE(!(deterministic && schedule == dynamic), "dash_attn: schedule id ", num(schedule),
+  TORCH_CHECK_VALUE(dash::schedule_runs_in_mode(static_cast<dash::ScheduleKind>(schedule), deterministic),
+                    "dash_attn: schedule id ", num(schedule),
                     " (dynamic) has no fixed accumulation order: it runs only with deterministic=False");
   TORCH_CHECK_VALUE(sm_margin >= 0, "dash_attn: sm_margin must be >= 0");
 }

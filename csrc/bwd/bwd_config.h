@@ -228,18 +228,6 @@ struct BwdConfig<256> {
   }
 };
 
-// Whether every stride (in elements) of a (batch, seqlen, heads, d) tensor is a multiple of n.
-inline bool strides_multiple_of(const TensorStrides& s, int64_t n) {
-  return s.row % n == 0 && s.head % n == 0 && s.batch % n == 0;
-}
-
-// Whether a (batch, seqlen, heads, d) fp16/bf16 tensor allows 16-byte accesses (and TMA): the base and every stride
-// in bytes are multiples of 16.
-inline bool aligned16(const void* ptr, const TensorStrides& strides) {
-  constexpr int64_t kElemsPer16Bytes = 16 / 2;
-  return reinterpret_cast<uintptr_t>(ptr) % 16 == 0 && strides_multiple_of(strides, kElemsPer16Bytes);
-}
-
 // Whether a config reads the statistics through the tensor cores on some mask (RowStats::kGemmInit).
 template <class Cfg>
 constexpr bool uses_gemm_stats() {

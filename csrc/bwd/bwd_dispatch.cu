@@ -106,10 +106,12 @@ int dash_bwd_stages(const dash::BwdParams* params, int32_t stages, void* stream)
   if (params == nullptr || stages <= 0 || (stages & ~int32_t{dash::BwdStage::kAll}) != 0) return -1;
   const dash::BwdParams& p = *params;
   const dash::AttnShape& s = p.shape;
-  if (!(s.softcap >= 0.f) || p.schedule == dash::ScheduleKind::kAuto) return -1;
-  // kDynamic has no accumulation order (schedule/dynamic.h): it cannot run deterministically.
-  if (p.deterministic && p.schedule == dash::ScheduleKind::kDynamic) return -1;
-  if (s.batch <= 0 || s.nheads <= 0 || s.nheads_k <= 0 || s.nheads % s.nheads_k != 0) return -1;
+  if (!(s.softcap >= 0.f)) return -1;
+  if (!dash::concrete_schedule(static_cast<int64_t>(p.schedule)) ||
+      !dash::schedule_runs_in_mode(p.schedule, p.deterministic)) {
+    return -1;
+  }
+  if (s.batch <= 0 || s.nheads <= 0 || !dash::heads_grouped(s)) return -1;
   if (s.seqlen_q < 0 || s.seqlen_k < 0 || p.num_sms <= 0) return -1;
   if ((p.sink == nullptr) != (p.dsink == nullptr)) return -1;
   if (p.workspace_bytes < dash::bwd::bwd_workspace_layout(p, dash::kernel_head_dim(s)).total) {
@@ -118,8 +120,8 @@ int dash_bwd_stages(const dash::BwdParams* params, int32_t stages, void* stream)
   // dQ is written at least two elements (4 bytes) at a time. dK and dV leave by TMA where the kernel stages them
   // (DkDvEpilogue::kTmaStaged*) and get TMA's rule everywhere: 16-byte bases and strides, as the inputs (which arrive
   // by TMA). The binding asks 16 bytes of every tensor.
-  if (reinterpret_cast<uintptr_t>(p.dq) % 4 != 0 || !dash::bwd::strides_multiple_of(p.dq_stride, 2) ||
-      !dash::bwd::aligned16(p.dk, p.dk_stride) || !dash::bwd::aligned16(p.dv, p.dv_stride)) {
+  if (reinterpret_cast<uintptr_t>(p.dq) % 4 != 0 || !dash::strides_multiple_of(p.dq_stride, 2) ||
+      !dash::aligned16(p.dk, p.dk_stride) || !dash::aligned16(p.dv, p.dv_stride)) {
     return -1;
   }
   auto st = static_cast<cudaStream_t>(stream);

@@ -32,6 +32,17 @@ enum class ScheduleKind : int32_t {
   kAuto = 99,
 };
 
+// Whether a launch can take schedule id `id`: a concrete kind (kAuto is resolved on the host before any launch).
+inline bool concrete_schedule(int64_t id) {
+  return id >= 0 && id <= static_cast<int64_t>(ScheduleKind::kShiftCausalRuns);
+}
+
+// Whether a schedule runs in this mode: kDynamic has no accumulation order (schedule/dynamic.h), so it runs only
+// without determinism.
+inline bool schedule_runs_in_mode(ScheduleKind kind, bool deterministic) {
+  return !(deterministic && kind == ScheduleKind::kDynamic);
+}
+
 // Stages of one backward call, as bit flags for dash_bwd_stages. They exist so a profiler or the C++ benchmark can
 // time each kernel on its own; training always runs kAll through dash_bwd. Unscoped so that flags combine with `|`
 // into the int32_t mask of the C ABI; spell them dash::BwdStage::kMain to keep call sites readable.
@@ -49,6 +60,17 @@ struct TensorStrides {
   int64_t row = 0;
   int64_t head = 0;
 };
+
+// Whether every stride (in elements) of a (batch, seqlen, heads, d) tensor is a multiple of n.
+inline bool strides_multiple_of(const TensorStrides& s, int64_t n) {
+  return s.row % n == 0 && s.head % n == 0 && s.batch % n == 0;
+}
+
+// Whether a (batch, seqlen, heads, d) tensor of element_bytes-byte elements (the kernels' fp16/bf16: 2) allows
+// 16-byte accesses, as TMA needs: its base and every stride in bytes are multiples of 16.
+inline bool aligned16(const void* ptr, const TensorStrides& strides, int64_t element_bytes = 2) {
+  return reinterpret_cast<uintptr_t>(ptr) % 16 == 0 && strides_multiple_of(strides, 16 / element_bytes);
+}
 
 struct AttnShape {
   int32_t batch = 0;
@@ -69,6 +91,9 @@ struct AttnShape {
 
 // The head dim of v, o, dout and dv.
 inline int32_t value_head_dim(const AttnShape& s) { return s.headdim_v > 0 ? s.headdim_v : s.headdim; }
+
+// Whether the query heads split evenly into groups of one KV head each (MQA/GQA).
+inline bool heads_grouped(const AttnShape& s) { return s.nheads_k > 0 && s.nheads % s.nheads_k == 0; }
 
 // Packed sequences (FlashAttention's varlen layout). When cu_seqlens_q is set, q, o, dq and dout are
 // (total_q, nheads, d) and k, v, dk and dv (total_k, nheads_k, d): sequence b owns rows [cu_seqlens[b],

@@ -105,7 +105,7 @@ extern "C" int dash_fwd(const dash::FwdParams* params, void* stream) {
   if (params == nullptr) { return -1; }
   dash::AttnShape const& s = params->shape;
   if (!(s.softcap >= 0.f)) { return -1; }  // 0 = off; negative or NaN is a caller bug
-  if (s.nheads_k <= 0 || s.nheads % s.nheads_k != 0) { return -1; }
+  if (!dash::heads_grouped(s)) { return -1; }
   if (params->lse == nullptr || params->o == nullptr) { return -1; }
   int const status = dispatch_headdim(*params, static_cast<cudaStream_t>(stream));
   if (status != 0) { return status; }

@@ -10,8 +10,9 @@ in the schedule's band: a condition on the schedule's diagonal only, as the band
 bound needs the schedule's diagonal at or right of the sequence's, a left bound at or left of it, each relaxed where
 the sequence's own edges end its band first (its last key before the right edge of its first row's band, its first
 key after the left edge of its last row's). Bounds above the longest lengths move the diagonal: a larger max_k moves it
-right, a larger max_q left; the tiles they add are masked for every sequence. Diagonals that no single band holds (a two-sided window over
-sequences of different diagonals) need one launch per group of sequences that one band does hold.
+right, a larger max_q left; the tiles they add are masked for every sequence. Diagonals that no single band holds (a
+two-sided window over sequences of different diagonals) need one launch per group of sequences that one band does
+hold.
 """
 from __future__ import annotations
 

@@ -236,8 +236,9 @@ def row_statistic_error_bound(dout, q, k, v, out, lse, softmax_scale=None, causa
                               softcap=0.0, rel=2.0**-16, compute_dtype=torch.float32):
     """Largest error of dq and dk (elementwise bounds, in compute_dtype) when D = rowsum(dO * O) is carried to relative
     precision `rel`: dS = P * (dP - D) then errs by at most P * |D| * rel, so dQ by scale * (P |D| rel) |K| and dK by
-    scale * (P |D| rel)^T |Q| (soft-capping's factor 1 - tanh^2 only shrinks them). Where one key cancels exactly (dS = 0) this is the whole error of such a kernel, and a
-    PyTorch baseline that forms D as sum(P * dP) has none, so the bound is the floor such cases are checked against."""
+    scale * (P |D| rel)^T |Q| (soft-capping's factor 1 - tanh^2 only shrinks them). Where one key cancels exactly
+    (dS = 0) this is the whole error of such a kernel, and a PyTorch baseline that forms D as sum(P * dP) has none, so
+    the bound is the floor such cases are checked against."""
     nheads_k = k.shape[2]
     if softmax_scale is None:
         softmax_scale = _default_scale(q.shape[-1])

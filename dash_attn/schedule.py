@@ -80,7 +80,7 @@ _CHOOSE_VISIT_BUDGET = 400_000
 def tile_shape(hdim: int, mask: str = "full") -> Tuple[int, int]:
     """(block_m, block_n) of the backward kernel for a head dimension. The torch binding asks the compiled kernel
     (dash_bwd_tile_shape) when it is present; this table is the CPU-side default."""
-    del mask  # one shape per head dim for now; kept in the signature because the kernel's table is per mask
+    del mask  # the tiles depend on the head dim alone; the argument mirrors dash_bwd_tile_shape's (headdim, mask)
     if hdim <= 64:
         return 128, 128
     if hdim <= 128:

@@ -1,8 +1,8 @@
 """The extension's own argument checks (dash_attn._C), reached directly rather than through the Python API, which
 validates first: each must raise ValueError naming the problem, never crash the process.
 
-Each call runs in a subprocess, so that a crash fails its test instead of taking the test run down with it: a
-message that streamed an integer through c10::str once crashed with SIGSEGV on the H200 machine (2026-12-01).
+Each call runs in a subprocess, so that a crash fails its test instead of taking the test run down with it: with
+torch 2.11.0+cu130 a message that streams an integer through c10::str crashes with SIGSEGV (csrc/api/binding.cpp: num).
 """
 import subprocess
 import sys

@@ -135,8 +135,8 @@ struct BwdConfig<128> {
                                        : RowStats::kShuffle;
   }
   // Per warpgroup, except the full-mask kernels without kGemmInit (soft-capped): with kGemmInit and two step bodies
-  // per-warpgroup operands spill least and run fastest at full, while the shuffled-statistics full kernel ran slower
-  // per warpgroup with no more spills (not understood).
+  // per-warpgroup operands spill least and run fastest at full, while the shuffled-statistics full kernel runs
+  // slower per warpgroup with no more spills (not understood).
   static constexpr OperandPartition operand_partition(MaskKind mask, RowStats stats) {
     return mask == MaskKind::kFull && stats != RowStats::kGemmInit ? OperandPartition::kPerThread
                                                                    : OperandPartition::kPerWarpGroup;

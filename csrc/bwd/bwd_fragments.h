@@ -117,7 +117,7 @@ CUTLASS_DEVICE constexpr auto accumulator_as_a_operand(Layout const& acc) {
 // The thread holds each of its query columns in several rows (r and r + 8 of every 16-row block), so each column's
 // value is loaded once into a register slot: slot = c + 2 * (g + G * n) for element coordinate ((c, r, g), m, n),
 // two adjacent columns per 8-byte load. From shared memory (RowStats::kSharedMemory) they are loaded right after the
-// GEMM wait that needs them: loading them earlier, while the WGMMA runs, kept them live across it and pushed the
+// GEMM wait that needs them: loading them earlier, while the WGMMA runs, would keep them live across it and push the
 // consumers into spilling (measured slower). Shuffled ones (kShuffle) are fetched while the GEMMs run (consumer_loop).
 template <class AccLayout>
 struct AccColumns {

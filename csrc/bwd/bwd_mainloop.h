@@ -421,8 +421,8 @@ CUTLASS_DEVICE void consumer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<
                            (T::kMask == MaskKind::kWindow && cuts_window(diagonal));
     // The rest of the step, once per body (BwdConfig::masked_steps). With two bodies this loop unrolls into a
     // masked and an unmasked copy, `body_masked` a constant in each, and a step runs the copy of its tile's kind; with
-    // one it runs once with the tile's need_mask. (A lambda per body instead changed the SASS of the one-body
-    // kernels too.)
+    // one it runs once with the tile's need_mask. (A lambda per body would change the SASS of the one-body kernels
+    // too.)
     constexpr int kBodies = T::kTwoStepBodies ? 2 : 1;
     CUTLASS_PRAGMA_UNROLL
     for (int body = 0; body < kBodies; ++body) {
@@ -444,7 +444,8 @@ CUTLASS_DEVICE void consumer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<
       detail::issue_s_dp<T>(mma_sdp, tSrK, tSrQ, tSrV, tSrdO, stage, tSrS, tdPrdP, ss, gemm_stats, shuffle_lse,
                             lse_lanes);
       // At most the two groups just issued are pending here (every step ends with its dK GEMM complete), so this
-      // wait returns at once. It and the fences stay: without them the kernels compile differently (not measured).
+      // wait returns at once. It and the fences are kept: without them the kernels compile to other code, whose speed
+      // is unknown.
       warpgroup_wait<2>();
       warpgroup_fence_operand(tdKrdK);
       if constexpr (T::kDkFromRegs) warpgroup_fence_operand(rdS);

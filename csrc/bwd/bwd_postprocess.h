@@ -7,7 +7,8 @@
 // CTA waits only for its own tile: the tile's semaphore reaching its number of contributing KV tiles means every add
 // into it has completed (the writer counts an add only after its bulk reduce completed, bwd_dq_writer.h). Head-major
 // schedules finish heads wave by wave, so most tiles are converted during the main kernel's last, partial wave.
-// Counting the non-deterministic adds this way made that mode faster at short causal sequences (docs/tuning.md).
+// The non-deterministic adds are counted as well, though that mode needs no order, because the overlap makes it
+// faster at short causal sequences (docs/tuning.md).
 #pragma once
 #include "bwd/bwd_dq_writer.h"
 

@@ -177,9 +177,9 @@ CUTLASS_DEVICE void producer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<
         const int32_t flags = (t == first_t ? VisitRecord::kFirst : 0) | (t == last_t ? VisitRecord::kLast : 0) | piece |
                               ((target_run >> 30) != 0 ? VisitRecord::kRun1 : 0);
         // kDynamic elects each dQ tile's first add as the visit is loaded (not when the lanes evaluate 32 steps
-        // ahead, which gave a tile's later Q tiles to whoever evaluated them first): the first visit loaded stores
-        // (wait target 0), every later one adds after that store (bwd_dq_writer.h). A CTA loads its visits in its
-        // execution order, so every add waits only for an earlier election: no cycle, whatever the claims. The
+        // ahead, which would give a tile's later Q tiles to whoever evaluated them first): the first visit loaded
+        // stores (wait target 0), every later one adds after that store (bwd_dq_writer.h). A CTA loads its visits in
+        // its execution order, so every add waits only for an earlier election: no cycle, whatever the claims. The
         // atomic's latency overlaps next_stage's wait for the stage.
         int32_t target = wait_target;
         if constexpr (ScheduleRef::claims_units<T>()) {

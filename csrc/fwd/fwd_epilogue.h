@@ -98,7 +98,7 @@ struct FwdEpilogue {
     auto const lse = softmax.finalize(o_rc, p.softmax_scale, sink);
     // The sequence's rows; O and LSE from its row 0. LSE is (batch, nheads, seqlen_q) for batched sequences and
     // (nheads, total_q) for packed ones.
-    // Read where it is used: read once ahead of the O store, it changed the batched kernels' code.
+    // Read where it is used: read once ahead of the O store, it would change the batched kernels' code.
     auto seqlen_q = [&] { return Traits::kPacked ? rows.len_q : p.seqlen_q; };
     auto from_registers = [&] {
       Element* const o_seq = Traits::kPacked

@@ -38,7 +38,8 @@ struct FwdKernel {
   CUTLASS_DEVICE static SeqRows tile_rows(Params const& params, int batch) {
     return seq_rows<Traits::kLayout>(params.packed, batch, params.mainloop.seqlen_q, params.mainloop.seqlen_k);
   }
-  // The lengths the mask arithmetic takes: the parameters themselves for batched sequences (their code unchanged).
+  // The lengths the mask arithmetic takes: the parameters themselves for batched sequences, so that their code does
+  // not depend on the packed layout's existence.
   CUTLASS_DEVICE static decltype(auto) lens_of(Params const& params, SeqRows const& rows) {
     if constexpr (Traits::kPacked) {
       return SeqLens{rows.len_q, rows.len_k};

@@ -106,24 +106,10 @@ def _environment_problem() -> Optional[str]:
     return None
 
 
-def _dtype_built(dtype: torch.dtype, head_dim: int) -> bool:
-    """The binding has no query for its dtypes: a one-row forward answers (dash_attn._C refuses a dtype it was
-    built without with a ValueError saying 'is not built')."""
-    from dash_attn import flash_attn_func
-    q = torch.zeros(1, 1, 1, head_dim, dtype=dtype, device="cuda")
-    try:
-        flash_attn_func(q, q, q)
-    except ValueError as exc:
-        if "is not built" in str(exc):
-            return False
-        raise
-    return True
-
-
 def _built() -> Build:
     from dash_attn import _ext
     head_dims = tuple(_ext._supported_head_dims())
-    dtypes = tuple(name for dtype, name in DTYPE_NAMES.items() if _dtype_built(dtype, head_dims[0]))
+    dtypes = tuple(DTYPE_NAMES[dtype] for dtype in _ext._supported_dtypes())
     return Build(head_dims, dtypes, _ext._softcap_built())
 
 

@@ -112,7 +112,7 @@ class DashImpl(Impl):
             self.key = f"dash_det_{schedule}"
             self.label = f"dash det:{SCHEDULE_SHORT.get(schedule, schedule)}"
             self.time_fwd = False  # the forward has no schedule; the non-deterministic column times it
-        elif schedule == "auto":
+        elif schedule == schedules_table.AUTO:
             self.key = "dash_nondet"  # the reference of the det/non-det ratios
             self.label = "dash nd"
         else:
@@ -304,11 +304,11 @@ def build_impls(schedules, peer_keys, with_dash=True, sm_margin=0, nondet_schedu
     `sink` the non-det and det (auto) calls with a learnable sink, then the requested peers."""
     impls = []
     if with_dash:
-        impls.append(DashImpl(False, "auto", sm_margin))
+        impls.append(DashImpl(False, schedules_table.AUTO, sm_margin))
         impls.extend(DashImpl(False, s, sm_margin) for s in nondet_schedules)
         impls.extend(DashImpl(True, s, sm_margin) for s in schedules)
         if sink:
-            impls.extend(DashImpl(det, "auto", sm_margin, sink=True) for det in (False, True))
+            impls.extend(DashImpl(det, schedules_table.AUTO, sm_margin, sink=True) for det in (False, True))
     makers = {
         "cudnn": lambda: SdpaImpl("cudnn"),
         "fa2": lambda: SdpaImpl("fa2"),

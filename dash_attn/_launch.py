@@ -12,7 +12,7 @@ import torch
 from . import validation
 from ._args import MaskKind, OpArgs
 from ._ext import _bwd_tile_shape, _check_cuda, _device_guard, _held_head_dim, _kernel_head_dim, _l2_bytes, _num_sms
-from .schedules_table import FALLBACK_SCHEDULE, SCHEDULE_IDS
+from .schedules_table import AUTO, FALLBACK_SCHEDULE, SCHEDULE_IDS
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -45,9 +45,9 @@ def _resolve_schedule_for(args: OpArgs, device: torch.device, batch: int, seqlen
     # A deterministic `dynamic` is refused once in Python, by the public functions (validation.check_schedule_mode);
     # a direct call of the ops meets the binding's check before any launch (csrc/api/binding.cpp).
     schedule, mask = args.schedule, args.mask
-    if schedule == "auto" and args.deterministic:
+    if schedule == AUTO and args.deterministic:
         schedule = validation.INVARIANT_SCHEDULES[MaskKind(mask).name.lower()]
-    if schedule == "auto":
+    if schedule == AUTO:
         block_m, block_n = _bwd_tile_shape(headdim, mask)
         ctas = max(1, _num_sms(device.index) - args.sm_margin)
         window = args.window if mask == MaskKind.WINDOW else None
@@ -59,7 +59,7 @@ def _resolve_schedule_for(args: OpArgs, device: torch.device, batch: int, seqlen
 def _with_varlen_schedule(args: OpArgs) -> OpArgs:
     """A varlen call's arguments: deterministic `auto` takes the varlen invariant pick for the mask, the same for the
     packed kernels and for runs of equal lengths, so that neither the path nor the neighbours change the bits."""
-    if args.schedule == "auto" and args.deterministic:
+    if args.schedule == AUTO and args.deterministic:
         return args._replace(schedule=validation.INVARIANT_VARLEN_SCHEDULES[MaskKind(args.mask).name.lower()])
     return args
 

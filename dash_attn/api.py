@@ -11,7 +11,7 @@ from . import _sinks, validation
 from ._chunked import chunked_attention, chunked_varlen_attention
 from .interface import EagerAttention, EagerVarlenAttention, OpArgs, eager_cuda, fwd_op, mask_args
 from .interface import resolve_deterministic, varlen_fwd_op
-from .schedules_table import NONDETERMINISTIC_SCHEDULES, SCHEDULES
+from .schedules_table import AUTO, NONDETERMINISTIC_SCHEDULES, SCHEDULES
 
 __all__ = ["flash_attn_func", "flash_attn_qkvpacked_func", "flash_attn_kvpacked_func", "flash_attn_varlen_func",
            "flash_attn_varlen_qkvpacked_func", "flash_attn_varlen_kvpacked_func", "SCHEDULES",
@@ -109,7 +109,7 @@ def _varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seq
 @validation.public_entry
 def flash_attn_func(q, k, v, softmax_scale=None, causal=False, qv=None, q_descale=None, k_descale=None,
                     v_descale=None, window_size=(-1, -1), attention_chunk=0, softcap=0.0, num_splits=1, pack_gqa=None,
-                    deterministic=None, sm_margin=0, return_attn_probs=False, *, schedule="auto",
+                    deterministic=None, sm_margin=0, return_attn_probs=False, *, schedule=AUTO,
                     learnable_sink=None):
     """Scaled dot-product attention with FlashAttention-3's interface.
 
@@ -152,7 +152,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
                            seqused_k=None, softmax_scale=None, causal=False, qv=None, q_descale=None, k_descale=None,
                            v_descale=None, window_size=(-1, -1), attention_chunk=0, softcap=0.0, num_splits=1,
                            pack_gqa=None, deterministic=None, sm_margin=0, return_attn_probs=False, *,
-                           schedule="auto", learnable_sink=None):
+                           schedule=AUTO, learnable_sink=None):
     """Attention over sequences packed along dim 0 (FlashAttention-3's varlen interface).
 
     q: (total_q, nheads, headdim); k, v: (total_k, nheads_k, headdim); cu_seqlens_q/k: int32 (batch + 1,) prefix sums
@@ -187,7 +187,7 @@ def flash_attn_varlen_func(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, ma
 @validation.public_entry
 def flash_attn_qkvpacked_func(qkv, softmax_scale=None, causal=False, q_descale=None, k_descale=None, v_descale=None,
                               window_size=(-1, -1), attention_chunk=0, softcap=0.0, deterministic=None,
-                              num_heads_q=None, sm_margin=0, return_attn_probs=False, *, schedule="auto",
+                              num_heads_q=None, sm_margin=0, return_attn_probs=False, *, schedule=AUTO,
                               learnable_sink=None):
     """flash_attn_func on q, k, v packed in one tensor (FlashAttention-3's qkvpacked interface).
 
@@ -211,7 +211,7 @@ def flash_attn_qkvpacked_func(qkv, softmax_scale=None, causal=False, q_descale=N
 @validation.public_entry
 def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=False, window_size=(-1, -1),
                              softcap=0.0, alibi_slopes=None, deterministic=None, return_attn_probs=False, *,
-                             sm_margin=0, schedule="auto", learnable_sink=None, **fa3_options):
+                             sm_margin=0, schedule=AUTO, learnable_sink=None, **fa3_options):
     """flash_attn_func with k and v packed in one tensor (FlashAttention-2's kvpacked interface).
 
     q: (batch, seqlen_q, nheads, headdim); kv: (batch, seqlen_k, 2, nheads_k, headdim). Other arguments and the
@@ -227,7 +227,7 @@ def flash_attn_kvpacked_func(q, kv, dropout_p=0.0, softmax_scale=None, causal=Fa
 @validation.public_entry
 def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0, softmax_scale=None, causal=False,
                                      window_size=(-1, -1), softcap=0.0, alibi_slopes=None, deterministic=None,
-                                     return_attn_probs=False, *, num_heads_q=None, sm_margin=0, schedule="auto",
+                                     return_attn_probs=False, *, num_heads_q=None, sm_margin=0, schedule=AUTO,
                                      learnable_sink=None, **fa3_options):
     """flash_attn_varlen_func on packed sequences whose q, k, v share one tensor (FlashAttention-2's interface).
 
@@ -246,7 +246,7 @@ def flash_attn_varlen_qkvpacked_func(qkv, cu_seqlens, max_seqlen, dropout_p=0.0,
 def flash_attn_varlen_kvpacked_func(q, kv, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, dropout_p=0.0,
                                     softmax_scale=None, causal=False, window_size=(-1, -1), softcap=0.0,
                                     alibi_slopes=None, deterministic=None, return_attn_probs=False, *, sm_margin=0,
-                                    schedule="auto", learnable_sink=None, **fa3_options):
+                                    schedule=AUTO, learnable_sink=None, **fa3_options):
     """flash_attn_varlen_func with k and v packed in one tensor (FlashAttention-2's interface).
 
     q: (total_q, nheads, headdim); kv: (total_k, 2, nheads_k, headdim). Other arguments and the result as in

@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 
 from ._args import MaskKind, OpArgs
+from .schedules_table import AUTO
 
 __all__ = ["shard_sequence", "unshard_sequence", "ring_attn_func", "simulate"]
 
@@ -79,7 +80,7 @@ class _Step:
         """The ops' scalar arguments for one (Q chunk, KV chunk) pair of this mask."""
         return OpArgs(softmax_scale=self.scale, mask=int(mask), window_left=-1,
                       window_right=0 if mask == MaskKind.CAUSAL else -1, softcap=0.0,
-                      deterministic=self.deterministic, schedule="auto", sm_margin=self.sm_margin)
+                      deterministic=self.deterministic, schedule=AUTO, sm_margin=self.sm_margin)
 
     def forward(self, q_parts, kv_parts, q_chunks, kv_chunks, acc):
         """Adds this step's partial outputs into acc[i] = (out fp32, lse fp32 (batch, seqlen, heads, 1))."""

@@ -7,7 +7,7 @@ dQ/dK/dV need nothing more than that lse, and its preprocess computes d sink_h =
 rowsum(dO * O) from the D it computes anyway, summed in a fixed order (csrc/bwd/bwd_preprocess.h): deterministic in
 both modes. CPU tensors run the reference math (dash_attn.reference), d sink summed by torch on the host. These calls
 run through the autograd.Functions below, not the registered custom ops (dash_attn/_ops.py), whose schemas have no
-sink: torch.compile runs them eagerly (a graph break).
+sink (torch.compile with a sink is untested on CUDA).
 """
 from __future__ import annotations
 

@@ -295,3 +295,17 @@ def test_sink_with_attention_chunk_is_refused(call):
     q, k, v = qkv()
     with pytest.raises(ValueError, match="learnable_sink with attention_chunk=4 is not supported"):
         call(q, k, v, torch.zeros(4))
+
+
+@pytest.mark.parametrize("used", [None, (2, 0, 1)])
+def test_rows_without_keys_take_the_sink_as_lse(used):
+    """A varlen call whose sequences have no keys launches no kernel: the rows in use get lse = sink (the reference's
+    value), the rows past seqused keep -inf."""
+    from dash_attn import _varlen
+    cu_q = torch.tensor([0, 3, 4, 6], dtype=torch.int32)
+    sink = torch.tensor([0.5, -2.0])
+    lse = torch.full((2, 6), float("-inf"))
+    _varlen._fill_sink_lse(lse, sink, cu_q, None if used is None else torch.tensor(used, dtype=torch.int32))
+    in_use = torch.tensor([True] * 6) if used is None else torch.tensor([True, True, False, False, True, False])
+    expected = torch.where(in_use, sink.view(-1, 1), torch.tensor(float("-inf")))
+    assert torch.equal(lse, expected)

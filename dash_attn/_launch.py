@@ -104,6 +104,21 @@ def _run_fwd(ext, q, k, v, out, lse, args: OpArgs, sink=None) -> None:
         ext.fwd(q, k, v, out_rows, lse, *args.kernel_args, sink)
 
 
+def fwd_cuda(q, k, v, args: OpArgs, sink=None) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The CUDA forward into new out and lse (args already for the call's lengths: OpArgs.for_lengths)."""
+    out = _out_like(q, v)
+    lse = torch.empty(_lse_shape(q), dtype=torch.float32, device=q.device)
+    _launch_fwd(q, k, v, out, lse, args, sink)
+    return out, lse
+
+
+def bwd_cuda(dout, q, k, v, out, lse, args: OpArgs, sink=None, dsink=None) -> Tuple[torch.Tensor, ...]:
+    """The CUDA backward into new dq, dk, dv (and the given dsink), as fwd_cuda."""
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    _launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, args, sink, dsink)
+    return dq, dk, dv
+
+
 def _launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, args: OpArgs, sink=None, dsink=None) -> None:
     """CUDA backward into preallocated dq/dk/dv (and dsink, float32 (nheads,), with a sink); "auto" is resolved here,
     before the launch."""

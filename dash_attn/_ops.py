@@ -9,7 +9,7 @@ import torch
 from torch.utils import _python_dispatch
 
 from ._args import OpArgs, _reference_dtype
-from ._launch import _launch_bwd, _launch_fwd, _lse_shape, _out_like
+from ._launch import _lse_shape, _out_like, bwd_cuda, fwd_cuda
 from ._varlen import (_check_varlen, _runs_unplanned, _unplanned_bounds, _varlen_bwd_cuda, _varlen_bwd_unplanned,
                       _varlen_fwd_cuda, _varlen_fwd_unplanned)
 from .reference import attention_bwd_ref, attention_bwd_ref_varlen, attention_ref, attention_ref_varlen
@@ -24,15 +24,14 @@ def _fwd_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: 
               sm_margin: int) -> Tuple[torch.Tensor, torch.Tensor]:
     args = OpArgs(softmax_scale, mask, window_left, window_right, softcap, deterministic, schedule, sm_margin)
     args = args.for_lengths(q.shape[1], k.shape[1])
+    if q.device.type != "cpu":
+        return fwd_cuda(q, k, v, args)
     out = _out_like(q, v)
     lse = torch.empty(_lse_shape(q), dtype=torch.float32, device=q.device)
-    if q.device.type == "cpu":
-        ref_out, ref_lse = attention_ref(q, k, v, args.softmax_scale, False, args.window, args.softcap,
-                                         return_lse=True, compute_dtype=_reference_dtype(q.dtype))
-        out.copy_(ref_out)
-        lse.copy_(ref_lse)
-        return out, lse
-    _launch_fwd(q, k, v, out, lse, args)
+    ref_out, ref_lse = attention_ref(q, k, v, args.softmax_scale, False, args.window, args.softcap, return_lse=True,
+                                     compute_dtype=_reference_dtype(q.dtype))
+    out.copy_(ref_out)
+    lse.copy_(ref_lse)
     return out, lse
 
 
@@ -50,25 +49,24 @@ def _bwd_impl(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
               sm_margin: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     args = OpArgs(softmax_scale, mask, window_left, window_right, softcap, deterministic, schedule, sm_margin)
     args = args.for_lengths(q.shape[1], k.shape[1])
+    if q.device.type != "cpu":
+        return bwd_cuda(dout, q, k, v, out, lse, args)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    if q.device.type == "cpu":
-        # The reference backward recomputes out and lse in the compute dtype: the saved float32 lse would cap the
-        # accuracy of float64 gradcheck.
-        compute_dtype = _reference_dtype(q.dtype)
-        ref_out, ref_lse = attention_ref(q, k, v, args.softmax_scale, False, args.window, args.softcap,
-                                         return_lse=True, compute_dtype=compute_dtype)
-        # The given out and lse rule, as in the kernels: a caller may pass those of a larger attention (the
-        # context-parallel path does). Rows whose lse is the float32 rounding of this call's own take the
-        # recomputed values, which keep the precision float32 storage dropped.
-        own = ref_lse.to(lse.dtype) == lse
-        ref_lse = torch.where(own, ref_lse, lse.to(compute_dtype))
-        ref_out = torch.where(own.transpose(1, 2).unsqueeze(-1), ref_out, out.to(compute_dtype))
-        grads = attention_bwd_ref(dout, q, k, v, ref_out, ref_lse, args.softmax_scale, False, args.window,
-                                  args.softcap, compute_dtype)
-        for dst, src in zip((dq, dk, dv), grads):
-            dst.copy_(src)
-        return dq, dk, dv
-    _launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, args)
+    # The reference backward recomputes out and lse in the compute dtype: the saved float32 lse would cap the
+    # accuracy of float64 gradcheck.
+    compute_dtype = _reference_dtype(q.dtype)
+    ref_out, ref_lse = attention_ref(q, k, v, args.softmax_scale, False, args.window, args.softcap,
+                                     return_lse=True, compute_dtype=compute_dtype)
+    # The given out and lse rule, as in the kernels: a caller may pass those of a larger attention (the
+    # context-parallel path does). Rows whose lse is the float32 rounding of this call's own take the
+    # recomputed values, which keep the precision float32 storage dropped.
+    own = ref_lse.to(lse.dtype) == lse
+    ref_lse = torch.where(own, ref_lse, lse.to(compute_dtype))
+    ref_out = torch.where(own.transpose(1, 2).unsqueeze(-1), ref_out, out.to(compute_dtype))
+    grads = attention_bwd_ref(dout, q, k, v, ref_out, ref_lse, args.softmax_scale, False, args.window,
+                              args.softcap, compute_dtype)
+    for dst, src in zip((dq, dk, dv), grads):
+        dst.copy_(src)
     return dq, dk, dv
 
 

@@ -17,7 +17,7 @@ import torch
 
 from . import validation
 from ._args import OpArgs, _reference_dtype
-from ._launch import _launch_bwd, _launch_fwd, _lse_shape, _out_like
+from ._launch import bwd_cuda, fwd_cuda
 from ._ops import _last_dim_contiguous, varlen_bwd_launch, varlen_fwd_launch
 from ._varlen import _check_varlen, _checked_host_lists
 from .reference import attention_bwd_ref, attention_bwd_ref_varlen, attention_ref, attention_ref_varlen
@@ -58,9 +58,7 @@ class _CudaSinkAttention(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, k, v, learnable_sink, args: OpArgs):
         args = args.for_lengths(q.shape[1], k.shape[1])
-        out = _out_like(q, v)
-        lse = torch.empty(_lse_shape(q), dtype=torch.float32, device=q.device)
-        _launch_fwd(q, k, v, out, lse, args, learnable_sink)
+        out, lse = fwd_cuda(q, k, v, args, learnable_sink)
         ctx.save_for_backward(q, k, v, out, lse, learnable_sink)
         ctx.args = args
         ctx.mark_non_differentiable(lse)
@@ -69,8 +67,8 @@ class _CudaSinkAttention(torch.autograd.Function):
     @staticmethod
     def backward(ctx, dout, dlse):
         q, k, v, out, lse, learnable_sink = ctx.saved_tensors
-        dq, dk, dv, dsink = (torch.empty_like(t) for t in (q, k, v, learnable_sink))
-        _launch_bwd(_last_dim_contiguous(dout), q, k, v, out, lse, dq, dk, dv, ctx.args, learnable_sink, dsink)
+        dsink = torch.empty_like(learnable_sink)
+        dq, dk, dv = bwd_cuda(_last_dim_contiguous(dout), q, k, v, out, lse, ctx.args, learnable_sink, dsink)
         return dq, dk, dv, dsink, None
 
 

@@ -105,3 +105,18 @@ def poison_allocator(nbytes=1 << 30, small_blocks=256):
     small = [torch.full((1 << 17,), float("nan"), device="cuda") for _ in range(small_blocks)]  # 512 KiB each
     torch.cuda.synchronize()
     del big, small
+
+
+def capture(step, warmups=1):
+    """(graph, step's results) of `step` captured in a CUDA graph after `warmups` runs on a side stream: imports, the
+    schedule choice and the allocator's pools happen outside the capture."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(warmups):
+            step()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        results = step()
+    return graph, results

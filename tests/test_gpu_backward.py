@@ -15,7 +15,8 @@ import torch
 
 import dash_attn
 from gpu_common import (exact_float32_matmul, supported_head_dims, main_head_dim,  # noqa: F401 (fixture)
-                        assert_grads_within, assert_compiled_step_matches_eager, poison_allocator, DET_SCHEDULES)
+                        assert_grads_within, assert_compiled_step_matches_eager, capture, poison_allocator,
+                        DET_SCHEDULES)
 from dash_attn.reference import attention_bwd_ref, attention_ref, row_statistic_error_bound
 
 pytestmark = pytest.mark.gpu
@@ -254,15 +255,7 @@ def test_cuda_graph_capture_of_forward_backward(deterministic):
         out = dash_attn.flash_attn_func(*static, causal=True, deterministic=deterministic)
         return (out,) + torch.autograd.grad(out, static, static_dout)
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):  # warm-up outside capture: imports, schedule choice, allocator pools
-        for _ in range(3):
-            step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        captured = step()
+    graph, captured = capture(step, warmups=3)
 
     new_q, new_k, new_v, new_dout = make_inputs(2, 513, 513, 8, 2, headdim, torch.bfloat16, seed=SEED + 1)
     with torch.no_grad():

@@ -18,7 +18,7 @@ import dash_attn
 from dash_attn import device_seqlens, interface
 from dash_attn.reference import attention_bwd_ref_varlen, attention_ref_varlen
 from api_common import patch_interface
-from gpu_common import assert_grads_within, assert_out_lse_within, main_head_dim, supported_head_dims
+from gpu_common import assert_grads_within, assert_out_lse_within, capture, main_head_dim, supported_head_dims
 
 pytestmark = pytest.mark.gpu
 
@@ -54,15 +54,7 @@ class CapturedStep:
         self.dout = dout
         self.cu = _cu(LENGTHS["captured"])
         self.causal, self.deterministic = causal, deterministic
-        side = torch.cuda.Stream()
-        side.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(side):  # warm-up outside the capture: imports, schedule choice, allocator pools
-            for _ in range(2):
-                self._step()
-        torch.cuda.current_stream().wait_stream(side)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            self.results = self._step()
+        self.graph, self.results = capture(self._step, warmups=2)
 
     def _step(self):
         out, lse = dash_attn.flash_attn_varlen_func(*self.leaves, self.cu, self.cu, BOUND, BOUND, causal=self.causal,
@@ -157,14 +149,7 @@ def test_capture_runs_other_head_dims_on_padded_copies(headdim):
                                                     return_attn_probs=True)
         return (out, lse) + torch.autograd.grad(out, leaves, dout)
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        results = step()
+    graph, results = capture(step)
     graph.replay()
     torch.cuda.synchronize()
     _assert_matches_reference([t.clone() for t in results], cu, [q.detach(), k.detach(), v.detach(), dout], True)

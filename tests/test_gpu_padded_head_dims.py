@@ -82,17 +82,27 @@ def test_padded_head_dim_matches_reference(seqlen_q, seqlen_k, deterministic, ca
     check_against_reference(*make_inputs(2, seqlen_q, seqlen_k, 4, 2, headdim, dtype), causal, deterministic)
 
 
-@pytest.mark.parametrize("deterministic", [True, False], ids=["det", "nondet"])
-@pytest.mark.parametrize("options", [dict(window_size=(100, 20)), dict(softcap=5.0),
-                                     dict(window_size=(64, 0), softcap=2.0)], ids=["window", "softcap", "both"])
-@pytest.mark.parametrize("headdim", PADDED)
-def test_padded_head_dim_windows_and_softcap(deterministic, options, headdim):
+# Windows and soft-capping, each and together (check_windows_and_softcap).
+BAND_OPTIONS = pytest.mark.parametrize(
+    "options", [dict(window_size=(100, 20)), dict(softcap=5.0), dict(window_size=(64, 0), softcap=2.0)],
+    ids=["window", "softcap", "both"])
+
+
+def check_windows_and_softcap(headdim, deterministic, options):
+    """check_against_reference of a 513 x 513 bf16 call with `options`; soft-capped calls get boosted scores."""
     if options.get("softcap") and not softcap_built():
         pytest.skip("extension built with DASH_ATTN_SOFTCAP=0")
     q, k, v, dout = make_inputs(2, 513, 513, 4, 2, headdim, torch.bfloat16)
     if options.get("softcap"):
         q, k = (t.float().mul(SOFTCAP_SCORE_BOOST).to(t.dtype) for t in (q, k))
     check_against_reference(q, k, v, dout, False, deterministic, **options)
+
+
+@pytest.mark.parametrize("deterministic", [True, False], ids=["det", "nondet"])
+@BAND_OPTIONS
+@pytest.mark.parametrize("headdim", PADDED)
+def test_padded_head_dim_windows_and_softcap(deterministic, options, headdim):
+    check_windows_and_softcap(headdim, deterministic, options)
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])

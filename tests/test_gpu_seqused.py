@@ -16,7 +16,8 @@ import torch
 import dash_attn
 from dash_attn import _seq_bands, interface
 from dash_attn.reference import attention_bwd_ref_varlen, attention_ref_varlen
-from gpu_common import assert_grads_within, assert_out_lse_within, main_head_dim, poison_allocator, supported_head_dims
+from gpu_common import (assert_grads_within, assert_out_lse_within, capture, main_head_dim, poison_allocator,
+                        supported_head_dims)
 
 pytestmark = pytest.mark.gpu
 
@@ -146,14 +147,7 @@ def test_captured_graph_follows_the_seqused_values_of_each_replay():
                                                     deterministic=True, return_attn_probs=True)
         return (out, lse) + torch.autograd.grad(out, leaves, dout)
 
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        step()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        results = step()
+    graph, results = capture(step)
     # The capture plans for max_seqlen (700), not for the rows in use when it ran (450).
     for values in (USED["both"], (LENS_Q, LENS_K), ((0,) * 6, (5,) * 6)):
         with torch.no_grad():

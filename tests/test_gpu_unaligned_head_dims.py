@@ -15,9 +15,9 @@ import torch
 
 import dash_attn
 from dash_attn import validation
-from gpu_common import (exact_float32_matmul, supported_head_dims, assert_compiled_step_matches_eager,  # noqa: F401
-                        softcap_built, SOFTCAP_SCORE_BOOST)
-from test_gpu_padded_head_dims import check_against_reference, check_reproducible, make_inputs, run
+from gpu_common import exact_float32_matmul, supported_head_dims, assert_compiled_step_matches_eager  # noqa: F401
+from test_gpu_padded_head_dims import (BAND_OPTIONS, check_against_reference, check_reproducible,
+                                       check_windows_and_softcap, make_inputs, run)
 from test_gpu_varlen import check_varlen
 
 pytestmark = pytest.mark.gpu
@@ -35,16 +35,10 @@ def test_unaligned_head_dim_matches_reference(seqlen_q, seqlen_k, deterministic,
 
 
 @pytest.mark.parametrize("deterministic", [True, False], ids=["det", "nondet"])
-@pytest.mark.parametrize("options", [dict(window_size=(100, 20)), dict(softcap=5.0),
-                                     dict(window_size=(64, 0), softcap=2.0)], ids=["window", "softcap", "both"])
+@BAND_OPTIONS
 @pytest.mark.parametrize("headdim", UNALIGNED)
 def test_unaligned_head_dim_windows_and_softcap(deterministic, options, headdim):
-    if options.get("softcap") and not softcap_built():
-        pytest.skip("extension built with DASH_ATTN_SOFTCAP=0")
-    q, k, v, dout = make_inputs(2, 513, 513, 4, 2, headdim, torch.bfloat16)
-    if options.get("softcap"):
-        q, k = (t.float().mul(SOFTCAP_SCORE_BOOST).to(t.dtype) for t in (q, k))
-    check_against_reference(q, k, v, dout, False, deterministic, **options)
+    check_windows_and_softcap(headdim, deterministic, options)
 
 
 VALUE_HEAD_DIMS = [(d, dv) for d, dv in ((100, 36), (33, 64), (190, 127), (72, 5))

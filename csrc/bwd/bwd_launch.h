@@ -44,6 +44,7 @@ struct BwdWorkspaceViews {
   int32_t* split_counters;
   unsigned long long* unit_counter;  // ScheduleKind::kDynamic's claims (all calls; zeroed by the preprocess)
   int32_t* dq_claims;
+  float* sink_partials;  // each Q tile's share of d sink (calls with learnable sinks)
 };
 
 // The schedule's view of this launch: the kernel's tile sizes and mask, and the persistent grid size.
@@ -163,7 +164,8 @@ void launch_bwd(const BwdParams& params, cudaStream_t stream, int32_t stages) {
                                 split ? reinterpret_cast<float*>(base + ws.split_partials) : nullptr,
                                 split ? reinterpret_cast<int32_t*>(base + ws.split_counters) : nullptr,
                                 reinterpret_cast<unsigned long long*>(base + ws.unit_counter),
-                                reinterpret_cast<int32_t*>(base + ws.dq_claims)};
+                                reinterpret_cast<int32_t*>(base + ws.dq_claims),
+                                reinterpret_cast<float*>(base + ws.sink_partials)};
   const dim3 tile_grid(ws.num_m_blocks, s.nheads, s.batch);
 
   PreprocessParams pre{};
@@ -194,7 +196,7 @@ void launch_bwd(const BwdParams& params, cudaStream_t stream, int32_t stages) {
   pre.dq_claims = views.dq_claims;
   // Learnable sinks: their gradient comes from D and lse, so the preprocess stage computes it.
   pre.sink = params.sink;
-  pre.sink_partials = params.sink != nullptr ? reinterpret_cast<float*>(base + ws.sink_partials) : nullptr;
+  pre.sink_partials = views.sink_partials;
   if ((stages & BwdStage::kPreprocess) && ws.num_m_blocks > 0) {
     bwd_preprocess_kernel<kHeadDim, T::kBlockM, Element, kLayout, T::kGemmStats>
         <<<tile_grid, kPreprocessThreads, 0, stream>>>(pre);

@@ -34,13 +34,9 @@ def _softcap_built() -> bool:
     return bool(_extension().softcap_built())
 
 
-# DASH_ATTN_DTYPES's names of the element types.
-DTYPE_NAMES = {"fp16": torch.float16, "bf16": torch.bfloat16}
-
-
 @functools.lru_cache(maxsize=None)
 def _supported_dtypes() -> Tuple[torch.dtype, ...]:
-    return tuple(DTYPE_NAMES[name] for name in _extension().supported_dtypes())
+    return tuple(validation.KERNEL_DTYPE_NAMES[name] for name in _extension().supported_dtypes())
 
 
 @functools.lru_cache(maxsize=None)

@@ -24,7 +24,9 @@ NONDETERMINISTIC_SCHEDULES = schedules_table.NONDETERMINISTIC_SCHEDULES
 INVARIANT_SCHEDULES = schedules_table.INVARIANT_SCHEDULES
 INVARIANT_VARLEN_SCHEDULES = schedules_table.INVARIANT_VARLEN_SCHEDULES
 
-KERNEL_DTYPES = (torch.float16, torch.bfloat16)
+# The kernels' element types, by the names of the build's DASH_ATTN_DTYPES (and of the binding's supported_dtypes).
+KERNEL_DTYPE_NAMES = {"fp16": torch.float16, "bf16": torch.bfloat16}
+KERNEL_DTYPES = tuple(KERNEL_DTYPE_NAMES.values())
 # The CPU reference also takes full precision so torch.autograd.gradcheck can run in float64.
 CPU_DTYPES = KERNEL_DTYPES + (torch.float32, torch.float64)
 # Head dims: any from 1 to MAX_HEADDIM. The kernels take multiples of HEADDIM_MULTIPLE (they move rows in 16-byte

@@ -142,7 +142,7 @@ dash::PackedSeqs packed_seqs(const at::Tensor& q, const at::Tensor& k, const at:
 }
 
 // Learnable sinks: (nheads,) float32 contiguous on q's device, or None. `what` names the tensor in the error.
-const float* sink_data(const OptTensor& t, const at::Tensor& q, int64_t nheads, const char* what) {
+float* sink_data(const OptTensor& t, const at::Tensor& q, int64_t nheads, const char* what) {
   if (!t.has_value()) return nullptr;
   TORCH_CHECK_VALUE(t->scalar_type() == at::kFloat && t->is_contiguous() && t->dim() == 1 && t->size(0) == nheads &&
                         t->device() == q.device(),
@@ -155,7 +155,7 @@ void set_bwd_sink(dash::BwdParams& p, const OptTensor& sink, const OptTensor& ds
                   int64_t nheads) {
   TORCH_CHECK_VALUE(sink.has_value() == dsink.has_value(), "dash_attn: sink and dsink are given together");
   p.sink = sink_data(sink, q, nheads, "sink");
-  p.dsink = const_cast<float*>(sink_data(dsink, q, nheads, "dsink"));
+  p.dsink = sink_data(dsink, q, nheads, "dsink");
 }
 
 void check_lse(const at::Tensor& lse) {

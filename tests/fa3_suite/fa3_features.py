@@ -18,11 +18,10 @@ from typing import Callable, Mapping, Optional, Tuple
 
 import torch
 
-from dash_attn import _ext, validation
+from dash_attn import validation
 
 # The names setup.py's DASH_ATTN_DTYPES uses for the kernel dtypes, keyed by dtype.
-DTYPE_NAMES = {dtype: name for name, dtype in _ext.DTYPE_NAMES.items()}
-assert set(DTYPE_NAMES) == set(validation.KERNEL_DTYPES)
+DTYPE_NAMES = {dtype: name for name, dtype in validation.KERNEL_DTYPE_NAMES.items()}
 
 
 @functools.lru_cache(maxsize=None)

@@ -106,10 +106,12 @@ def test_packed_full_mask_ragged_lengths(packed_calls, deterministic, headdim):
     _check(packed_calls, "ragged", 4, 2, headdim, torch.bfloat16, False, deterministic=deterministic)
 
 
+# The dtype as a parameter, so that a build without fp16 kernels skips it (conftest.py).
+@pytest.mark.parametrize("dtype", [torch.float16], ids=["fp16"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("headdim", supported_head_dims())
-def test_packed_fp16(packed_calls, causal, headdim):
-    _check(packed_calls, "docs", 4, 2, headdim, torch.float16, causal)
+def test_packed_fp16(packed_calls, causal, headdim, dtype):
+    _check(packed_calls, "docs", 4, 2, headdim, dtype, causal)
 
 
 @pytest.mark.parametrize("schedule", DET_SCHEDULES)

@@ -10,8 +10,9 @@ step: the causal-LM loss (labels = the inputs; transformers shifts them) of --ba
 (default: 16384 tokens a step), its backward, AdamW (lr 3e-4, fused on CUDA), gradients dropped. One process runs
 every implementation from the same initial weights over the same batches:
 - sdpa: torch's scaled_dot_product_attention;
-- flash_attention_3, flash_attention_3_det: FlashAttention-3 through transformers, where flash_attn_interface imports
-  (the _det run with FLASH_ATTENTION_DETERMINISTIC=1); skipped otherwise;
+- flash_attention_3, flash_attention_3_det: FlashAttention-3 through transformers (the _det run with
+  FLASH_ATTENTION_DETERMINISTIC=1), where transformers accepts it: flash_attn_interface imports and belongs to an
+  installed `flash-attn-3` distribution (a source build outside pip needs that dist-info); skipped otherwise;
 - dash_attn, dash_attn_det: attn_implementation="dash_attn" of dash_attn.integrations.transformers.register(), with
   FLASH_ATTENTION_DETERMINISTIC=0 (the non-deterministic backward) and =1 (the deterministic one) during the run.
 tokens/s = tokens per step x timed steps / their wall time, after --warmup untimed steps (the device is synchronised

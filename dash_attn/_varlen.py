@@ -173,6 +173,22 @@ def _device_int32(x: torch.Tensor, device: torch.device) -> torch.Tensor:
     return x.to(device=device, dtype=torch.int32, non_blocking=True).contiguous()
 
 
+class _SinkGradSum:
+    """d sink of a call run as several launches: each launch writes the share of its own rows into `part`, which
+    add() adds into dsink, in launch order (a fixed order). One launch writes dsink itself. Without a sink, part is
+    None and add() does nothing."""
+
+    def __init__(self, dsink: Optional[torch.Tensor], launches: int):
+        self.dsink = dsink
+        self.part = dsink if dsink is None or launches == 1 else torch.empty_like(dsink)
+        if self.part is not dsink:
+            dsink.zero_()
+
+    def add(self) -> None:
+        if self.part is not self.dsink:
+            self.dsink += self.part
+
+
 def _varlen_fwd_cuda(ext, q, k, v, cu_seqlens_q, cu_seqlens_k, cq, ck, args: OpArgs, sink=None):
     out = _out_like(q, v)
     lse = torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device)
@@ -208,18 +224,16 @@ def _varlen_bwd_cuda(ext, dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, c
                            _device_int32(cu_seqlens_k, q.device), None, None, max_q, max_k, *args.kernel_args,
                            args.deterministic, schedule_id, args.sm_margin, sink, dsink)
         return dq, dk, dv
-    part = None if dsink is None else torch.empty_like(dsink)
-    if dsink is not None:
-        dsink.zero_()
-    for sq, sk, count, seqlen_q, seqlen_k in _runs(cq, ck):
+    runs = _runs(cq, ck)
+    sink_grad = _SinkGradSum(dsink, len(runs))
+    for sq, sk, count, seqlen_q, seqlen_k in runs:
         q_b = _batched(q, sq, count, seqlen_q)
         k_b, v_b = _batched(k, sk, count, seqlen_k), _batched(v, sk, count, seqlen_k)
         lse_b = lse[:, sq].unflatten(1, (count, seqlen_q)).transpose(0, 1).contiguous()
         _run_bwd(ext, _batched(dout, sq, count, seqlen_q), q_b, k_b, v_b, _batched(out, sq, count, seqlen_q), lse_b,
                  _batched(dq, sq, count, seqlen_q), _batched(dk, sk, count, seqlen_k),
-                 _batched(dv, sk, count, seqlen_k), args.for_lengths(seqlen_q, seqlen_k), sink, part)
-        if dsink is not None:
-            dsink += part
+                 _batched(dv, sk, count, seqlen_k), args.for_lengths(seqlen_q, seqlen_k), sink, sink_grad.part)
+        sink_grad.add()
     return dq, dk, dv
 
 
@@ -324,18 +338,14 @@ def _varlen_bwd_unplanned(ext, dout, q, k, v, out, lse, seqs, bounds, args: OpAr
     with _device_guard(q.device):
         if not no_key_seen:
             launches = _bwd_launches(q, seqs, used_q, used_k, (max_q, max_k), args, checked_on_host)
-            # Several launches (groups of sequences) each give the sink gradient of their own rows: summed in order.
-            part = dsink if dsink is None or len(launches) == 1 else torch.empty_like(dsink)
-            if part is not dsink:
-                dsink.zero_()
+            sink_grad = _SinkGradSum(dsink, len(launches))
             for launch_q, launch_k, launch_max_q, launch_max_k in launches:
                 schedule_id = _resolve_schedule_for(args, q.device, cu_q.shape[0] - 1, launch_max_q, launch_max_k,
                                                     q.shape[1], k.shape[1], q.shape[-1])
                 ext.varlen_bwd(dout, q, k, v, out, lse, dq, dk, dv, cu_q, cu_k, launch_q, launch_k, launch_max_q,
                                launch_max_k, *args.kernel_args, args.deterministic, schedule_id, args.sm_margin, sink,
-                               part)
-                if part is not dsink:
-                    dsink += part
+                               sink_grad.part)
+                sink_grad.add()
         elif dsink is not None:
             dsink.zero_()  # out is 0 where no key is seen: D = 0
         if not checked_on_host:

@@ -399,9 +399,11 @@ def check_cuda_features(headdim: int, supported_head_dims: Sequence[int], softca
     something else."""
     kernel_head_dim(headdim, supported_head_dims)
     if supported_dtypes is not None and dtype not in supported_dtypes:
-        built = ", ".join(str(d).replace("torch.", "") for d in supported_dtypes)
-        raise RuntimeError(f"{str(dtype).replace('torch.', '')} inputs need kernels this build of dash_attn skipped "
-                           f"(it has {built}): rebuild with DASH_ATTN_DTYPES including it, or cast the inputs")
+        def name(d):
+            return str(d).replace("torch.", "")
+        built = ", ".join(name(d) for d in supported_dtypes)
+        raise RuntimeError(f"{name(dtype)} inputs need kernels this build of dash_attn skipped (it has {built}): "
+                           "rebuild with DASH_ATTN_DTYPES including it, or cast the inputs")
     if softcap > CUDA_MAX_SOFTCAP:
         raise ValueError(f"softcap={softcap} is above {CUDA_MAX_SOFTCAP:g}, which the CUDA kernels cannot represent; "
                          "a softcap that large caps nothing: pass softcap=0.0")

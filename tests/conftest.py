@@ -22,9 +22,9 @@ def _gpu_skip_reason():
 
 def _unbuilt_dtype(item, built):
     """A torch dtype among the item's parameters that the build has no kernels for, or None."""
-    import torch
+    from dash_attn import validation
     params = getattr(getattr(item, "callspec", None), "params", {})
-    return next((v for v in params.values() if v in (torch.float16, torch.bfloat16) and v not in built), None)
+    return next((v for v in params.values() if v in validation.KERNEL_DTYPES and v not in built), None)
 
 
 def pytest_collection_modifyitems(config, items):

@@ -309,3 +309,18 @@ def test_rows_without_keys_take_the_sink_as_lse(used):
     in_use = torch.tensor([True] * 6) if used is None else torch.tensor([True, True, False, False, True, False])
     expected = torch.where(in_use, sink.view(-1, 1), torch.tensor(float("-inf")))
     assert torch.equal(lse, expected)
+
+
+def test_sink_gradient_of_several_launches_is_their_sum_in_order():
+    from dash_attn import _varlen
+    dsink = torch.full((2,), float("nan"))
+    total = _varlen._SinkGradSum(dsink, 2)
+    for share in ([1.0, 2.0], [0.5, -4.0]):
+        total.part.copy_(torch.tensor(share))
+        total.add()
+    assert torch.equal(dsink, torch.tensor([1.5, -2.0]))
+    one = _varlen._SinkGradSum(dsink, 1)
+    assert one.part is dsink
+    none = _varlen._SinkGradSum(None, 3)
+    assert none.part is None
+    none.add()

@@ -11,8 +11,7 @@ import dash_attn
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from flops import bwd_flops, tflops  # noqa: E402
 
-SHAPES = [(16, 1024, 16, 128, False), (8, 2048, 16, 128, True), (8, 2048, 32, 64, False), (16, 1024, 32, 64, True),
-          (4, 4096, 16, 128, True), (1, 16384, 16, 128, False)]
+SHAPES = [(16, 1024, 16, 128, False), (8, 2048, 16, 128, True), (16, 1024, 32, 64, True), (1, 16384, 16, 128, False)]
 VARIANTS = [("descending_lanes", True), ("auto", True), ("descending", True), ("auto", False)]
 
 
@@ -30,7 +29,7 @@ def main():
                 fn = lambda: torch.autograd.grad(out, (q, k, v), dout, retain_graph=True)  # noqa: E731
                 if rnd == 0 and det and sched != "auto":
                     grads[sched] = fn()
-                ms = triton.testing.do_bench(fn, warmup=10, rep=30)
+                ms = triton.testing.do_bench(fn, warmup=5, rep=20)
                 res.setdefault((batch, seqlen, heads, hdim, causal, sched, det), []).append(
                     tflops(bwd_flops(batch, heads, seqlen, seqlen, hdim, causal), ms))
             if rnd == 0:

@@ -51,11 +51,12 @@ struct DescendingLanes {
   }
   DASH_HD static KvTile item(const Problem& p, int32_t cta, int64_t k) {
     if (!applies(p)) return Descending::item(p, cta, k);
-    const int32_t l = lanes(p), G = groups(p);
+    const int32_t l = lanes(p);
     const int32_t g = div_u32(cta, l), lane = cta - g * l;
-    const int32_t per = units_per_head(p);
-    const int64_t head_index = g + static_cast<int64_t>(G) * (k / per);
-    const int32_t n = (per == 2 && (k % 2) == 1) ? num_n_blocks(p) - 1 - lane : lane;
+    const bool pairs = paired(p);
+    // Unit k of the lane: head k (or k / 2 with pairs) of the group; with pairs, odd k is the short tile.
+    const int64_t head_index = g + static_cast<int64_t>(groups(p)) * (pairs ? (k >> 1) : k);
+    const int32_t n = (pairs && (k & 1)) ? num_n_blocks(p) - 1 - lane : lane;
     const DivMod64 bh = divmod_nonneg(head_index, p.nheads_k);
     return KvTile{static_cast<int32_t>(bh.q), static_cast<int32_t>(bh.r), n};
   }

@@ -11,7 +11,8 @@ import dash_attn
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from flops import bwd_flops, tflops  # noqa: E402
 
-SHAPES = [(16, 1024, 16, 128, False), (8, 2048, 16, 128, True), (16, 1024, 32, 64, True), (1, 16384, 16, 128, False)]
+SHAPES = [(16, 1024, 16, 128, False), (16, 1024, 16, 128, True), (8, 2048, 16, 128, True), (16, 1024, 32, 64, True),
+          (8, 2048, 32, 64, False), (4, 4096, 16, 128, False), (1, 16384, 16, 128, False)]
 VARIANTS = [("descending_lanes", True), ("auto", True), ("descending", True), ("auto", False)]
 
 

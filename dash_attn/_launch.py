@@ -11,8 +11,9 @@ import torch
 
 from . import validation
 from ._args import MaskKind, OpArgs
-from ._ext import _bwd_tile_shape, _check_cuda, _device_guard, _held_head_dim, _kernel_head_dim, _l2_bytes, _num_sms
-from .schedules_table import AUTO, FALLBACK_SCHEDULE, SCHEDULE_IDS
+from ._ext import (_bwd_tile_shape, _check_cuda, _device_guard, _held_head_dim, _kernel_head_dim, _l2_bytes, _num_sms,
+                   _supported_head_dims)
+from .schedules_table import AUTO, FALLBACK_SCHEDULE, SCHEDULE_IDS, invariant_schedule
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -46,7 +47,8 @@ def _resolve_schedule_for(args: OpArgs, device: torch.device, batch: int, seqlen
     # a direct call of the ops meets the binding's check before any launch (csrc/api/binding.cpp).
     schedule, mask = args.schedule, args.mask
     if schedule == AUTO and args.deterministic:
-        schedule = validation.INVARIANT_SCHEDULES[MaskKind(mask).name.lower()]
+        schedule = invariant_schedule(MaskKind(mask).name.lower(),
+                                      validation.kernel_head_dim(headdim, _supported_head_dims()), seqlen_k)
     if schedule == AUTO:
         block_m, block_n = _bwd_tile_shape(headdim, mask)
         ctas = max(1, _num_sms(device.index) - args.sm_margin)

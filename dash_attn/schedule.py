@@ -23,7 +23,7 @@ import numpy as np
 
 from . import _sched
 from .schedules_table import DETERMINISTIC_SCHEDULES, DYNAMIC, MEASURED_RANKING, NONDETERMINISTIC_SCHEDULES
-from .schedules_table import INVARIANT_SCHEDULES, SCHEDULE_IDS
+from .schedules_table import SCHEDULE_IDS, invariant_schedule
 from ._gantt import gantt, gantt_compare
 
 __all__ = ["SCHEDULES", "NONDETERMINISTIC_SCHEDULES", "SCHEDULE_IDS", "MASKS", "Plan", "SimResult", "tile_shape",
@@ -77,15 +77,16 @@ _DYNAMIC_MIN_KV_TILES = 64
 _CHOOSE_VISIT_BUDGET = 400_000
 
 
+def _kernel_hdim(hdim: int) -> int:
+    """The head dim of the kernel a call of head dim `hdim` runs in, all kernels built (csrc/common/head_dims.h)."""
+    return 64 if hdim <= 64 else 128 if hdim <= 128 else 256
+
+
 def tile_shape(hdim: int, mask: str = "full") -> Tuple[int, int]:
     """(block_m, block_n) of the backward kernel for a head dimension. The torch binding asks the compiled kernel
     (dash_bwd_tile_shape) when it is present; this table is the CPU-side default."""
     del mask  # the tiles depend on the head dim alone; the argument mirrors dash_bwd_tile_shape's (headdim, mask)
-    if hdim <= 64:
-        return 128, 128
-    if hdim <= 128:
-        return 64, 128
-    return 64, 64
+    return {64: (128, 128), 128: (64, 128), 256: (64, 64)}[_kernel_hdim(hdim)]
 
 
 def _mask_id(mask: str) -> int:
@@ -461,7 +462,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     print(f"mask={args.mask} seqlen_q={args.seqlen} seqlen_k={seqlen_k} hdim={args.hdim} "
           f"tile=({block_m},{block_n}) heads={args.heads}/{nheads_k} batch={batch} CTAs={args.num_sms} "
           f"c={args.c:g} r={args.r:g} L2 tiles={l2.l2_tiles} miss={l2.miss:g} latency={l2.latency:g}")
-    det_pick = INVARIANT_SCHEDULES[args.mask]
+    det_pick = invariant_schedule(args.mask, _kernel_hdim(args.hdim), seqlen_k)
     print(f"{'schedule':<18}{'makespan':>12}{'vs best':>9}{'vs non-det':>12}{'stall (CTA-sum)':>18}")
     best = min(t for _, t, _, _ in rows)
     for name, t, wait, dead in rows:
@@ -471,8 +472,8 @@ def main(argv: Optional[List[str]] = None) -> int:
           f"{dynamic:.1f}")
     nd_pick = choose(args.mask, args.seqlen, seqlen_k, block_m, block_n, args.heads, batch, args.num_sms, window,
                      nheads_k, False, args.c, args.r, l2)
-    print(f"auto: deterministic {det_pick} (by mask alone: invariant bits; the model ranks {pick} first), "
-          f"non-deterministic {nd_pick}")
+    print(f"auto: deterministic {det_pick} (by mask, head dim and key length: invariant bits; the model ranks "
+          f"{pick} first), non-deterministic {nd_pick}")
     if args.plot:
         name = args.plot_schedule or det_pick
         pl = plan(name, args.mask, args.seqlen, seqlen_k, block_m, block_n, args.heads, batch, args.num_sms, window,

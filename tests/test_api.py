@@ -31,7 +31,7 @@ class _OpRecorder(TorchDispatchMode):
 
 def test_exports():
     assert dash_attn.SCHEDULES == ("auto", "ascending", "descending", "spt", "shift", "shift_causal", "shift_runs",
-                                   "shift_causal_runs", "dynamic")
+                                   "shift_causal_runs", "descending_lanes", "dynamic")
     assert dash_attn.NONDETERMINISTIC_SCHEDULES == ("dynamic",)
     assert isinstance(dash_attn.__version__, str) and dash_attn.__version__
     assert callable(dash_attn.flash_attn_func) and callable(dash_attn.flash_attn_varlen_func)
@@ -39,7 +39,8 @@ def test_exports():
 
 def test_schedule_ids_mirror_params_h():
     assert interface.SCHEDULE_IDS == {"ascending": 0, "descending": 1, "spt": 2, "shift": 3, "shift_causal": 4,
-                                      "dynamic": 5, "shift_runs": 6, "shift_causal_runs": 7}
+                                      "dynamic": 5, "shift_runs": 6, "shift_causal_runs": 7,
+                                      "descending_lanes": 8}
     assert set(interface.SCHEDULE_IDS) | {"auto"} == set(dash_attn.SCHEDULES)
     assert [int(m) for m in interface.MaskKind] == [0, 1, 2]
 

@@ -224,9 +224,10 @@ def test_auto_schedule_uses_the_cost_model(fake_cuda, monkeypatch):
     assert fake_cuda.calls[0][1][15] == interface.SCHEDULE_IDS["shift"]
 
 
-@pytest.mark.parametrize("mask, expected", [(0, "shift_runs"), (1, "shift_causal_runs"), (2, "descending")])
-def test_deterministic_auto_picks_by_mask_alone(fake_cuda, monkeypatch, mask, expected):
-    """Deterministic `auto` never asks the model (whose pick depends on the SM count): the invariant pick."""
+@pytest.mark.parametrize("mask, expected", [(0, "descending_lanes"), (1, "descending_lanes"), (2, "descending")])
+def test_deterministic_auto_picks_by_shape_alone(fake_cuda, monkeypatch, mask, expected):
+    """Deterministic `auto` never asks the model (whose pick depends on the SM count): the invariant pick for the
+    mask, head dim and key length (12 keys at hdim 64 here)."""
     monkeypatch.setitem(sys.modules, "dash_attn.schedule", None)
     q, k, v, out, lse, dq, dk, dv = _bf16_inputs()
     for margin in (0, 18):

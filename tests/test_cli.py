@@ -54,14 +54,16 @@ def test_schedule_runs_with_small_valid_arguments(capsys):
     assert "auto:" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("mask, expected", [("full", "shift_runs"), ("causal", "shift_causal_runs")])
-def test_schedule_reports_what_auto_runs(capsys, monkeypatch, mask, expected):
-    """The deterministic auto line is the API's pick (by mask), and without a GPU the L2 term models the H200."""
+@pytest.mark.parametrize("mask, seqlen, expected", [("full", 8192, "shift_runs"), ("causal", 8192, "shift_causal_runs"),
+                                                     ("full", 1024, "descending_lanes")])
+def test_schedule_reports_what_auto_runs(capsys, monkeypatch, mask, seqlen, expected):
+    """The deterministic auto line is the API's pick (by mask, head dim, key length), and without a GPU the L2 term
+    models the H200."""
     import torch
 
     from dash_attn import schedule
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    assert schedule.main(["--mask", mask, "--seqlen", "1024", "--heads", "4"]) == 0
+    assert schedule.main(["--mask", mask, "--seqlen", str(seqlen), "--heads", "4", "--batch", "1"]) == 0
     out = capsys.readouterr().out
     assert f"auto: deterministic {expected} " in out
     assert f"{expected:<18}" in out and "<- deterministic auto" in out

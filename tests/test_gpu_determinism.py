@@ -19,7 +19,7 @@ REPEATS = int(os.environ.get("DASH_DET_REPEATS", "1000"))
 EXPLICIT_SCHEDULES = [s for s in DET_SCHEDULES if s != "auto"]
 # Only these orders are a function of the sequence's geometry alone (tests/test_schedule_invariance.py proves it on the
 # CPU; deterministic `auto` picks among them); spt/shift/shift_causal order by wave, which depends on the grid size.
-SM_INDEPENDENT_SCHEDULES = ["ascending", "descending", "shift_runs", "shift_causal_runs", "auto"]
+SM_INDEPENDENT_SCHEDULES = ["ascending", "descending", "shift_runs", "shift_causal_runs", "descending_lanes", "auto"]
 # (mask id, window_left, window_right): the window cuts both sides of every row's band.
 MASKS = {"full": (0, -1, -1), "causal": (1, -1, 0), "window": (2, 150, 37)}
 # Modest but tile-rich: several Q and KV tiles per head, ragged last tiles, GQA (dK/dV reduced across 4 heads).

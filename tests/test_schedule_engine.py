@@ -221,7 +221,8 @@ def test_schedule_ids_match_params_h():
                                                             .split("};")[0])}
     expected = {"ascending": ids["Ascending"], "descending": ids["Descending"], "spt": ids["Spt"],
                 "shift": ids["Shift"], "shift_causal": ids["ShiftCausal"], "dynamic": ids["Dynamic"],
-                "shift_runs": ids["ShiftRuns"], "shift_causal_runs": ids["ShiftCausalRuns"]}
+                "shift_runs": ids["ShiftRuns"], "shift_causal_runs": ids["ShiftCausalRuns"],
+                "descending_lanes": ids["DescendingLanes"]}
     assert schedule.SCHEDULE_IDS == expected
     # The registry (sched_module.cpp's table) has every enumerator but kAuto, named in snake case: a schedule added
     # to params.h and not to the table fails here.
@@ -230,7 +231,7 @@ def test_schedule_ids_match_params_h():
     assert ids["Auto"] == _sched.AUTO and "auto" not in schedules_table.SCHEDULE_IDS
     assert set(schedules_table.SHORT_NAMES) == set(schedules_table.SCHEDULES)
     assert schedule.SCHEDULES == ("ascending", "descending", "spt", "shift", "shift_causal", "shift_runs",
-                                  "shift_causal_runs")
+                                  "shift_causal_runs", "descending_lanes")
     assert schedule.NONDETERMINISTIC_SCHEDULES == ("dynamic",)
 
 

@@ -2,8 +2,8 @@
 
 A sequence's dQ bits are fixed by the order in which KV tiles add into each of its dQ tiles (and, for the invariant
 schedules, by which of the tile's two accumulators each add goes to); its dK/dV bits by the order in which each KV
-tile walks its Q tiles. For every schedule that deterministic `auto` can pick (validation.INVARIANT_SCHEDULES and
-INVARIANT_VARLEN_SCHEDULES), both must be the same for every CTA count 1..256 (what sm_margin and the GPU model
+tile walks its Q tiles. For every schedule that deterministic `auto` can pick (schedules_table.invariant_picks),
+both must be the same for every CTA count 1..256 (what sm_margin and the GPU model
 change), every batch size and position in the batch, and, for varlen, whatever the sequence is packed with. Every
 such plan must also be deadlock-free (the engine's verifier simulates the static grid).
 """
@@ -14,7 +14,7 @@ import pytest
 
 from dash_attn import _sched
 from dash_attn import schedule as S
-from dash_attn.validation import INVARIANT_SCHEDULES, INVARIANT_VARLEN_SCHEDULES
+from dash_attn.schedules_table import INVARIANT_SCHEDULES, INVARIANT_VARLEN_SCHEDULES, invariant_picks
 
 ALL_CTAS = range(1, 257)
 BATCHES = (1, 2, 5, 8)
@@ -66,16 +66,12 @@ def alone(schedule, mask, sq, sk, hdim, nheads, nheads_k, window):
     return signature(_plan(schedule, mask, sq, sk, hdim, nheads, nheads_k, window, 1, 1), 0)
 
 
-def det_picks(mask):
-    return sorted({INVARIANT_SCHEDULES[mask], INVARIANT_VARLEN_SCHEDULES[mask]})
-
-
 @pytest.mark.parametrize("hdim", sorted(TILES))
 @pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{s[0]}-{s[1]}x{s[2]}-h{s[3]}:{s[4]}")
 def test_deterministic_picks_are_invariant(shape, hdim):
     """Every CTA count 1..256 and batch sizes 1..8: each sequence's orders equal those of the sequence alone."""
     mask, sq, sk, nheads, nheads_k, window = shape
-    for schedule in det_picks(mask):
+    for schedule in invariant_picks(mask):
         ref = alone(schedule, mask, sq, sk, hdim, nheads, nheads_k, window)
         for ctas in ALL_CTAS:
             batch = BATCHES[ctas % len(BATCHES)]
@@ -92,7 +88,7 @@ def test_deterministic_picks_are_deadlock_free(mask, hdim):
             continue
         _, sq, sk, nheads, nheads_k, window = shape
         bm, bn = TILES[hdim]
-        for schedule in det_picks(mask):
+        for schedule in invariant_picks(mask):
             for batch in (1, 3):
                 p = S._problem(mask, sq, sk, bm, bn, nheads, batch, 1, window, nheads_k)
                 assert _sched.verify(S.SCHEDULE_IDS[schedule], p, 1, 256) == [], (schedule, shape, batch)

@@ -46,6 +46,7 @@ constexpr NamedSchedule kSchedules[] = {
     {"ascending", ScheduleKind::kAscending}, {"descending", ScheduleKind::kDescending}, {"spt", ScheduleKind::kSpt},
     {"shift", ScheduleKind::kShift},         {"shift_causal", ScheduleKind::kShiftCausal},
     {"shift_runs", ScheduleKind::kShiftRuns}, {"shift_causal_runs", ScheduleKind::kShiftCausalRuns},
+    {"descending_lanes", ScheduleKind::kDescendingLanes},
 };
 // Orders only the non-deterministic backward can run (no accumulation order).
 constexpr NamedSchedule kNondetOnlySchedules[] = {{"dynamic", ScheduleKind::kDynamic}};

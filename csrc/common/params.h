@@ -29,12 +29,13 @@ enum class ScheduleKind : int32_t {
   kDynamic = 5,  // non-deterministic mode only: units claimed at run time (schedule/dynamic.h)
   kShiftRuns = 6,        // invariant: shift's walk, dQ in two accumulators (schedule/runs.h)
   kShiftCausalRuns = 7,  // invariant: paired causal tiles, dQ in two accumulators (schedule/runs.h)
+  kDescendingLanes = 8,  // invariant: descending's bits on a lane-per-tile layout (schedule/lanes.h)
   kAuto = 99,
 };
 
 // Whether a launch can take schedule id `id`: a concrete kind (kAuto is resolved on the host before any launch).
 inline bool concrete_schedule(int64_t id) {
-  return id >= 0 && id <= static_cast<int64_t>(ScheduleKind::kShiftCausalRuns);
+  return id >= 0 && id <= static_cast<int64_t>(ScheduleKind::kDescendingLanes);
 }
 
 // Whether a schedule runs in this mode: kDynamic has no accumulation order (schedule/dynamic.h), so it runs only

@@ -35,6 +35,7 @@ constexpr ScheduleEntry kSchedules[] = {
     {ScheduleKind::kDynamic, "dynamic", false},
     {ScheduleKind::kShiftRuns, "shift_runs", true},
     {ScheduleKind::kShiftCausalRuns, "shift_causal_runs", true},
+    {ScheduleKind::kDescendingLanes, "descending_lanes", true},
 };
 
 ScheduleKind to_kind(int32_t id) {

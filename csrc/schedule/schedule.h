@@ -12,6 +12,7 @@
 #include "schedule/ascending.h"
 #include "schedule/descending.h"
 #include "schedule/dynamic.h"
+#include "schedule/lanes.h"
 #include "schedule/problem.h"
 #include "schedule/runs.h"
 #include "schedule/shift.h"
@@ -48,6 +49,8 @@ DASH_HD auto dispatch_schedule(ScheduleKind kind, F&& f) {
     case ScheduleKind::kShiftCausalRuns:
       if constexpr (kWithCausal) return f(ShiftCausalRuns{});
       return f(Descending{});
+    case ScheduleKind::kDescendingLanes:
+      return f(DescendingLanes{});
     case ScheduleKind::kDynamic:
       if constexpr (kWithDynamic) return f(Dynamic{});
       [[fallthrough]];
@@ -80,6 +83,8 @@ DASH_HD inline ScheduleKind resolve_schedule(ScheduleKind kind, const Problem& p
       [[fallthrough]];
     case ScheduleKind::kShiftRuns:
       return ShiftRuns::applies(p) ? ScheduleKind::kShiftRuns : ScheduleKind::kDescending;
+    case ScheduleKind::kDescendingLanes:  // otherwise descending: the same bits
+      return DescendingLanes::applies(p) ? kind : ScheduleKind::kDescending;
     case ScheduleKind::kDescending:
     default:
       return ScheduleKind::kDescending;

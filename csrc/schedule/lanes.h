@@ -1,0 +1,67 @@
+// Descending lanes: descending's accumulation order (each dQ tile sums its KV tiles by ascending index) and its walk
+// (each KV tile visits its live Q tiles from the last one down), run on a layout that keeps the grid busy: CTAs form
+// groups of `lanes` CTAs, lane l of a group always runs the same KV tile (or, causal, the same pair of tiles) of one
+// head after another. Every bit of dQ, dK and dV is descending's, so the schedule is invariant and a dense call
+// matches a varlen one; only when adds happen changes.
+//
+// Why it keeps the grid busy. All KV tiles of a head start at their last Q tile, so in the first head lane j waits j
+// steps for the adds of tiles 0..j-1 there; from then on tile j reaches each Q tile one step after tile j-1, without
+// waits. Because each lane runs the same tile of the next head as soon as it is done, that stagger carries over from
+// head to head: the group pays it once per call instead of once per head, as descending's tile-major layout does.
+// With a causal band the KV tiles differ in length, so lane u runs the long tile u and then the short tile N-1-u
+// (constant total per lane on square bands); where a Q tile spans at least two fewer KV tiles per KV tile (block_n
+// >= 2 block_m), the short tiles then start in ascending order too and add without waits.
+//
+// Deadlock-freedom, for any grid: order units by (head index, phase, KV index), phase 0 for full masks and for the
+// long tile of a pair, 1 for the short one. A unit waits only for units of its own head with a smaller KV index, which
+// come earlier in that order; each lane runs its units in increasing order. Grids smaller than one group run
+// descending's layout: the same bits.
+#pragma once
+#include "schedule/descending.h"
+
+namespace dash::sched {
+
+struct DescendingLanes {
+  // Pairs (long tile u, short tile N-1-u) on one lane: causal bands with an even number of KV tiles.
+  DASH_HD static bool paired(const Problem& p) {
+    return p.mask == MaskKind::kCausal && num_n_blocks(p) % 2 == 0;
+  }
+  DASH_HD static int32_t lanes(const Problem& p) {
+    const int32_t N = num_n_blocks(p);
+    return paired(p) ? N / 2 : N;
+  }
+  DASH_HD static int32_t groups(const Problem& p) {
+    const int32_t l = lanes(p);
+    return l > 0 ? div_u32(p.num_ctas, l) : 0;
+  }
+  // At least one whole group, and work for it.
+  DASH_HD static bool applies(const Problem& p) { return groups(p) > 0 && num_kv_heads_total(p) > 0; }
+
+  // Units per head on one lane, and the heads group g runs: g, g + groups, ...
+  DASH_HD static int32_t units_per_head(const Problem& p) { return paired(p) ? 2 : 1; }
+  // Grids smaller than one group take descending's layout (its own num_items / item, as resolve_schedule maps it).
+  DASH_HD static int64_t num_items(const Problem& p, int32_t cta) {
+    if (!applies(p)) return Descending::num_items(p, cta);
+    const int32_t l = lanes(p), G = groups(p);
+    if (cta >= G * l) return 0;  // the CTAs left over past the last whole group
+    const int32_t g = div_u32(cta, l);
+    const int64_t heads = num_kv_heads_total(p);
+    const int64_t mine = heads > g ? (heads - g - 1) / G + 1 : 0;
+    return mine * units_per_head(p);
+  }
+  DASH_HD static KvTile item(const Problem& p, int32_t cta, int64_t k) {
+    if (!applies(p)) return Descending::item(p, cta, k);
+    const int32_t l = lanes(p);
+    const int32_t g = div_u32(cta, l), lane = cta - g * l;
+    const bool pairs = paired(p);
+    // Unit k of the lane: head k (or k / 2 with pairs) of the group; with pairs, odd k is the short tile.
+    const int64_t head_index = g + static_cast<int64_t>(groups(p)) * (pairs ? (k >> 1) : k);
+    const int32_t n = (pairs && (k & 1)) ? num_n_blocks(p) - 1 - lane : lane;
+    const DivMod64 bh = divmod_nonneg(head_index, p.nheads_k);
+    return KvTile{static_cast<int32_t>(bh.q), static_cast<int32_t>(bh.r), n};
+  }
+  DASH_HD static int32_t num_visits(const Problem& p, const KvTile& t) { return Descending::num_visits(p, t); }
+  DASH_HD static Visit visit(const Problem& p, const KvTile& t, int32_t step) { return Descending::visit(p, t, step); }
+};
+
+}  // namespace dash::sched

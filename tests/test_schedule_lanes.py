@@ -1,0 +1,54 @@
+"""descending_lanes (csrc/schedule/lanes.h) runs descending's orders on another layout: for every CTA count 1..256,
+batch size and position in the batch, each sequence's dQ accumulation orders and dK/dV walks must equal descending's
+for the sequence alone (so its bits are descending's, and invariant), and every plan must be deadlock-free."""
+import pytest
+
+from dash_attn import _sched
+from dash_attn import schedule as S
+from dash_attn.schedules_table import SHORT_SEQLEN_K, invariant_schedule
+from test_schedule_invariance import ALL_CTAS, BATCHES, SHAPES, TILES, _plan, alone, signature
+
+
+@pytest.mark.parametrize("hdim", sorted(TILES))
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: f"{s[0]}-{s[1]}x{s[2]}-h{s[3]}:{s[4]}")
+def test_lanes_orders_are_descendings(shape, hdim):
+    mask, sq, sk, nheads, nheads_k, window = shape
+    ref = alone("descending", mask, sq, sk, hdim, nheads, nheads_k, window)
+    for ctas in ALL_CTAS:
+        batch = BATCHES[ctas % len(BATCHES)]
+        plan = _plan("descending_lanes", mask, sq, sk, hdim, nheads, nheads_k, window, batch, ctas)
+        for b in {0, batch - 1}:
+            assert signature(plan, b) == ref, f"sequence {b} of {batch} on {ctas} CTAs"
+
+
+@pytest.mark.parametrize("hdim", sorted(TILES))
+def test_lanes_are_deadlock_free(hdim):
+    bm, bn = TILES[hdim]
+    for mask, sq, sk, nheads, nheads_k, window in SHAPES:
+        for batch in (1, 3):
+            p = S._problem(mask, sq, sk, bm, bn, nheads, batch, 1, window, nheads_k)
+            assert _sched.verify(S.SCHEDULE_IDS["descending_lanes"], p, 1, 256) == [], (mask, sq, sk, batch)
+
+
+def test_lane_keeps_its_kv_tile():
+    """Lane l of a group runs KV tile l of one head after another (full), or the pair (l, N-1-l) (causal)."""
+    full = _plan("descending_lanes", "full", 1024, 1024, 128, 4, 4, None, 4, 132)  # N = 8: 16 groups, 4 CTAs idle
+    items = full.items
+    for cta in range(132):
+        tiles = set(items["n_block"][items["cta"] == cta].tolist())
+        assert tiles == ({cta % 8} if cta < 128 else set())
+    causal = _plan("descending_lanes", "causal", 1024, 1024, 128, 4, 4, None, 4, 132)  # 4 lanes of pairs, 16 heads
+    items = causal.items
+    for cta in range(132):
+        tiles = items["n_block"][items["cta"] == cta].tolist()
+        assert tiles == ([cta % 4, 7 - cta % 4] if cta < 64 else [])  # 33 groups, one head each for 16 of them
+
+
+@pytest.mark.parametrize("mask, hdim", sorted(SHORT_SEQLEN_K))
+def test_invariant_pick_switches_at_the_bound(mask, hdim):
+    """Deterministic `auto` runs descending_lanes up to the key-length bound, the runs schedule past it."""
+    bound = SHORT_SEQLEN_K[(mask, hdim)]
+    assert invariant_schedule(mask, hdim, 1) == invariant_schedule(mask, hdim, bound) == "descending_lanes"
+    assert invariant_schedule(mask, hdim, bound + 1) == {"full": "shift_runs", "causal": "shift_causal_runs"}[mask]
+    assert invariant_schedule(mask, 256, 1) != "descending_lanes"  # not measured at hdim 256: the long pick
+    assert invariant_schedule("window", hdim, 1) == "descending"

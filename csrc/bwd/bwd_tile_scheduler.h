@@ -47,11 +47,19 @@ struct ScheduleRef {
   DASH_HD bool dynamic() const {
     return claims_units<Fixed>() && kind == ScheduleKind::kDynamic;
   }
+  // Kernels that run descending_lanes' layout: the batched full and causal ones, where deterministic `auto` picks it
+  // (dash_attn/schedules_table.py); the others run it as descending, with the same bits, and carry none of its
+  // unit arithmetic in the producer warp.
+  template <class Fixed>
+  static constexpr bool runs_lanes() {
+    return !Fixed::kPacked && Fixed::kMask != MaskKind::kWindow;
+  }
   // The schedule of `kind`, applied (schedule.h): kernels that never claim units compile no Dynamic code, full-mask
   // kernels none of the paired causal schedules (a full mask never resolves to them).
   template <class Fixed, class F>
   DASH_HD auto dispatch(F&& f) const {
-    return sched::dispatch_resolved<claims_units<Fixed>(), Fixed::kMask != MaskKind::kFull>(kind, f);
+    constexpr bool kWithDynamic = claims_units<Fixed>(), kWithCausal = Fixed::kMask != MaskKind::kFull;
+    return sched::dispatch_resolved<kWithDynamic, kWithCausal, runs_lanes<Fixed>()>(kind, f);
   }
   // Item k of a CTA is one of the split tail's (then its tile was run in pieces by consecutive CTAs).
   template <class Fixed>

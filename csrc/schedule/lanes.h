@@ -34,31 +34,37 @@ struct DescendingLanes {
     const int32_t l = lanes(p);
     return l > 0 ? div_u32(p.num_ctas, l) : 0;
   }
-  // At least one whole group, and work for it.
-  DASH_HD static bool applies(const Problem& p) { return groups(p) > 0 && num_kv_heads_total(p) > 0; }
+  // At least one whole group, and work for it; head indices in 32 bits (more heads than that run descending's layout,
+  // with the same bits), which keeps the producer warp's unit arithmetic in 32-bit registers.
+  DASH_HD static bool applies(const Problem& p) {
+    const int64_t heads = num_kv_heads_total(p);
+    return groups(p) > 0 && heads > 0 && heads <= INT32_MAX;
+  }
 
   // Units per head on one lane, and the heads group g runs: g, g + groups, ...
   DASH_HD static int32_t units_per_head(const Problem& p) { return paired(p) ? 2 : 1; }
-  // Grids smaller than one group take descending's layout (its own num_items / item, as resolve_schedule maps it).
+  // num_items and item assume applies(p): elsewhere resolve_schedule runs descending instead (the kernels' tile
+  // scheduler and the engine's host_kind both resolve this kind before enumerating units).
   DASH_HD static int64_t num_items(const Problem& p, int32_t cta) {
-    if (!applies(p)) return Descending::num_items(p, cta);
     const int32_t l = lanes(p), G = groups(p);
     if (cta >= G * l) return 0;  // the CTAs left over past the last whole group
     const int32_t g = div_u32(cta, l);
-    const int64_t heads = num_kv_heads_total(p);
-    const int64_t mine = heads > g ? (heads - g - 1) / G + 1 : 0;
-    return mine * units_per_head(p);
+    const int32_t heads = static_cast<int32_t>(num_kv_heads_total(p));
+    const int32_t mine = heads > g ? div_u32(heads - g - 1, G) + 1 : 0;
+    return static_cast<int64_t>(mine) * units_per_head(p);
   }
   DASH_HD static KvTile item(const Problem& p, int32_t cta, int64_t k) {
-    if (!applies(p)) return Descending::item(p, cta, k);
     const int32_t l = lanes(p);
     const int32_t g = div_u32(cta, l), lane = cta - g * l;
     const bool pairs = paired(p);
-    // Unit k of the lane: head k (or k / 2 with pairs) of the group; with pairs, odd k is the short tile.
-    const int64_t head_index = g + static_cast<int64_t>(groups(p)) * (pairs ? (k >> 1) : k);
-    const int32_t n = (pairs && (k & 1)) ? num_n_blocks(p) - 1 - lane : lane;
-    const DivMod64 bh = divmod_nonneg(head_index, p.nheads_k);
-    return KvTile{static_cast<int32_t>(bh.q), static_cast<int32_t>(bh.r), n};
+    // Unit k of the lane: head k (or k / 2 with pairs) of the group; with pairs, odd k is the short tile. k counts
+    // this lane's units, fewer than 2 x the heads, so it fits 32 bits.
+    const uint32_t unit = static_cast<uint32_t>(k);
+    const uint32_t head_index =
+        static_cast<uint32_t>(g) + static_cast<uint32_t>(groups(p)) * (pairs ? unit >> 1 : unit);
+    const int32_t n = (pairs && (unit & 1)) ? num_n_blocks(p) - 1 - lane : lane;
+    const int32_t b = div_u32(head_index, p.nheads_k);
+    return KvTile{b, static_cast<int32_t>(head_index) - b * p.nheads_k, n};
   }
   DASH_HD static int32_t num_visits(const Problem& p, const KvTile& t) { return Descending::num_visits(p, t); }
   DASH_HD static Visit visit(const Problem& p, const KvTile& t, int32_t step) { return Descending::visit(p, t, step); }

@@ -27,12 +27,13 @@ namespace dash::sched {
 // which never resolve on a full mask (resolve_schedule: they need a band that leaves some tile pair masked), so
 // that full-mask kernels carry none of their code (mapped to Descending like kAuto). kWithDynamic = false leaves
 // Dynamic out (it maps to Descending too): kernels that never claim units (bwd_tile_scheduler.h) then carry none of
-// its code. The exec-check pragma lets a __device__-only functor (the kernel's) and a host-only one (the simulator's)
+// its code. kWithLanes = false runs DescendingLanes as Descending, whose bits it has (lanes.h): kernels where
+// deterministic `auto` never picks it carry none of its code. The exec-check pragma lets a __device__-only functor (the kernel's) and a host-only one (the simulator's)
 // both pass through this __host__ __device__ template.
 #if defined(__CUDACC__)
 #pragma nv_exec_check_disable
 #endif
-template <bool kWithDynamic = true, bool kWithCausal = true, class F>
+template <bool kWithDynamic = true, bool kWithCausal = true, bool kWithLanes = true, class F>
 DASH_HD auto dispatch_schedule(ScheduleKind kind, F&& f) {
   switch (kind) {
     case ScheduleKind::kAscending:
@@ -50,7 +51,8 @@ DASH_HD auto dispatch_schedule(ScheduleKind kind, F&& f) {
       if constexpr (kWithCausal) return f(ShiftCausalRuns{});
       return f(Descending{});
     case ScheduleKind::kDescendingLanes:
-      return f(DescendingLanes{});
+      if constexpr (kWithLanes) return f(DescendingLanes{});
+      return f(Descending{});
     case ScheduleKind::kDynamic:
       if constexpr (kWithDynamic) return f(Dynamic{});
       [[fallthrough]];
@@ -145,9 +147,9 @@ struct Applied<ShiftCausal> : ShiftCausal {
 #if defined(__CUDACC__)
 #pragma nv_exec_check_disable
 #endif
-template <bool kWithDynamic = true, bool kWithCausal = true, class F>
+template <bool kWithDynamic = true, bool kWithCausal = true, bool kWithLanes = true, class F>
 DASH_HD auto dispatch_resolved(ScheduleKind resolved, F&& f) {
-  return dispatch_schedule<kWithDynamic, kWithCausal>(resolved, [&](auto s) { return f(Applied<decltype(s)>{}); });
+  return dispatch_schedule<kWithDynamic, kWithCausal, kWithLanes>(resolved, [&](auto s) { return f(Applied<decltype(s)>{}); });
 }
 
 }  // namespace dash::sched

@@ -12,7 +12,7 @@ from . import _sched
 
 __all__ = ["AUTO", "SCHEDULE_IDS", "DETERMINISTIC_SCHEDULES", "NONDETERMINISTIC_SCHEDULES", "SCHEDULES", "DYNAMIC",
            "INVARIANT_SCHEDULES", "INVARIANT_VARLEN_SCHEDULES", "SHORT_INVARIANT_SCHEDULE", "SHORT_SEQLEN_K",
-           "invariant_schedule", "invariant_picks", "same_bits", "FALLBACK_SCHEDULE", "MEASURED_RANKING",
+           "invariant_schedule", "invariant_picks", "FALLBACK_SCHEDULE", "MEASURED_RANKING",
            "SHORT_NAMES"]
 
 _TABLE = sorted(_sched.SCHEDULE_TABLE, key=lambda entry: entry[1])  # (name, id, deterministic), in id order
@@ -39,8 +39,7 @@ INVARIANT_SCHEDULES = {"full": "shift_runs", "causal": "shift_causal_runs", "win
 SHORT_INVARIANT_SCHEDULE = "descending_lanes"
 SHORT_SEQLEN_K = {("full", 64): 4096, ("full", 128): 4096, ("causal", 64): 1024, ("causal", 128): 4096}
 # Varlen calls run a causal or window band as a batch of the longest sequence (or per run of equal lengths): there
-# only descending's order gives a sequence the same walk and order whatever its neighbours. descending_lanes runs that
-# order too, so a dense call that picks it matches a varlen call bit for bit.
+# only descending's order gives a sequence the same walk and order whatever its neighbours.
 INVARIANT_VARLEN_SCHEDULES = {"full": "shift_runs", "causal": "descending", "window": "descending"}
 
 
@@ -49,13 +48,6 @@ def invariant_schedule(mask: str, kernel_head_dim: int, seqlen_k: int) -> str:
     if seqlen_k <= SHORT_SEQLEN_K.get((mask, kernel_head_dim), 0):
         return SHORT_INVARIANT_SCHEDULE
     return INVARIANT_SCHEDULES[mask]
-
-
-def same_bits(a: str, b: str) -> bool:
-    """Whether two schedules give the same dQ/dK/dV bits: the same schedule, or descending and descending_lanes, which
-    runs descending's orders (csrc/schedule/lanes.h)."""
-    same_as_descending = {"descending", SHORT_INVARIANT_SCHEDULE}
-    return a == b or {a, b} <= same_as_descending
 
 
 def invariant_picks(mask: str) -> Tuple[str, ...]:

@@ -69,5 +69,5 @@ MEASURED_RANKING = {
 }
 # Short labels of the benchmark tables (benchmarks/peers.py), one per name of SCHEDULES.
 SHORT_NAMES = {"auto": "auto", "ascending": "asc", "descending": "desc", "spt": "spt", "shift": "shift",
-               "shift_causal": "shiftc", "shift_runs": "shiftr", "shift_causal_runs": "shiftcr", "descending_lanes": "descl",
-               "dynamic": "dyn"}
+               "shift_causal": "shiftc", "shift_runs": "shiftr", "shift_causal_runs": "shiftcr",
+               "descending_lanes": "descl", "dynamic": "dyn"}

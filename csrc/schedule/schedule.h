@@ -28,8 +28,8 @@ namespace dash::sched {
 // that full-mask kernels carry none of their code (mapped to Descending like kAuto). kWithDynamic = false leaves
 // Dynamic out (it maps to Descending too): kernels that never claim units (bwd_tile_scheduler.h) then carry none of
 // its code. kWithLanes = false runs DescendingLanes as Descending, whose bits it has (lanes.h): kernels where
-// deterministic `auto` never picks it carry none of its code. The exec-check pragma lets a __device__-only functor (the kernel's) and a host-only one (the simulator's)
-// both pass through this __host__ __device__ template.
+// deterministic `auto` never picks it carry none of its code. The exec-check pragma lets a __device__-only functor
+// (the kernel's) and a host-only one (the simulator's) both pass through this __host__ __device__ template.
 #if defined(__CUDACC__)
 #pragma nv_exec_check_disable
 #endif
@@ -149,7 +149,8 @@ struct Applied<ShiftCausal> : ShiftCausal {
 #endif
 template <bool kWithDynamic = true, bool kWithCausal = true, bool kWithLanes = true, class F>
 DASH_HD auto dispatch_resolved(ScheduleKind resolved, F&& f) {
-  return dispatch_schedule<kWithDynamic, kWithCausal, kWithLanes>(resolved, [&](auto s) { return f(Applied<decltype(s)>{}); });
+  return dispatch_schedule<kWithDynamic, kWithCausal, kWithLanes>(resolved,
+                                                                  [&](auto s) { return f(Applied<decltype(s)>{}); });
 }
 
 }  // namespace dash::sched

@@ -77,16 +77,20 @@ _DYNAMIC_MIN_KV_TILES = 64
 _CHOOSE_VISIT_BUDGET = 400_000
 
 
+# (block_m, block_n) of the backward kernel of each kernel head dim (csrc/bwd/bwd_config.h). The torch binding asks
+# the compiled kernel (dash_bwd_tile_shape) when it is present; this table is the CPU-side default.
+_BWD_TILES = {64: (128, 128), 128: (64, 128), 256: (64, 64)}
+
+
 def _kernel_hdim(hdim: int) -> int:
     """The head dim of the kernel a call of head dim `hdim` runs in, all kernels built (csrc/common/head_dims.h)."""
-    return 64 if hdim <= 64 else 128 if hdim <= 128 else 256
+    return min((d for d in _BWD_TILES if d >= hdim), default=max(_BWD_TILES))
 
 
 def tile_shape(hdim: int, mask: str = "full") -> Tuple[int, int]:
-    """(block_m, block_n) of the backward kernel for a head dimension. The torch binding asks the compiled kernel
-    (dash_bwd_tile_shape) when it is present; this table is the CPU-side default."""
+    """(block_m, block_n) of the backward kernel for a head dimension (_BWD_TILES)."""
     del mask  # the tiles depend on the head dim alone; the argument mirrors dash_bwd_tile_shape's (headdim, mask)
-    return {64: (128, 128), 128: (64, 128), 256: (64, 64)}[_kernel_hdim(hdim)]
+    return _BWD_TILES[_kernel_hdim(hdim)]
 
 
 def _mask_id(mask: str) -> int:

@@ -70,10 +70,10 @@ Enumeration enumerate_schedule(const Problem& p, bool with_visits) {
   return e;
 }
 
-// The kind the host entry points run: the invariant schedules (runs.h, lanes.h) carry no fallback of their own, so
-// they are resolved here as the kernel resolves them; the others keep theirs (dynamic's static stand-in included).
+// The kind the host entry points run: the kinds resolved_before_use are resolved here as the kernel resolves them;
+// the others keep their own fallback (dynamic's static stand-in included).
 inline ScheduleKind host_kind(ScheduleKind kind, const Problem& p) {
-  return dq_runs(kind) > 1 || kind == ScheduleKind::kDescendingLanes ? resolve_schedule(kind, p) : kind;
+  return resolved_before_use(kind) ? resolve_schedule(kind, p) : kind;
 }
 
 inline Enumeration enumerate(ScheduleKind kind, const Problem& p, bool with_visits) {

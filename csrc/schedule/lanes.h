@@ -43,8 +43,7 @@ struct DescendingLanes {
 
   // Units per head on one lane, and the heads group g runs: g, g + groups, ...
   DASH_HD static int32_t units_per_head(const Problem& p) { return paired(p) ? 2 : 1; }
-  // num_items and item assume applies(p): elsewhere resolve_schedule runs descending instead (the kernels' tile
-  // scheduler and the engine's host_kind both resolve this kind before enumerating units).
+  // num_items and item assume applies(p): elsewhere resolve_schedule runs descending instead (resolved_before_use).
   DASH_HD static int64_t num_items(const Problem& p, int32_t cta) {
     const int32_t l = lanes(p), G = groups(p);
     if (cta >= G * l) return 0;  // the CTAs left over past the last whole group

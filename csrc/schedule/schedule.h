@@ -93,6 +93,13 @@ DASH_HD inline ScheduleKind resolve_schedule(ScheduleKind kind, const Problem& p
   }
 }
 
+// Kinds whose num_items / item assume their preconditions (the invariant schedules, runs.h and lanes.h): every entry
+// point resolves them first (resolve_schedule); the others carry their own fallback.
+DASH_HD inline bool resolved_before_use(ScheduleKind kind) {
+  return kind == ScheduleKind::kShiftRuns || kind == ScheduleKind::kShiftCausalRuns ||
+         kind == ScheduleKind::kDescendingLanes;
+}
+
 // Steps [lo, hi) of item k of CTA `cta`, tile t = S::item(p, cta, k): all of the tile's visits, except where a
 // schedule runs a unit in pieces (shift's tail, tail_split.h), which then defines S::item_steps.
 template <class S, class = void>

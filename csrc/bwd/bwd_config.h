@@ -126,9 +126,11 @@ struct BwdConfig<128> {
   // kGemmInit on every mask: the P and dS loops then read no per-column statistic at all, and with two step bodies
   // (masked_steps) the step is spill-free at causal; it is as fast or faster than the other kinds on each mask.
   static constexpr RowStats row_stats(MaskKind) { return RowStats::kGemmInit; }
-  // The statistics of the kernels that cannot take kGemmInit (soft-capped; packed causal): each mask's fastest
-  // among the other kinds (shuffled a step ahead at causal, shuffled at full, shared memory at windows, where the
-  // shuffles spilled).
+  // The packed causal kernel takes kGemmInit too: it spills no more than with the fallback (24/28 bytes either way),
+  // and it reads the statistics as the batched causal kernel does, so a varlen call's bits can match a dense one's.
+  static constexpr bool kPackedCausalGemmStats = true;
+  // The statistics of the kernels that cannot take kGemmInit (soft-capped): each mask's fastest among the other
+  // kinds (shuffled a step ahead at causal, shuffled at full, shared memory at windows, where the shuffles spilled).
   static constexpr RowStats gemm_init_fallback(MaskKind mask) {
     return mask == MaskKind::kCausal   ? RowStats::kShuffleAhead
            : mask == MaskKind::kWindow ? RowStats::kSharedMemory
@@ -180,6 +182,9 @@ struct BwdConfig<64> {
   static constexpr RowStats row_stats(MaskKind mask) {
     return mask == MaskKind::kWindow ? RowStats::kSharedMemory : RowStats::kGemmInit;
   }
+  // The packed causal kernel keeps the fallback: with the stats WGMMAs' selection registers it spilled 196/288 bytes
+  // (48/88 with shared memory).
+  static constexpr bool kPackedCausalGemmStats = false;
   // Soft-capped and packed causal kernels.
   static constexpr RowStats gemm_init_fallback(MaskKind) { return RowStats::kSharedMemory; }
   static constexpr OperandPartition operand_partition(MaskKind, RowStats) { return OperandPartition::kPerWarpGroup; }
@@ -215,6 +220,7 @@ struct BwdConfig<256> {
   static constexpr DkvOperandA kDkvA = DkvOperandA::kSharedMemory;  // P^T rows are shared across warpgroups
   // A warpgroup's S^T covers half the query columns, so the statistics cannot be shuffled within a warp's row.
   static constexpr RowStats row_stats(MaskKind) { return RowStats::kSharedMemory; }
+  static constexpr bool kPackedCausalGemmStats = false;  // no kGemmInit at all
   // Per warpgroup: as fast as per thread.
   static constexpr OperandPartition operand_partition(MaskKind, RowStats) { return OperandPartition::kPerWarpGroup; }
   static constexpr DvIssue dv_issue(MaskKind) { return DvIssue::kAfterP; }  // P^T goes through shared memory here

@@ -48,12 +48,13 @@ struct BwdTraits {
   static constexpr bool kDvFromRegs = Cfg::kDkvA != DkvOperandA::kSharedMemory;
   static constexpr bool kDkFromRegs = Cfg::kDkvA == DkvOperandA::kRegisters;
   // Soft-capped kernels of a kGemmInit config read the statistics the config's gemm_init_fallback way (soft-capping
-  // applies tanh before LSE), and so do the packed-sequence causal ones: with the stats WGMMAs' selection registers
-  // ptxas spilled 196/288 bytes there (hdim 64, 48/88 with shared memory; not timed). So do the fp16 kernels: the
-  // GEMM-read statistics carry D in 16 significant bits (GemmStatLines), and where dP - D cancels exactly (a query
-  // with a single key) the error that leaves in dS exceeds fp16's output rounding (FA3's test bound there).
+  // applies tanh before LSE), and so do the packed-sequence causal ones where the config says so
+  // (kPackedCausalGemmStats). So do the fp16 kernels: the GEMM-read statistics carry D in 16 significant bits
+  // (GemmStatLines), and where dP - D cancels exactly (a query with a single key) the error that leaves in dS exceeds
+  // fp16's output rounding (FA3's test bound there).
   static constexpr bool kGemmStats = Cfg::row_stats(kMask) == RowStats::kGemmInit && !kSoftcap &&
-                                     !(kLayout_ == SeqLayout::kPacked && kMask_ == MaskKind::kCausal) &&
+                                     !(kLayout_ == SeqLayout::kPacked && kMask_ == MaskKind::kCausal &&
+                                       !Cfg::kPackedCausalGemmStats) &&
                                      std::is_same_v<Element, cutlass::bfloat16_t>;
   static constexpr RowStats row_stats_kind() {
     if constexpr (Cfg::row_stats(kMask) == RowStats::kGemmInit && !kGemmStats) {

@@ -13,7 +13,7 @@ from . import validation
 from ._args import MaskKind, OpArgs
 from ._ext import (_bwd_tile_shape, _check_cuda, _device_guard, _held_head_dim, _kernel_head_dim, _l2_bytes, _num_sms,
                    _supported_head_dims)
-from .schedules_table import AUTO, FALLBACK_SCHEDULE, SCHEDULE_IDS, invariant_schedule
+from .schedules_table import AUTO, FALLBACK_SCHEDULE, SCHEDULE_IDS, invariant_schedule, varlen_invariant_schedule
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -48,7 +48,8 @@ def _resolve_schedule_for(args: OpArgs, device: torch.device, batch: int, seqlen
     schedule, mask = args.schedule, args.mask
     if schedule == AUTO and args.deterministic:
         schedule = invariant_schedule(MaskKind(mask).name.lower(),
-                                      validation.kernel_head_dim(headdim, _supported_head_dims()), seqlen_k)
+                                      validation.kernel_head_dim(headdim, _supported_head_dims()), seqlen_k,
+                                      nheads // nheads_k)
     if schedule == AUTO:
         block_m, block_n = _bwd_tile_shape(headdim, mask)
         ctas = max(1, _num_sms(device.index) - args.sm_margin)
@@ -58,11 +59,15 @@ def _resolve_schedule_for(args: OpArgs, device: torch.device, batch: int, seqlen
     return SCHEDULE_IDS[schedule]
 
 
-def _with_varlen_schedule(args: OpArgs) -> OpArgs:
-    """A varlen call's arguments: deterministic `auto` takes the varlen invariant pick for the mask, the same for the
-    packed kernels and for runs of equal lengths, so that neither the path nor the neighbours change the bits."""
+def _with_varlen_schedule(args: OpArgs, headdim: int, max_seqlen_k: int) -> OpArgs:
+    """A varlen call's arguments: deterministic `auto` takes the varlen invariant pick for the mask and the kernel's
+    head dim, the same for the packed kernels and for runs of equal lengths, so that neither the path nor the
+    neighbours change the bits (max_seqlen_k, the longest sequence's keys, only picks between two layouts of one
+    order). headdim: the head dim whose kernel runs."""
     if args.schedule == AUTO and args.deterministic:
-        return args._replace(schedule=validation.INVARIANT_VARLEN_SCHEDULES[MaskKind(args.mask).name.lower()])
+        kernel_dim = validation.kernel_head_dim(headdim, _supported_head_dims())
+        return args._replace(schedule=varlen_invariant_schedule(MaskKind(args.mask).name.lower(), kernel_dim,
+                                                                max_seqlen_k))
     return args
 
 

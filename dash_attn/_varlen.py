@@ -213,7 +213,7 @@ def _varlen_bwd_cuda(ext, dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, c
                      dsink=None):
     """dsink (with a sink): float32 (nheads,), the sum of the launches' sink gradients in the order they run."""
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    args = _with_varlen_schedule(args)
+    args = _with_varlen_schedule(args, q.shape[-1], max(_used_lengths(ck, None), default=0))
     packed = _packed_launch(ext, q, k, v, cq, ck, *args.mask_args)
     if packed is not None:
         max_q, max_k = packed
@@ -334,7 +334,7 @@ def _varlen_bwd_unplanned(ext, dout, q, k, v, out, lse, seqs, bounds, args: OpAr
     # Gradients the kernel does not write (rows past seqused, or all of them when no query sees a key) start as 0.
     untouched_rows = used_q is not None or used_k is not None or no_key_seen
     dq, dk, dv = ((torch.zeros_like if untouched_rows else torch.empty_like)(t) for t in (q, k, v))
-    args = _with_varlen_schedule(args)
+    args = _with_varlen_schedule(args, q.shape[-1], max_k)
     with _device_guard(q.device):
         if not no_key_seen:
             launches = _bwd_launches(q, seqs, used_q, used_k, (max_q, max_k), args, checked_on_host)

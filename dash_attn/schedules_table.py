@@ -11,8 +11,9 @@ from typing import Dict, Tuple
 from . import _sched
 
 __all__ = ["AUTO", "SCHEDULE_IDS", "DETERMINISTIC_SCHEDULES", "NONDETERMINISTIC_SCHEDULES", "SCHEDULES", "DYNAMIC",
-           "INVARIANT_SCHEDULES", "INVARIANT_VARLEN_SCHEDULES", "SHORT_INVARIANT_SCHEDULE", "SHORT_SEQLEN_K",
-           "invariant_schedule", "invariant_picks", "FALLBACK_SCHEDULE", "MEASURED_RANKING",
+           "INVARIANT_SCHEDULES", "INVARIANT_VARLEN_SCHEDULES", "LANES_SCHEDULE", "SHORT_SEQLEN_K",
+           "LANES_GQA_RATIO", "LANES_ORDER", "VARLEN_HEAD_DIM_SCHEDULES", "VARLEN_LANES_SEQLEN_K", "invariant_schedule",
+           "varlen_invariant_schedule", "invariant_picks", "FALLBACK_SCHEDULE", "MEASURED_RANKING",
            "SHORT_NAMES"]
 
 _TABLE = sorted(_sched.SCHEDULE_TABLE, key=lambda entry: entry[1])  # (name, id, deterministic), in id order
@@ -30,30 +31,61 @@ SCHEDULES: Tuple[str, ...] = (AUTO,) + DETERMINISTIC_SCHEDULES + NONDETERMINISTI
 # The one schedule whose units are claimed at run time (csrc/schedule/dynamic.h).
 (DYNAMIC,) = NONDETERMINISTIC_SCHEDULES
 
-# `auto` with deterministic=True: a function of the mask, the kernel's head dim and seqlen_k alone (never the SM count,
-# sm_margin or the batch), so that its bits are invariant: every schedule here orders each dQ tile's adds by the
-# sequence's own geometry (csrc/schedule/runs.h, lanes.h). Up to SHORT_SEQLEN_K[(mask, kernel head dim)] keys it is
-# SHORT_INVARIANT_SCHEDULE, measured faster there; above, or for other masks and head dims, INVARIANT_SCHEDULES[mask]
-# (benchmarks/RESULTS.md has both columns). Read through invariant_schedule().
+# `auto` with deterministic=True: a function of the mask, the kernel's head dim, seqlen_k and the GQA ratio alone
+# (never the SM count, sm_margin or the batch), so that its bits are invariant: every schedule here orders each dQ
+# tile's adds by the sequence's own geometry (csrc/schedule/runs.h, lanes.h). LANES_SCHEDULE runs up to
+# SHORT_SEQLEN_K[(mask, kernel head dim)] keys, and at any length where nheads / nheads_k reaches
+# LANES_GQA_RATIO[kernel head dim], measured faster there; elsewhere INVARIANT_SCHEDULES[mask]
+# (benchmarks/RESULTS.md has the columns). Read through invariant_schedule().
 INVARIANT_SCHEDULES = {"full": "shift_runs", "causal": "shift_causal_runs", "window": "descending"}
-SHORT_INVARIANT_SCHEDULE = "descending_lanes"
+LANES_SCHEDULE = "descending_lanes"
 SHORT_SEQLEN_K = {("full", 64): 4096, ("full", 128): 4096, ("causal", 64): 1024, ("causal", 128): 4096}
-# Varlen calls run a causal or window band as a batch of the longest sequence (or per run of equal lengths): there
-# only descending's order gives a sequence the same walk and order whatever its neighbours.
-INVARIANT_VARLEN_SCHEDULES = {"full": "shift_runs", "causal": "descending", "window": "descending"}
+LANES_GQA_RATIO = {128: 4}
+# descending_lanes runs descending's orders (the same bits) on another layout; where its layout is slower a varlen call
+# runs this name instead.
+LANES_ORDER = "descending"
+
+# Varlen calls run a band as a batch of the longest sequence (or per run of equal lengths): a sequence must get the
+# same walk and orders whatever that longest length is. On causal bands and windows only descending's order does;
+# on full masks shift_runs' does too. The pick is a function of the mask and the kernel's head dim (which fix the
+# bits); the longest sequence chooses only between descending's two layouts. Read through varlen_invariant_schedule().
+# - Full masks: descending_lanes, except at hdim 256 (VARLEN_HEAD_DIM_SCHEDULES), where its groups of N lanes leave
+#   132 mod N CTAs idle.
+# - Causal bands: descending_lanes' layout; with square tiles (hdim 64, 256) past VARLEN_LANES_SEQLEN_K keys, where its
+#   paired short tiles wait, descending's.
+# - Windows: descending (the window kernels carry no lanes).
+INVARIANT_VARLEN_SCHEDULES = {"full": "descending_lanes", "causal": "descending_lanes", "window": "descending"}
+VARLEN_HEAD_DIM_SCHEDULES = {("full", 256): "shift_runs"}
+VARLEN_LANES_SEQLEN_K = {("causal", 64): 4096, ("causal", 256): 4096}
 
 
-def invariant_schedule(mask: str, kernel_head_dim: int, seqlen_k: int) -> str:
-    """Deterministic `auto`'s pick for a dense call (mask name, the head dim of the kernel that runs, keys)."""
+def invariant_schedule(mask: str, kernel_head_dim: int, seqlen_k: int, gqa_ratio: int = 1) -> str:
+    """Deterministic `auto`'s pick for a dense call (mask name, the head dim of the kernel that runs, keys,
+    nheads // nheads_k)."""
     if seqlen_k <= SHORT_SEQLEN_K.get((mask, kernel_head_dim), 0):
-        return SHORT_INVARIANT_SCHEDULE
+        return LANES_SCHEDULE
+    if mask != "window" and gqa_ratio >= LANES_GQA_RATIO.get(kernel_head_dim, gqa_ratio + 1):
+        return LANES_SCHEDULE
     return INVARIANT_SCHEDULES[mask]
+
+
+def varlen_invariant_schedule(mask: str, kernel_head_dim: int, max_seqlen_k: int) -> str:
+    """Deterministic `auto`'s pick for a varlen call (mask name, the head dim of the kernel that runs, the longest
+    sequence's keys): its bits depend on the mask and the head dim alone."""
+    name = VARLEN_HEAD_DIM_SCHEDULES.get((mask, kernel_head_dim), INVARIANT_VARLEN_SCHEDULES[mask])
+    if name == LANES_SCHEDULE and max_seqlen_k > VARLEN_LANES_SEQLEN_K.get((mask, kernel_head_dim), max_seqlen_k):
+        return LANES_ORDER
+    return name
 
 
 def invariant_picks(mask: str) -> Tuple[str, ...]:
     """Every schedule deterministic `auto` can run for a mask, dense or varlen (what the invariance proofs cover)."""
     picks = {INVARIANT_SCHEDULES[mask], INVARIANT_VARLEN_SCHEDULES[mask]}
-    picks.update(SHORT_INVARIANT_SCHEDULE for m, _ in SHORT_SEQLEN_K if m == mask)
+    picks.update(name for (m, _), name in VARLEN_HEAD_DIM_SCHEDULES.items() if m == mask)
+    picks.update(LANES_SCHEDULE for m, _ in SHORT_SEQLEN_K if m == mask)
+    picks.update(LANES_ORDER for m, _ in VARLEN_LANES_SEQLEN_K if m == mask)
+    if mask != "window" and LANES_GQA_RATIO:
+        picks.add(LANES_SCHEDULE)
     return tuple(sorted(picks))
 
 

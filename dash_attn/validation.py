@@ -21,8 +21,6 @@ from . import schedules_table
 SCHEDULES = schedules_table.SCHEDULES
 # Schedules without a fixed dQ accumulation order: the non-deterministic backward only.
 NONDETERMINISTIC_SCHEDULES = schedules_table.NONDETERMINISTIC_SCHEDULES
-INVARIANT_SCHEDULES = schedules_table.INVARIANT_SCHEDULES
-INVARIANT_VARLEN_SCHEDULES = schedules_table.INVARIANT_VARLEN_SCHEDULES
 
 # The kernels' element types, by the names of the build's DASH_ATTN_DTYPES (and of the binding's supported_dtypes).
 KERNEL_DTYPE_NAMES = {"fp16": torch.float16, "bf16": torch.bfloat16}

@@ -1,6 +1,6 @@
 """CPU checks of the benchmark plumbing: the one FLOPs convention (benchmarks/flops.py and its C++ mirror
-csrc/bench/bench_flops.h), and bench_attn.py's command line and its no-GPU exit. The timings themselves need the GPU
-(benchmarks/RESULTS.md)."""
+csrc/bench/bench_flops.h), bench_attn.py's command line, and both benchmarks' no-GPU exit. The timings themselves
+need the GPU (benchmarks/RESULTS.md)."""
 import pathlib
 import random
 import shutil
@@ -130,6 +130,19 @@ def test_no_gpu_gives_a_clear_message_not_a_traceback():
                          capture_output=True, text=True, timeout=120)
     assert run.returncode == bench_attn.EXIT_NO_GPU
     assert "needs a CUDA GPU" in run.stderr and "Traceback" not in run.stderr
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the exit without a GPU")
+def test_varlen_bench_without_gpu_exits_clearly():
+    run = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "bench_varlen.py")], capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode == bench_attn.EXIT_NO_GPU
+    assert "needs a CUDA GPU" in run.stderr and "Traceback" not in run.stderr
+
+
+def test_varlen_packs_hold_the_same_tokens():
+    import bench_varlen
+    assert {sum(lens) for lens in bench_varlen.PACKS.values()} == {16384}
 
 
 def test_rounds_report_each_cells_median_round():

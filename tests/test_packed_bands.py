@@ -18,7 +18,7 @@ import torch
 from dash_attn import _sched, _seq_bands, interface
 from dash_attn import schedule as S
 from dash_attn.reference import attention_bwd_ref_varlen, attention_ref_varlen, visibility_mask
-from dash_attn.schedules_table import DETERMINISTIC_SCHEDULES, INVARIANT_VARLEN_SCHEDULES, NONDETERMINISTIC_SCHEDULES
+from dash_attn.schedules_table import DETERMINISTIC_SCHEDULES, NONDETERMINISTIC_SCHEDULES, varlen_invariant_schedule
 
 from api_common import cu, patch_interface
 
@@ -125,6 +125,11 @@ def _orders(plan, batch, keep):
     return dq, {key: tuple(w) for key, w in walks.items()}
 
 
+def _varlen_picks(mask_name):
+    """Every schedule deterministic `auto` runs a varlen call of this mask with, over head dims and longest lengths."""
+    return {varlen_invariant_schedule(mask_name, hdim, max_k) for hdim in (64, 128, 256) for max_k in (1, 1 << 20)}
+
+
 @pytest.mark.parametrize("tiles", TILES, ids=lambda t: f"{t[0]}x{t[1]}")
 @pytest.mark.parametrize("mask, window", BANDS)
 def test_planned_launches_cover_every_sequence_and_keep_its_deterministic_orders(mask, window, tiles):
@@ -133,24 +138,24 @@ def test_planned_launches_cover_every_sequence_and_keep_its_deterministic_orders
     bm, bn = tiles
     nheads, nheads_k = 4, 2
     mask_name, win = MASK_NAMES[mask], (window if mask == 2 else None)
-    pick = INVARIANT_VARLEN_SCHEDULES[mask_name]
+    picks = _varlen_picks(mask_name)
     for lens_q, lens_k in PACKS:
         for launch in _seq_bands.bwd_launches(lens_q, lens_k, mask, *window):
             members = range(len(lens_q)) if launch.members is None else launch.members
             for name in DETERMINISTIC_SCHEDULES + NONDETERMINISTIC_SCHEDULES:
-                ctas = 7 if name != pick else 132
+                ctas = 132 if name in picks else 7
                 plan = S.plan(name, mask_name, launch.max_q, launch.max_k, bm, bn, nheads, len(lens_q), ctas,
                               window=win, nheads_k=nheads_k)
                 visited = _tile_pairs(plan)
                 for b in members:
                     if lens_q[b] == 0 or lens_k[b] == 0:
                         continue
-                    alone = S.plan(pick, mask_name, lens_q[b], lens_k[b], bm, bn, nheads, 1, 1, window=win,
-                                   nheads_k=nheads_k)
+                    alone = S.plan(name if name in picks else "descending", mask_name, lens_q[b], lens_k[b], bm, bn,
+                                   nheads, 1, 1, window=win, nheads_k=nheads_k)
                     live = {t[1:] for t in _tile_pairs(alone)}
                     mine = [t[1:] for t in visited if t[0] == b and t[1:] in live]
                     assert sorted(mine) == sorted(live), (name, lens_q[b], lens_k[b], launch)
-                    if name == pick:
+                    if name in picks:
                         assert _orders(plan, b, live) == _orders(alone, 0, live), (name, b, launch)
 
 

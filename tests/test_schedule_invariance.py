@@ -14,7 +14,7 @@ import pytest
 
 from dash_attn import _sched
 from dash_attn import schedule as S
-from dash_attn.schedules_table import INVARIANT_SCHEDULES, INVARIANT_VARLEN_SCHEDULES, invariant_picks
+from dash_attn.schedules_table import INVARIANT_SCHEDULES, invariant_picks, varlen_invariant_schedule
 
 ALL_CTAS = range(1, 257)
 BATCHES = (1, 2, 5, 8)
@@ -99,11 +99,12 @@ def test_deterministic_picks_are_deadlock_free(mask, hdim):
 def test_varlen_pick_is_invariant_to_packing(mask, hdim):
     """The packed kernels schedule a varlen batch as a batch of its longest sequence and skip what lies past each
     sequence's end: a sequence must get its own orders whatever it is packed with, in any position."""
-    schedule = INVARIANT_VARLEN_SCHEDULES[mask]
     bm, bn = TILES[hdim]
     own = 333
-    ref = alone(schedule, mask, own, own, hdim, 2, 1, None)
-    for longest in (333, 500, 1024, 1500):
+    # The sequence's own varlen call: its pick at its own length (the longest one may change only the layout).
+    ref = alone(varlen_invariant_schedule(mask, hdim, own), mask, own, own, hdim, 2, 1, None)
+    for longest in (333, 500, 1024, 1500, 5000):
+        schedule = varlen_invariant_schedule(mask, hdim, longest)
         for ctas in (1, 7, 66, 132, 256):
             plan = _plan(schedule, mask, longest, longest, hdim, 2, 1, None, 3, ctas)
             for b in range(3):

@@ -42,6 +42,12 @@ def test_lane_keeps_its_kv_tile():
     for cta in range(132):
         tiles = items["n_block"][items["cta"] == cta].tolist()
         assert tiles == ([cta % 4, 7 - cta % 4] if cta < 64 else [])  # 33 groups, one head each for 16 of them
+    # N = 9: lanes 0-3 hold the pairs (l, 8-l), lane 4 the middle tile alone; 26 groups, 2 CTAs idle.
+    odd = _plan("descending_lanes", "causal", 1100, 1100, 128, 4, 4, None, 13, 132).items
+    for cta in range(132):
+        tiles = odd["n_block"][odd["cta"] == cta].tolist()
+        lane, heads = cta % 5, (2 if cta < 130 else 0)
+        assert tiles == ([lane, 8 - lane] * heads if lane < 4 else [4] * heads)
 
 
 @pytest.mark.parametrize("mask, hdim", sorted(SHORT_SEQLEN_K))
@@ -52,3 +58,13 @@ def test_invariant_pick_switches_at_the_bound(mask, hdim):
     assert invariant_schedule(mask, hdim, bound + 1) == {"full": "shift_runs", "causal": "shift_causal_runs"}[mask]
     assert invariant_schedule(mask, 256, 1) != "descending_lanes"  # not measured at hdim 256: the long pick
     assert invariant_schedule("window", hdim, 1) == "descending"
+
+
+@pytest.mark.parametrize("mask", ["full", "causal"])
+def test_invariant_pick_of_gqa(mask):
+    """At hdim 128 with 4 or more query heads per KV head, descending_lanes at every length (LANES_GQA_RATIO)."""
+    long = max(SHORT_SEQLEN_K.values()) + 1
+    assert invariant_schedule(mask, 128, long, 4) == invariant_schedule(mask, 128, long, 8) == "descending_lanes"
+    assert invariant_schedule(mask, 128, long, 2) != "descending_lanes"
+    assert invariant_schedule(mask, 64, long, 4) != "descending_lanes"
+    assert invariant_schedule("window", 128, long, 4) == "descending"

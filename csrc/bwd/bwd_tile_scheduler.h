@@ -47,12 +47,12 @@ struct ScheduleRef {
   DASH_HD bool dynamic() const {
     return claims_units<Fixed>() && kind == ScheduleKind::kDynamic;
   }
-  // Kernels that run descending_lanes' layout: the batched full and causal ones, where deterministic `auto` picks it
-  // (dash_attn/schedules_table.py); the others run it as descending, with the same bits, and carry none of its
-  // unit arithmetic in the producer warp.
+  // Kernels that run descending_lanes' layout: the full and causal ones, batched and packed, where deterministic
+  // `auto` picks it (dash_attn/schedules_table.py); the window kernels run it as descending, with the same bits, and
+  // carry none of its unit arithmetic in the producer warp.
   template <class Fixed>
   static constexpr bool runs_lanes() {
-    return !Fixed::kPacked && Fixed::kMask != MaskKind::kWindow;
+    return Fixed::kMask != MaskKind::kWindow;
   }
   // The schedule of `kind`, applied (schedule.h): kernels that never claim units compile no Dynamic code, full-mask
   // kernels none of the paired causal schedules (a full mask never resolves to them).

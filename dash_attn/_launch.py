@@ -13,7 +13,8 @@ from . import validation
 from ._args import MaskKind, OpArgs
 from ._ext import (_bwd_tile_shape, _check_cuda, _device_guard, _held_head_dim, _kernel_head_dim, _l2_bytes, _num_sms,
                    _supported_head_dims)
-from .schedules_table import AUTO, FALLBACK_SCHEDULE, SCHEDULE_IDS, invariant_schedule, varlen_invariant_schedule
+from .schedules_table import (AUTO, FALLBACK_SCHEDULE, LANES_SCHEDULE, SCHEDULE_IDS, gqa_runs_lanes, invariant_schedule,
+                              varlen_invariant_schedule)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -46,10 +47,12 @@ def _resolve_schedule_for(args: OpArgs, device: torch.device, batch: int, seqlen
     # A deterministic `dynamic` is refused once in Python, by the public functions (validation.check_schedule_mode);
     # a direct call of the ops meets the binding's check before any launch (csrc/api/binding.cpp).
     schedule, mask = args.schedule, args.mask
-    if schedule == AUTO and args.deterministic:
-        schedule = invariant_schedule(MaskKind(mask).name.lower(),
-                                      validation.kernel_head_dim(headdim, _supported_head_dims()), seqlen_k,
-                                      nheads // nheads_k)
+    if schedule == AUTO:
+        mask_name, kernel_dim = MaskKind(mask).name.lower(), validation.kernel_head_dim(headdim, _supported_head_dims())
+        if args.deterministic:
+            schedule = invariant_schedule(mask_name, kernel_dim, seqlen_k, nheads // nheads_k)
+        elif gqa_runs_lanes(mask_name, kernel_dim, nheads // nheads_k):
+            schedule = LANES_SCHEDULE
     if schedule == AUTO:
         block_m, block_n = _bwd_tile_shape(headdim, mask)
         ctas = max(1, _num_sms(device.index) - args.sm_margin)

@@ -12,7 +12,7 @@ from . import _sched
 
 __all__ = ["AUTO", "SCHEDULE_IDS", "DETERMINISTIC_SCHEDULES", "NONDETERMINISTIC_SCHEDULES", "SCHEDULES", "DYNAMIC",
            "INVARIANT_SCHEDULES", "INVARIANT_VARLEN_SCHEDULES", "LANES_SCHEDULE", "SHORT_SEQLEN_K",
-           "LANES_GQA_RATIO", "LANES_ORDER", "VARLEN_HEAD_DIM_SCHEDULES", "VARLEN_LANES_SEQLEN_K", "invariant_schedule",
+           "LANES_GQA_RATIO", "LANES_ORDER", "VARLEN_HEAD_DIM_SCHEDULES", "VARLEN_LANES_SEQLEN_K", "gqa_runs_lanes", "invariant_schedule",
            "varlen_invariant_schedule", "invariant_picks", "FALLBACK_SCHEDULE", "MEASURED_RANKING",
            "SHORT_NAMES"]
 
@@ -35,8 +35,8 @@ SCHEDULES: Tuple[str, ...] = (AUTO,) + DETERMINISTIC_SCHEDULES + NONDETERMINISTI
 # (never the SM count, sm_margin or the batch), so that its bits are invariant: every schedule here orders each dQ
 # tile's adds by the sequence's own geometry (csrc/schedule/runs.h, lanes.h). LANES_SCHEDULE runs up to
 # SHORT_SEQLEN_K[(mask, kernel head dim)] keys, and at any length where nheads / nheads_k reaches
-# LANES_GQA_RATIO[kernel head dim], measured faster there; elsewhere INVARIANT_SCHEDULES[mask]
-# (benchmarks/RESULTS.md has the columns). Read through invariant_schedule().
+# LANES_GQA_RATIO[kernel head dim] (there in both modes: gqa_runs_lanes), measured faster there; elsewhere
+# INVARIANT_SCHEDULES[mask] (benchmarks/RESULTS.md has the columns). Read through invariant_schedule().
 INVARIANT_SCHEDULES = {"full": "shift_runs", "causal": "shift_causal_runs", "window": "descending"}
 LANES_SCHEDULE = "descending_lanes"
 SHORT_SEQLEN_K = {("full", 64): 4096, ("full", 128): 4096, ("causal", 64): 1024, ("causal", 128): 4096}
@@ -59,12 +59,16 @@ VARLEN_HEAD_DIM_SCHEDULES = {("full", 256): "shift_runs"}
 VARLEN_LANES_SEQLEN_K = {("causal", 64): 4096, ("causal", 256): 4096}
 
 
+def gqa_runs_lanes(mask: str, kernel_head_dim: int, gqa_ratio: int) -> bool:
+    """Whether `auto` runs LANES_SCHEDULE for its GQA ratio (nheads // nheads_k), deterministic or not: with a KV
+    head's tiles on one group of lanes it measured faster than every other schedule of either mode there."""
+    return mask != "window" and gqa_ratio >= LANES_GQA_RATIO.get(kernel_head_dim, gqa_ratio + 1)
+
+
 def invariant_schedule(mask: str, kernel_head_dim: int, seqlen_k: int, gqa_ratio: int = 1) -> str:
     """Deterministic `auto`'s pick for a dense call (mask name, the head dim of the kernel that runs, keys,
     nheads // nheads_k)."""
-    if seqlen_k <= SHORT_SEQLEN_K.get((mask, kernel_head_dim), 0):
-        return LANES_SCHEDULE
-    if mask != "window" and gqa_ratio >= LANES_GQA_RATIO.get(kernel_head_dim, gqa_ratio + 1):
+    if seqlen_k <= SHORT_SEQLEN_K.get((mask, kernel_head_dim), 0) or gqa_runs_lanes(mask, kernel_head_dim, gqa_ratio):
         return LANES_SCHEDULE
     return INVARIANT_SCHEDULES[mask]
 

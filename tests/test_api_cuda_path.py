@@ -237,6 +237,19 @@ def test_deterministic_auto_picks_by_shape_alone(fake_cuda, monkeypatch, mask, e
     assert [c[1][15] for c in fake_cuda.calls] == [interface.SCHEDULE_IDS[expected]] * 2
 
 
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_auto_runs_lanes_with_gqa_4_at_hdim_128(fake_cuda, monkeypatch, deterministic):
+    """Past the short-key bound, both modes of `auto` run descending_lanes with 4 query heads per KV head at hdim 128
+    (schedules_table.gqa_runs_lanes), without asking the model."""
+    monkeypatch.setitem(sys.modules, "dash_attn.schedule", None)
+    q, k, v = qkv(seqlen_q=5000, seqlen_k=5000, nheads=8, nheads_k=2, headdim=128, dtype=torch.bfloat16)
+    out, lse = torch.empty_like(q), torch.empty(2, 8, 5000)
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    interface._launch_bwd(out, q, k, v, out, lse, dq, dk, dv,
+                          op_args(mask=1, window=(-1, 0), deterministic=deterministic, schedule="auto"))
+    assert fake_cuda.calls[0][1][15] == interface.SCHEDULE_IDS["descending_lanes"]
+
+
 def test_auto_schedule_falls_back_without_the_simulator(fake_cuda, monkeypatch):
     monkeypatch.setitem(sys.modules, "dash_attn.schedule", None)
     q, k, v, out, lse, dq, dk, dv = _bf16_inputs()

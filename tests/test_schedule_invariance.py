@@ -14,7 +14,8 @@ import pytest
 
 from dash_attn import _sched
 from dash_attn import schedule as S
-from dash_attn.schedules_table import INVARIANT_SCHEDULES, invariant_picks, varlen_invariant_schedule
+from dash_attn.schedules_table import (INVARIANT_SCHEDULES, LANES_ORDER, LANES_SCHEDULE, invariant_picks,
+                                      varlen_invariant_schedule)
 
 ALL_CTAS = range(1, 257)
 BATCHES = (1, 2, 5, 8)
@@ -110,6 +111,17 @@ def test_varlen_pick_is_invariant_to_packing(mask, hdim):
             for b in range(3):
                 got = signature(plan, b, live_q=-(-own // bm), live_k=-(-own // bn))
                 assert got == ref, f"{schedule}: packed with {longest}, position {b}, {ctas} CTAs"
+
+
+@pytest.mark.parametrize("hdim", sorted(TILES))
+@pytest.mark.parametrize("mask", ["full", "causal", "window"])
+def test_varlen_pick_changes_only_the_layout_with_the_longest_sequence(mask, hdim):
+    """The longest sequence of a pack may switch varlen `auto` between descending_lanes and descending only: the same
+    orders (test_schedule_lanes.py), so a sequence's bits cannot follow its neighbours' lengths."""
+    same_order = {LANES_SCHEDULE: LANES_ORDER}
+    orders = {same_order.get(name, name)
+              for name in (varlen_invariant_schedule(mask, hdim, n) for n in (1, 1024, 4096, 4097, 16384, 1 << 20))}
+    assert len(orders) == 1, orders
 
 
 @pytest.mark.parametrize("mask", ["full", "causal"])

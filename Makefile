@@ -59,14 +59,16 @@ fa3-suite:
 # Compile the kernel TUs of one (hdim, dtype) without a GPU and fail on register spills or stack frames beyond the
 # measured allowances listed in csrc/tools/check_spills.py. First, the backward traits of every head dim, dtype and
 # mask are instantiated (types only, ~30 s): their static_asserts cover the head dims not compiled here.
-# CHECK_SCORE_MODS: none (plain kernels) and/or softcap (the soft-capped ones).
+# CHECK_SCORE_MODS: none (plain kernels) and/or softcap (the soft-capped ones); CHECK_LAYOUTS: batched and/or packed
+# (the varlen kernels).
 CHECK_DIRECTIONS ?= fwd bwd
 CHECK_MASKS ?= full causal window
 CHECK_SCORE_MODS ?= none softcap
+CHECK_LAYOUTS ?= batched
 check-kernels:
 	@mkdir -p build/check
 	@echo "== csrc/tools/check_traits.cu"; $(NVCC) $(NVCC_FLAGS) -c csrc/tools/check_traits.cu -o build/check/check_traits.o
-	@set -o pipefail; for f in $(call inst_list,--layouts batched --directions $(CHECK_DIRECTIONS) \
+	@set -o pipefail; for f in $(call inst_list,--layouts $(CHECK_LAYOUTS) --directions $(CHECK_DIRECTIONS) \
 	    --hdims $(CHECK_HDIM) --dtypes $(CHECK_DTYPE) --masks $(CHECK_MASKS) --score-mods $(CHECK_SCORE_MODS)); do \
 	  echo "== $$f"; $(NVCC) $(NVCC_FLAGS) -Xptxas -v -c $$f -o build/check/$$(basename $$f .cu).o 2>&1 \
 	    | $(PYTHON) csrc/tools/check_spills.py || exit 1; done

@@ -137,6 +137,24 @@ def test_varlen_plans_each_sequence():
     assert res.makespan == pytest.approx(sum(schedule.simulate(s).makespan for s in pl.sequences))
 
 
+@pytest.mark.parametrize("name", ["descending", "descending_lanes", "shift_causal_runs", "shift_causal"])
+def test_packed_pack_skips_the_q_tiles_past_each_sequence(name):
+    """live_m models a varlen pack as the packed kernels run it (a batch of the longest sequence): visits to Q tiles
+    past a sequence's end cost nothing, and nothing else changes."""
+    p = schedule._problem("causal", 1024, 1024, 64, 128, 4, 3, 20, None, 2)
+    dense = _sched.simulate(schedule.SCHEDULE_IDS[name], p)
+    whole = _sched.simulate(schedule.SCHEDULE_IDS[name], p, live_m=[16, 16, 16])
+    assert whole["makespan"] == dense["makespan"] and whole["visits_done"] == dense["visits_done"]
+    for ctas in (1, 7, 20, 64):
+        q = schedule._problem("causal", 1024, 1024, 64, 128, 4, 3, ctas, None, 2)
+        packed = _sched.simulate(schedule.SCHEDULE_IDS[name], q, live_m=[16, 5, 0])
+        assert not packed["deadlock"] and packed["visits_done"] == packed["visits_total"]
+        full = _sched.simulate(schedule.SCHEDULE_IDS[name], q)
+        assert packed["makespan"] <= full["makespan"] and sum(packed["cta_busy"]) < sum(full["cta_busy"])
+    with pytest.raises(ValueError, match="live_m"):
+        _sched.simulate(schedule.SCHEDULE_IDS[name], p, live_m=[16, 16])
+
+
 def test_choose_follows_the_measured_ranking_within_the_model_tolerance():
     """The model ties or nearly ties the schedules on these shapes; the H200 measured shift (full) and shift_causal
     (causal, also where the model puts descending 3% ahead) clearly faster (benchmarks/RESULTS.md), so `auto` picks

@@ -114,7 +114,7 @@ py::dict enumerate_py(int32_t kind, const Problem& p) {
 }
 
 py::dict simulate_py(int32_t kind, const Problem& p, double c, double r, bool deterministic, int32_t dispatch,
-                     bool record, int64_t l2_tiles, double miss, double miss_latency) {
+                     bool record, int64_t l2_tiles, double miss, double miss_latency, std::vector<int32_t> live_m) {
   if (dispatch < 0 || dispatch > 2) {
     throw std::invalid_argument("dispatch must be 0 (static), 1 (greedy), 2 (greedy head-major)");
   }
@@ -130,6 +130,10 @@ py::dict simulate_py(int32_t kind, const Problem& p, double c, double r, bool de
   o.deterministic = deterministic;
   o.dispatch = static_cast<host::Dispatch>(dispatch);
   o.record = record;
+  if (!live_m.empty() && static_cast<int64_t>(live_m.size()) != p.batch) {
+    throw std::invalid_argument("live_m must hold one Q tile count per batch entry (or be empty)");
+  }
+  o.live_m = std::move(live_m);
   host::SimResult s;
   {
     py::gil_scoped_release release;
@@ -244,10 +248,11 @@ PYBIND11_MODULE(_sched, m) {
         "Everything the static persistent grid executes: per-visit and per-item columns (numpy).");
   m.def("simulate", &simulate_py, py::arg("kind"), py::arg("problem"), py::arg("c") = 1.0, py::arg("r") = 0.5,
         py::arg("deterministic") = true, py::arg("dispatch") = 0, py::arg("record") = false, py::arg("l2_tiles") = 0,
-        py::arg("miss") = 0.0, py::arg("miss_latency") = 0.0,
+        py::arg("miss") = 0.0, py::arg("miss_latency") = 0.0, py::arg("live_m") = std::vector<int32_t>{},
         "DASH DAG cost model of the persistent grid. dispatch: 0 static (the kernel), 1 greedy in launch order, "
         "2 greedy head-major (model only). l2_tiles > 0: L2 as an LRU of that many (Q, dO, dQ) tiles; a visit "
-        "that misses takes max(c + miss_latency, f * miss) (see simulate.h).");
+        "that misses takes max(c + miss_latency, f * miss) (see simulate.h). live_m: per batch entry, the Q tiles "
+        "inside its sequence, for a varlen pack run as a batch of its longest sequence (empty: dense).");
   m.def("verify", &verify_py, py::arg("kind"), py::arg("problem"), py::arg("cta_lo"), py::arg("cta_hi"),
         "Coverage, accumulation-order and deadlock checks for every CTA count in [cta_lo, cta_hi]; returns errors.");
 }

@@ -48,6 +48,10 @@ struct SimOptions {
   bool deterministic = true;
   Dispatch dispatch = Dispatch::kStatic;
   bool record = false;  // keep per-visit timings and the critical path
+  // Packed sequences (the varlen kernels: a batch of the longest sequence): Q tiles inside each batch entry's
+  // sequence. A visit to a Q tile past it is skipped at no cost, as the kernel's producer skips it; visits of KV tiles
+  // past the sequence's end to Q tiles inside still run (all keys masked). Empty: every tile is inside.
+  std::vector<int32_t> live_m;
 };
 
 struct SimResult {
@@ -163,6 +167,12 @@ class Simulator {
       return;
     }
     Visit v = S::visit(p_, s.tile, s.next_visit);
+    if (!o_.live_m.empty() && v.m_block >= o_.live_m[s.tile.batch]) {
+      ++res_.visits_done;
+      if (++s.next_visit == s.end_visit) s.has_tile = false;
+      ready_.push({now, c});
+      return;
+    }
     const int64_t key = tile_key(s.tile.batch, v.head, v.m_block, v.run);
     TileState& t = tiles_[key];
     // Dynamic's kernel elects each tile's first add when a visit is loaded (schedule/dynamic.h): here, the first

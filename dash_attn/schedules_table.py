@@ -11,10 +11,9 @@ from typing import Dict, Tuple
 from . import _sched
 
 __all__ = ["AUTO", "SCHEDULE_IDS", "DETERMINISTIC_SCHEDULES", "NONDETERMINISTIC_SCHEDULES", "SCHEDULES", "DYNAMIC",
-           "INVARIANT_SCHEDULES", "INVARIANT_VARLEN_SCHEDULES", "LANES_SCHEDULE", "SHORT_SEQLEN_K",
-           "LANES_GQA_RATIO", "LANES_ORDER", "VARLEN_HEAD_DIM_SCHEDULES", "VARLEN_LANES_SEQLEN_K", "gqa_runs_lanes", "invariant_schedule",
-           "varlen_invariant_schedule", "invariant_picks", "FALLBACK_SCHEDULE", "MEASURED_RANKING",
-           "SHORT_NAMES"]
+           "INVARIANT_SCHEDULES", "INVARIANT_VARLEN_SCHEDULES", "LANES_SCHEDULE", "SHORT_SEQLEN_K", "LANES_GQA_RATIO",
+           "LANES_ORDER", "VARLEN_HEAD_DIM_SCHEDULES", "VARLEN_LANES_SEQLEN_K", "gqa_runs_lanes", "invariant_schedule",
+           "varlen_invariant_schedule", "invariant_picks", "FALLBACK_SCHEDULE", "MEASURED_RANKING", "SHORT_NAMES"]
 
 _TABLE = sorted(_sched.SCHEDULE_TABLE, key=lambda entry: entry[1])  # (name, id, deterministic), in id order
 
@@ -88,8 +87,7 @@ def invariant_picks(mask: str) -> Tuple[str, ...]:
     picks.update(name for (m, _), name in VARLEN_HEAD_DIM_SCHEDULES.items() if m == mask)
     picks.update(LANES_SCHEDULE for m, _ in SHORT_SEQLEN_K if m == mask)
     picks.update(LANES_ORDER for m, _ in VARLEN_LANES_SEQLEN_K if m == mask)
-    if mask != "window" and LANES_GQA_RATIO:
-        picks.add(LANES_SCHEDULE)
+    picks.update(LANES_SCHEDULE for hdim, ratio in LANES_GQA_RATIO.items() if gqa_runs_lanes(mask, hdim, ratio))
     return tuple(sorted(picks))
 
 

@@ -74,12 +74,54 @@ def _bounds_for(lens_q: Sequence[int], lens_k: Sequence[int], lo: float, hi: flo
     return max_k - diagonal, max_k
 
 
+# The masks whose packs split by length class. A full-mask pack tiled on its longest sequence leaves a short sequence's
+# lanes or tiles mostly empty, and split it ran 9-11% faster in both modes; causal packs ran slower split, each
+# launch paying its own unequal last wave (docs/tuning.md).
+LENGTH_CLASS_MASKS = (MaskKind.FULL,)
+
+
+def length_classes(members: Sequence[int], lens_q: Sequence[int], lens_k: Sequence[int]) -> List[List[int]]:
+    """`members` by length class, longest class first: a sequence of length n = max(len_q, len_k) joins class c where
+    L / 2^(c+1) < n <= L / 2^c, L the longest length among them. The packed kernels tile a launch on its longest
+    sequence, so a short sequence packed with long ones leaves most of its CTAs' tiles empty (docs/schedules.md,
+    "Limits"); within a class the lengths differ by less than 2x. Sequences without rows join no class."""
+    length = {b: max(lens_q[b], lens_k[b]) for b in members if lens_q[b] > 0 and lens_k[b] > 0}
+    if not length:
+        return []
+    longest = max(length.values())
+    classes = {}
+    for b, n in length.items():
+        classes.setdefault((longest // n).bit_length() - 1, []).append(b)
+    return [sorted(classes[c]) for c in sorted(classes)]
+
+
 def bwd_launches(lens_q: Sequence[int], lens_k: Sequence[int], mask: int, window_left: int,
-                 window_right: int) -> List[BwdLaunch]:
+                 window_right: int, by_length: bool = False) -> List[BwdLaunch]:
     """The backward launches of a packed call whose sequences have these rows in use: one for all sequences when
     one band holds every sequence's band, else one per group, the fewest (each sequence's diagonals are an interval,
     and intervals sharing a point are a group: the greedy choice by upper end is optimal). Sequences without
-    elements join no group (their gradients are zeros, which the caller's outputs start as)."""
+    elements join no group (their gradients are zeros, which the caller's outputs start as). by_length: on the
+    masks of LENGTH_CLASS_MASKS each launch further split by length_classes. Every split keeps each sequence's bits: the schedules the varlen calls
+    run give a sequence its own orders whatever the launch's bounds (tests/test_packed_bands.py)."""
+    launches = _band_launches(lens_q, lens_k, mask, window_left, window_right)
+    if not by_length or mask not in LENGTH_CLASS_MASKS:
+        return launches
+    ranges = [diagonal_range(lq, lk, mask, window_left, window_right) for lq, lk in zip(lens_q, lens_k)]
+    split = []
+    for launch in launches:
+        members = range(len(lens_q)) if launch.members is None else launch.members
+        classes = length_classes(members, lens_q, lens_k)
+        if len(classes) <= 1:
+            split.append(launch)
+            continue
+        for cls in classes:
+            lo, hi = max(ranges[b][0] for b in cls), min(ranges[b][1] for b in cls)
+            split.append(BwdLaunch(cls, *_bounds_for([lens_q[b] for b in cls], [lens_k[b] for b in cls], lo, hi)))
+    return split
+
+
+def _band_launches(lens_q: Sequence[int], lens_k: Sequence[int], mask: int, window_left: int,
+                   window_right: int) -> List[BwdLaunch]:
     ranges = [diagonal_range(lq, lk, mask, window_left, window_right) for lq, lk in zip(lens_q, lens_k)]
     lo, hi = max((r[0] for r in ranges), default=-math.inf), min((r[1] for r in ranges), default=math.inf)
     if lo <= hi:

@@ -212,9 +212,15 @@ def _varlen_fwd_cuda(ext, q, k, v, cu_seqlens_q, cu_seqlens_k, cq, ck, args: OpA
 def _varlen_bwd_cuda(ext, dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, cq, ck, args: OpArgs, sink=None,
                      dsink=None):
     """dsink (with a sink): float32 (nheads,), the sum of the launches' sink gradients in the order they run."""
-    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     args = _with_varlen_schedule(args, q.shape[-1], max(_used_lengths(ck, None), default=0))
     packed = _packed_launch(ext, q, k, v, cq, ck, *args.mask_args)
+    if packed is not None:
+        lens_q, lens_k = _used_lengths(cq, None), _used_lengths(ck, None)
+        launches = _seq_bands.bwd_launches(lens_q, lens_k, *args.mask_args, by_length=True)
+        if len(launches) > 1:
+            return _class_launches_bwd(ext, dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, launches, lens_q,
+                                       lens_k, args, sink, dsink)
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     if packed is not None:
         max_q, max_k = packed
         schedule_id = _resolve_schedule_for(args, q.device, len(cq) - 1, max_q, max_k, q.shape[1], k.shape[1],
@@ -259,6 +265,34 @@ def _device_seqs(q, *tensors):
     return [None if t is None else _device_int32(t, q.device) for t in tensors]
 
 
+def _class_launches_bwd(ext, dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, launches, lens_q, lens_k,
+                        args: OpArgs, sink=None, dsink=None):
+    """A packed call run as several launches (_seq_bands.bwd_launches by length class), each given its members' rows
+    in use and 0 for the others; rows no launch runs (sequences without queries or keys) keep their zeros."""
+    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+    cu_q, cu_k = _device_int32(cu_seqlens_q, q.device), _device_int32(cu_seqlens_k, q.device)
+    sink_grad = _SinkGradSum(dsink, len(launches))
+    with _device_guard(q.device):
+        for (launch_q, launch_k), launch in zip(_rows_in_use(q, launches, lens_q, lens_k), launches):
+            schedule_id = _resolve_schedule_for(args, q.device, len(lens_q), launch.max_q, launch.max_k, q.shape[1],
+                                                k.shape[1], q.shape[-1])
+            ext.varlen_bwd(dout, q, k, v, out, lse, dq, dk, dv, cu_q, cu_k, launch_q, launch_k, launch.max_q,
+                           launch.max_k, *args.kernel_args, args.deterministic, schedule_id, args.sm_margin, sink,
+                           sink_grad.part)
+            sink_grad.add()
+    return dq, dk, dv
+
+
+def _rows_in_use(q, launches, lens_q, lens_k):
+    """Per launch with members, (seqused_q, seqused_k) on q's device: the members' rows in use, 0 for the others."""
+    rows = []
+    for launch in launches:
+        chosen = set(launch.members)
+        rows.append([[n if b in chosen else 0 for b, n in enumerate(lens)] for lens in (lens_q, lens_k)])
+    table = torch.tensor(rows, dtype=torch.int32).to(q.device, non_blocking=True)  # (launches, 2, batch)
+    return [(table[i, 0], table[i, 1]) for i in range(len(launches))]
+
+
 def _bwd_launches(q, seqs, used_q, used_k, bounds, args: OpArgs, checked_on_host):
     """The backward launches of an unplanned call, as (seqused_q, seqused_k, max_q, max_k) on q's device. Inside a
     capture (nothing read on the host) one with the caller's bounds, whose bands the GPU check holds to theirs
@@ -270,15 +304,11 @@ def _bwd_launches(q, seqs, used_q, used_k, bounds, args: OpArgs, checked_on_host
         return [(used_q, used_k) + tuple(bounds)]
     cq, ck, host_q, host_k = _host_lists(*seqs)
     lens_q, lens_k = _used_lengths(cq, host_q), _used_lengths(ck, host_k)
-    launches = _seq_bands.bwd_launches(lens_q, lens_k, *args.mask_args)
+    launches = _seq_bands.bwd_launches(lens_q, lens_k, *args.mask_args, by_length=True)
     if launches[0].members is None:
         return [(used_q, used_k, launches[0].max_q, launches[0].max_k)]
-    rows = []
-    for launch in launches:
-        chosen = set(launch.members)
-        rows.append([[n if b in chosen else 0 for b, n in enumerate(lens)] for lens in (lens_q, lens_k)])
-    table = torch.tensor(rows, dtype=torch.int32).to(q.device, non_blocking=True)  # (launches, 2, batch)
-    return [(table[i, 0], table[i, 1], launch.max_q, launch.max_k) for i, launch in enumerate(launches)]
+    return [used + (launch.max_q, launch.max_k)
+            for used, launch in zip(_rows_in_use(q, launches, lens_q, lens_k), launches)]
 
 
 # The packed kernels take a kernel's own head dim, the same for q, k and v; an unplanned call of other head dims runs

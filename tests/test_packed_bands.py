@@ -9,6 +9,7 @@ deterministic orders those of the sequence alone (invariance), no deadlock; and 
 on CPU tensors against the reference, with a stand-in extension whose backward computes exactly the tile pairs the
 schedule engine says the kernel visits (masked per sequence, as the kernel masks them).
 """
+import itertools
 import math
 import random
 
@@ -139,8 +140,8 @@ def test_planned_launches_cover_every_sequence_and_keep_its_deterministic_orders
     nheads, nheads_k = 4, 2
     mask_name, win = MASK_NAMES[mask], (window if mask == 2 else None)
     picks = _varlen_picks(mask_name)
-    for lens_q, lens_k in PACKS:
-        for launch in _seq_bands.bwd_launches(lens_q, lens_k, mask, *window):
+    for (lens_q, lens_k), by_length in itertools.product(PACKS, (False, True)):
+        for launch in _seq_bands.bwd_launches(lens_q, lens_k, mask, *window, by_length=by_length):
             members = range(len(lens_q)) if launch.members is None else launch.members
             for name in DETERMINISTIC_SCHEDULES + NONDETERMINISTIC_SCHEDULES:
                 ctas = 132 if name in picks else 7
@@ -284,8 +285,8 @@ def test_every_schedule_reaches_every_band(packed_stand_in, schedule, tiles):
 def test_the_stand_in_sees_a_band_the_schedule_misses(packed_stand_in, monkeypatch):
     # The longest lengths' bounds (what the packed kernels ran before the bands were planned) miss part of the bands
     # of the sequences whose diagonal lies right of the longest ones': the stand-in must show it.
-    monkeypatch.setattr(_seq_bands, "bwd_launches",
-                        lambda lens_q, lens_k, *band: [_seq_bands.BwdLaunch(None, max(lens_q), max(lens_k))])
+    monkeypatch.setattr(_seq_bands, "bwd_launches", lambda lens_q, lens_k, *band, by_length=False:
+                        [_seq_bands.BwdLaunch(None, max(lens_q), max(lens_k))])
     grads, ref = _call_bwd("seqused_both", 1, (-1, 0), True)
     assert not all(torch.allclose(got, want) for got, want in zip(grads, ref))
 
@@ -300,3 +301,36 @@ def test_groups_run_one_launch_each_with_the_others_rows_unused(packed_stand_in)
         assert len(runs_in) == (1 if used_q[b] and used_k[b] else 0)
         for i in runs_in:
             assert (launches[i][0][b], launches[i][1][b]) == (used_q[b], used_k[b])
+
+
+def test_length_classes_differ_by_less_than_twice():
+    lens = [3000, 700, 5000, 1200, 2000, 4484, 0, 2501, 2500]
+    classes = _seq_bands.length_classes(range(len(lens)), lens, lens)
+    assert sorted(b for c in classes for b in c) == [b for b, n in enumerate(lens) if n]
+    assert [sorted(lens[b] for b in c) for c in classes] == [[2501, 3000, 4484, 5000], [2000, 2500], [700, 1200]]
+    assert _seq_bands.bwd_launches([64] * 3, [64] * 3, 0, -1, -1, by_length=True)[0].members is None
+    assert _seq_bands.bwd_launches(lens, lens, 1, -1, 0, by_length=True)[0].members is None
+
+
+@pytest.mark.parametrize("deterministic", [True, False], ids=["det", "nondet"])
+@pytest.mark.parametrize("mask", [0, 1])
+def test_a_pack_of_mixed_lengths_runs_one_launch_per_class(packed_stand_in, mask, deterministic):
+    """A planned call (no seqused) whose lengths span several length classes: on a full mask one launch per class,
+    each given its members' rows, together equal to the reference; on a causal mask one launch."""
+    lens = [40, 9, 64, 17, 33, 0]
+    q, k, v, dout = _inputs(lens, lens)
+    cu_q = cu_k = cu(lens)
+    window = (-1, 0) if mask == 1 else (-1, -1)
+    out, lse = attention_ref_varlen(q, k, v, cu_q, cu_k, 0.125, mask == 1, (-1, -1), return_lse=True,
+                                    compute_dtype=torch.float64)
+    grads = interface._varlen_bwd_impl(dout, q, k, v, out, lse, cu_q, cu_k, None, None, max(lens), max(lens), 0.125,
+                                       mask, *window, 0.0, deterministic, "auto", 0)
+    ref = attention_bwd_ref_varlen(dout, q, k, v, out, lse, cu_q, cu_k, 0.125, mask == 1, (-1, -1),
+                                   compute_dtype=torch.float64)
+    for got, want in zip(grads, ref):
+        torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-9)
+    launches = packed_stand_in.varlen_bwd.launches
+    if mask == 1:
+        assert len(launches) == 1
+    else:
+        assert [launch[0] for launch in launches] == [[40, 0, 64, 0, 33, 0], [0, 0, 0, 17, 0, 0], [0, 9, 0, 0, 0, 0]]

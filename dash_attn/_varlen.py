@@ -212,10 +212,10 @@ def _varlen_fwd_cuda(ext, q, k, v, cu_seqlens_q, cu_seqlens_k, cq, ck, args: OpA
 def _varlen_bwd_cuda(ext, dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, cq, ck, args: OpArgs, sink=None,
                      dsink=None):
     """dsink (with a sink): float32 (nheads,), the sum of the launches' sink gradients in the order they run."""
-    args = _with_varlen_schedule(args, q.shape[-1], max(_used_lengths(ck, None), default=0))
+    lens_q, lens_k = _used_lengths(cq, None), _used_lengths(ck, None)
+    args = _with_varlen_schedule(args, q.shape[-1], max(lens_k, default=0))
     packed = _packed_launch(ext, q, k, v, cq, ck, *args.mask_args)
     if packed is not None:
-        lens_q, lens_k = _used_lengths(cq, None), _used_lengths(ck, None)
         launches = _seq_bands.bwd_launches(lens_q, lens_k, *args.mask_args, by_length=True)
         if len(launches) > 1:
             return _class_launches_bwd(ext, dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, launches, lens_q,

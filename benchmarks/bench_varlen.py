@@ -24,6 +24,7 @@ PACKS = {  # name: sequence lengths
     "16x1k": [1024] * 16,
     "4x4k": [4096] * 4,
     "mixed": [3000, 700, 5000, 1200, 2000, 4484],
+    "docs": [6000, 3100, 2200, 1500, 1100, 800, 600, 500, 300, 284],  # a long-tailed spread of document lengths
     "1x16k": [16384],
 }
 

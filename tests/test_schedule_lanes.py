@@ -31,23 +31,51 @@ def test_lanes_are_deadlock_free(hdim):
 
 
 def test_lane_keeps_its_kv_tile():
-    """Lane l of a group runs KV tile l of one head after another (full), or the pair (l, N-1-l) (causal)."""
+    """Lane l of a group runs KV tile l of one head after another (full, where whole groups of N lanes fill the grid
+    best), or the pair (l, N-1-l) (causal)."""
     full = _plan("descending_lanes", "full", 1024, 1024, 128, 4, 4, None, 4, 132)  # N = 8: 16 groups, 4 CTAs idle
     items = full.items
     for cta in range(132):
         tiles = set(items["n_block"][items["cta"] == cta].tolist())
         assert tiles == ({cta % 8} if cta < 128 else set())
-    causal = _plan("descending_lanes", "causal", 1024, 1024, 128, 4, 4, None, 4, 132)  # 4 lanes of pairs, 16 heads
+    causal = _plan("descending_lanes", "causal", 1024, 1024, 128, 4, 4, None, 33, 132)  # 4 lanes of pairs, 132 heads
     items = causal.items
     for cta in range(132):
         tiles = items["n_block"][items["cta"] == cta].tolist()
-        assert tiles == ([cta % 4, 7 - cta % 4] if cta < 64 else [])  # 33 groups, one head each for 16 of them
+        assert tiles == [cta % 4, 7 - cta % 4] * 4  # 33 groups, four heads each
     # N = 9: lanes 0-3 hold the pairs (l, 8-l), lane 4 the middle tile alone; 26 groups, 2 CTAs idle.
     odd = _plan("descending_lanes", "causal", 1100, 1100, 128, 4, 4, None, 13, 132).items
     for cta in range(132):
         tiles = odd["n_block"][odd["cta"] == cta].tolist()
         lane, heads = cta % 5, (2 if cta < 130 else 0)
         assert tiles == ([lane, 8 - lane] * heads if lane < 4 else [4] * heads)
+
+
+def test_lanes_take_several_tiles_where_whole_groups_leave_ctas_idle():
+    """Full mask, N = 47 KV tiles, 16 heads on 132 CTAs: groups of 47 lanes keep 94 CTAs busy for 8 rounds of
+    heads; 16 lanes of 3 tiles (tiles l, l + 16, l + 32) keep 128 busy for 2 rounds of 3 tiles."""
+    plan = _plan("descending_lanes", "full", 6000, 6000, 128, 16, 16, None, 1, 132)
+    items = plan.items
+    for cta in range(132):
+        tiles = items["n_block"][items["cta"] == cta].tolist()
+        lane = cta % 16
+        want = [n for n in (lane, lane + 16, lane + 32) if n < 47] * 2
+        assert tiles == (want if cta < 128 else [])
+    assert signature(plan, 0) == alone("descending", "full", 6000, 6000, 128, 16, 16, None)
+    bm, bn = TILES[128]
+    p = S._problem("full", 6000, 6000, bm, bn, 16, 1, 1, None, 16)
+    assert _sched.verify(S.SCHEDULE_IDS["descending_lanes"], p, 1, 256) == []
+
+
+def test_lanes_give_way_where_rounds_of_heads_leave_the_grid_idle():
+    """8 heads of 24 lanes of pairs (causal, 6000 keys) on 132 CTAs: 5 groups, 2 rounds, 73% of the grid busy, under
+    kMinBusyPercent: descending's layout runs instead (same bits); 40 heads (8 rounds, 91% busy) keep the lanes."""
+    bm, bn = TILES[128]
+    lanes = S.SCHEDULE_IDS["descending_lanes"]
+    few = S._problem("causal", 6000, 6000, bm, bn, 4, 2, 132, None, 4)
+    many = S._problem("causal", 6000, 6000, bm, bn, 4, 10, 132, None, 4)
+    assert _sched.resolve(lanes, few) == S.SCHEDULE_IDS["descending"]
+    assert _sched.resolve(lanes, many) == lanes
 
 
 @pytest.mark.parametrize("mask, hdim", sorted(SHORT_SEQLEN_K))

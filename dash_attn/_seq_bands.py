@@ -101,12 +101,13 @@ def bwd_launches(lens_q: Sequence[int], lens_k: Sequence[int], mask: int, window
     one band holds every sequence's band, else one per group, the fewest (each sequence's diagonals are an interval,
     and intervals sharing a point are a group: the greedy choice by upper end is optimal). Sequences without
     elements join no group (their gradients are zeros, which the caller's outputs start as). by_length: on the
-    masks of LENGTH_CLASS_MASKS each launch further split by length_classes. Every split keeps each sequence's bits: the schedules the varlen calls
-    run give a sequence its own orders whatever the launch's bounds (tests/test_packed_bands.py)."""
-    launches = _band_launches(lens_q, lens_k, mask, window_left, window_right)
+    masks of LENGTH_CLASS_MASKS each launch further split by length_classes. Every split keeps each sequence's bits:
+    the schedules the varlen calls run give a sequence its own orders whatever the launch's bounds
+    (tests/test_packed_bands.py)."""
+    ranges = [diagonal_range(lq, lk, mask, window_left, window_right) for lq, lk in zip(lens_q, lens_k)]
+    launches = _band_launches(lens_q, lens_k, ranges)
     if not by_length or mask not in LENGTH_CLASS_MASKS:
         return launches
-    ranges = [diagonal_range(lq, lk, mask, window_left, window_right) for lq, lk in zip(lens_q, lens_k)]
     split = []
     for launch in launches:
         members = range(len(lens_q)) if launch.members is None else launch.members
@@ -120,9 +121,8 @@ def bwd_launches(lens_q: Sequence[int], lens_k: Sequence[int], mask: int, window
     return split
 
 
-def _band_launches(lens_q: Sequence[int], lens_k: Sequence[int], mask: int, window_left: int,
-                   window_right: int) -> List[BwdLaunch]:
-    ranges = [diagonal_range(lq, lk, mask, window_left, window_right) for lq, lk in zip(lens_q, lens_k)]
+def _band_launches(lens_q: Sequence[int], lens_k: Sequence[int], ranges) -> List[BwdLaunch]:
+    """bwd_launches by band alone; ranges: each sequence's diagonal_range."""
     lo, hi = max((r[0] for r in ranges), default=-math.inf), min((r[1] for r in ranges), default=math.inf)
     if lo <= hi:
         return [BwdLaunch(None, *_bounds_for(lens_q, lens_k, lo, hi))]

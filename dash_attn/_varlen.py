@@ -217,19 +217,18 @@ def _varlen_bwd_cuda(ext, dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, c
     packed = _packed_launch(ext, q, k, v, cq, ck, *args.mask_args)
     if packed is not None:
         launches = _seq_bands.bwd_launches(lens_q, lens_k, *args.mask_args, by_length=True)
-        if len(launches) > 1:
-            return _class_launches_bwd(ext, dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, launches, lens_q,
-                                       lens_k, args, sink, dsink)
-    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    if packed is not None:
-        max_q, max_k = packed
-        schedule_id = _resolve_schedule_for(args, q.device, len(cq) - 1, max_q, max_k, q.shape[1], k.shape[1],
-                                            q.shape[-1])
+        if len(launches) == 1:
+            dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+            planned = [(None, None) + packed]
+        else:  # rows no launch runs (sequences without queries or keys) keep their zeros
+            dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
+            planned = [used + (launch.max_q, launch.max_k)
+                       for used, launch in zip(_rows_in_use(q, launches, lens_q, lens_k), launches)]
         with _device_guard(q.device):
-            ext.varlen_bwd(dout, q, k, v, out, lse, dq, dk, dv, _device_int32(cu_seqlens_q, q.device),
-                           _device_int32(cu_seqlens_k, q.device), None, None, max_q, max_k, *args.kernel_args,
-                           args.deterministic, schedule_id, args.sm_margin, sink, dsink)
+            _run_packed_bwd(ext, dout, q, k, v, out, lse, dq, dk, dv, _device_int32(cu_seqlens_q, q.device),
+                            _device_int32(cu_seqlens_k, q.device), planned, args, sink, dsink)
         return dq, dk, dv
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     runs = _runs(cq, ck)
     sink_grad = _SinkGradSum(dsink, len(runs))
     for sq, sk, count, seqlen_q, seqlen_k in runs:
@@ -265,22 +264,16 @@ def _device_seqs(q, *tensors):
     return [None if t is None else _device_int32(t, q.device) for t in tensors]
 
 
-def _class_launches_bwd(ext, dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, launches, lens_q, lens_k,
-                        args: OpArgs, sink=None, dsink=None):
-    """A packed call run as several launches (_seq_bands.bwd_launches by length class), each given its members' rows
-    in use and 0 for the others; rows no launch runs (sequences without queries or keys) keep their zeros."""
-    dq, dk, dv = torch.zeros_like(q), torch.zeros_like(k), torch.zeros_like(v)
-    cu_q, cu_k = _device_int32(cu_seqlens_q, q.device), _device_int32(cu_seqlens_k, q.device)
+def _run_packed_bwd(ext, dout, q, k, v, out, lse, dq, dk, dv, cu_q, cu_k, launches, args: OpArgs, sink, dsink):
+    """The packed kernels' backward launches of one call, (seqused_q, seqused_k, max_q, max_k) each, in order; d sink
+    (with a sink) summed over them in that order."""
     sink_grad = _SinkGradSum(dsink, len(launches))
-    with _device_guard(q.device):
-        for (launch_q, launch_k), launch in zip(_rows_in_use(q, launches, lens_q, lens_k), launches):
-            schedule_id = _resolve_schedule_for(args, q.device, len(lens_q), launch.max_q, launch.max_k, q.shape[1],
-                                                k.shape[1], q.shape[-1])
-            ext.varlen_bwd(dout, q, k, v, out, lse, dq, dk, dv, cu_q, cu_k, launch_q, launch_k, launch.max_q,
-                           launch.max_k, *args.kernel_args, args.deterministic, schedule_id, args.sm_margin, sink,
-                           sink_grad.part)
-            sink_grad.add()
-    return dq, dk, dv
+    for launch_q, launch_k, max_q, max_k in launches:
+        schedule_id = _resolve_schedule_for(args, q.device, cu_q.shape[0] - 1, max_q, max_k, q.shape[1], k.shape[1],
+                                            q.shape[-1])
+        ext.varlen_bwd(dout, q, k, v, out, lse, dq, dk, dv, cu_q, cu_k, launch_q, launch_k, max_q, max_k,
+                       *args.kernel_args, args.deterministic, schedule_id, args.sm_margin, sink, sink_grad.part)
+        sink_grad.add()
 
 
 def _rows_in_use(q, launches, lens_q, lens_k):
@@ -368,14 +361,7 @@ def _varlen_bwd_unplanned(ext, dout, q, k, v, out, lse, seqs, bounds, args: OpAr
     with _device_guard(q.device):
         if not no_key_seen:
             launches = _bwd_launches(q, seqs, used_q, used_k, (max_q, max_k), args, checked_on_host)
-            sink_grad = _SinkGradSum(dsink, len(launches))
-            for launch_q, launch_k, launch_max_q, launch_max_k in launches:
-                schedule_id = _resolve_schedule_for(args, q.device, cu_q.shape[0] - 1, launch_max_q, launch_max_k,
-                                                    q.shape[1], k.shape[1], q.shape[-1])
-                ext.varlen_bwd(dout, q, k, v, out, lse, dq, dk, dv, cu_q, cu_k, launch_q, launch_k, launch_max_q,
-                               launch_max_k, *args.kernel_args, args.deterministic, schedule_id, args.sm_margin, sink,
-                               sink_grad.part)
-                sink_grad.add()
+            _run_packed_bwd(ext, dout, q, k, v, out, lse, dq, dk, dv, cu_q, cu_k, launches, args, sink, dsink)
         elif dsink is not None:
             dsink.zero_()  # out is 0 where no key is seen: D = 0
         if not checked_on_host:

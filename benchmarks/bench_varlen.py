@@ -33,13 +33,27 @@ def parse_args(argv):
     p = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     p.add_argument("--hdims", type=int_list, default=[128, 64])
     p.add_argument("--masks", type=str_list, default=["causal", "full"], help="comma list of causal,full")
-    p.add_argument("--packs", type=str_list, default=list(PACKS), help=f"comma list of {','.join(PACKS)}")
+    p.add_argument("--packs", type=str_list, default=list(PACKS),
+                   help=f"comma list of {','.join(PACKS)} or of explicit lengths joined by '+' (e.g. 3000+700)")
     p.add_argument("--schedules", type=str_list, default=[], help="deterministic schedules to time beside auto")
     p.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--warmup-ms", type=float, default=10)
     p.add_argument("--rep-ms", type=float, default=40)
     return p.parse_args(argv)
+
+
+def pack_lengths(pack):
+    """A named pack's lengths, or the lengths of a pack spelled as lengths joined by '+'."""
+    if pack in PACKS:
+        return PACKS[pack]
+    try:
+        lens = [int(n) for n in pack.split("+")]
+    except ValueError:
+        lens = []
+    if not lens or min(lens) <= 0:
+        raise SystemExit(f"--packs: {pack!r} is neither one of {', '.join(PACKS)} nor positive lengths joined by '+'")
+    return lens
 
 
 def backward_closure(lens, hdim, causal, dtype, deterministic, schedule):
@@ -67,7 +81,7 @@ def main(argv=None):
     for hdim in args.hdims:
         for mask in args.masks:
             for pack in args.packs:
-                lens = PACKS[pack]
+                lens = pack_lengths(pack)
                 runs = [backward_closure(lens, hdim, mask == "causal", dtype, det, s) for _, det, s in columns]
                 rates = [[] for _ in columns]
                 for _ in range(args.rounds):

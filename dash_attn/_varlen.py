@@ -10,7 +10,8 @@ import torch
 from . import _seq_bands, device_seqlens, validation
 from ._args import MaskKind, OpArgs
 from ._ext import _bwd_tile_shape, _check_cuda, _device_guard, _kernel_head_dim, _num_sms, _supported_head_dims
-from ._launch import _lse_shape, _out_like, _resolve_schedule_for, _run_bwd, _run_fwd, _with_varlen_schedule
+from ._launch import (PackShape, _lse_shape, _out_like, _resolve_schedule_for, _run_bwd, _run_fwd,
+                      _with_varlen_schedule)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -169,6 +170,13 @@ def _bands_inside(lens_q, lens_k, mask, window_left, window_right) -> bool:
     return _seq_bands.bands_inside(lens_q, lens_k, mask, window_left, window_right)
 
 
+def _pack_shape(q, k, lens_q, lens_k) -> Optional[PackShape]:
+    """What the layout pick of a varlen call reads, where some sequence has rows in use."""
+    if not lens_q or max(lens_q) == 0 or max(lens_k) == 0:
+        return None
+    return PackShape(tuple(lens_q), tuple(lens_k), q.shape[1], k.shape[1], q.device.index)
+
+
 def _device_int32(x: torch.Tensor, device: torch.device) -> torch.Tensor:
     return x.to(device=device, dtype=torch.int32, non_blocking=True).contiguous()
 
@@ -213,7 +221,7 @@ def _varlen_bwd_cuda(ext, dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, c
                      dsink=None):
     """dsink (with a sink): float32 (nheads,), the sum of the launches' sink gradients in the order they run."""
     lens_q, lens_k = _used_lengths(cq, None), _used_lengths(ck, None)
-    args = _with_varlen_schedule(args, q.shape[-1], max(lens_k, default=0))
+    args = _with_varlen_schedule(args, q.shape[-1], max(lens_k, default=0), _pack_shape(q, k, lens_q, lens_k))
     packed = _packed_launch(ext, q, k, v, cq, ck, *args.mask_args)
     if packed is not None:
         launches = _seq_bands.bwd_launches(lens_q, lens_k, *args.mask_args, by_length=True)
@@ -357,7 +365,11 @@ def _varlen_bwd_unplanned(ext, dout, q, k, v, out, lse, seqs, bounds, args: OpAr
     # Gradients the kernel does not write (rows past seqused, or all of them when no query sees a key) start as 0.
     untouched_rows = used_q is not None or used_k is not None or no_key_seen
     dq, dk, dv = ((torch.zeros_like if untouched_rows else torch.empty_like)(t) for t in (q, k, v))
-    args = _with_varlen_schedule(args, q.shape[-1], max_k)
+    pack = None
+    if checked_on_host:
+        cq, ck, host_q, host_k = _host_lists(*seqs)
+        pack = _pack_shape(q, k, _used_lengths(cq, host_q), _used_lengths(ck, host_k))
+    args = _with_varlen_schedule(args, q.shape[-1], max_k, pack)
     with _device_guard(q.device):
         if not no_key_seen:
             launches = _bwd_launches(q, seqs, used_q, used_k, (max_q, max_k), args, checked_on_host)

@@ -12,7 +12,7 @@ from . import _sched
 
 __all__ = ["AUTO", "SCHEDULE_IDS", "DETERMINISTIC_SCHEDULES", "NONDETERMINISTIC_SCHEDULES", "SCHEDULES", "DYNAMIC",
            "INVARIANT_SCHEDULES", "INVARIANT_VARLEN_SCHEDULES", "LANES_SCHEDULE", "SHORT_SEQLEN_K", "LANES_GQA_RATIO",
-           "LANES_ORDER", "VARLEN_HEAD_DIM_SCHEDULES", "VARLEN_LANES_SEQLEN_K", "gqa_runs_lanes", "invariant_schedule",
+           "LANES_ORDER", "VARLEN_LANES_SEQLEN_K", "LANES_MIN_LOAD_RATIO", "gqa_runs_lanes", "invariant_schedule",
            "varlen_invariant_schedule", "invariant_picks", "FALLBACK_SCHEDULE", "MEASURED_RANKING", "SHORT_NAMES"]
 
 _TABLE = sorted(_sched.SCHEDULE_TABLE, key=lambda entry: entry[1])  # (name, id, deterministic), in id order
@@ -47,15 +47,22 @@ LANES_ORDER = "descending"
 # Varlen calls run a band as a batch of the longest sequence (or per run of equal lengths): a sequence must get the
 # same walk and orders whatever that longest length is. On causal bands and windows only descending's order does;
 # on full masks shift_runs' does too. The pick is a function of the mask and the kernel's head dim (which fix the
-# bits); the longest sequence chooses only between descending's two layouts. Read through varlen_invariant_schedule().
-# - Full masks: descending_lanes, except at hdim 256 (VARLEN_HEAD_DIM_SCHEDULES), where its groups of N lanes leave
-#   132 mod N CTAs idle.
+# bits); the lengths choose only between descending's two layouts. Read through varlen_invariant_schedule().
+# - Full masks: shift_runs. With the packs split by length class (dash_attn/_seq_bands.py) it ran 1-19% ahead of
+#   descending_lanes on packs of mixed lengths and within 2% on packs of equal ones at hdim 64; at hdim 128 likewise
+#   except 16 x 1k (419 against 448 TFLOPS; benchmarks/RESULTS.md, "Varlen").
 # - Causal bands: descending_lanes' layout; with square tiles (hdim 64, 256) past VARLEN_LANES_SEQLEN_K keys, where its
-#   paired short tiles wait, descending's.
+#   paired short tiles wait, descending's; and where the lengths load its lanes unevenly (LANES_MIN_LOAD_RATIO).
 # - Windows: descending (the window kernels carry no lanes).
-INVARIANT_VARLEN_SCHEDULES = {"full": "descending_lanes", "causal": "descending_lanes", "window": "descending"}
-VARLEN_HEAD_DIM_SCHEDULES = {("full", 256): "shift_runs"}
+INVARIANT_VARLEN_SCHEDULES = {"full": "shift_runs", "causal": "descending_lanes", "window": "descending"}
 VARLEN_LANES_SEQLEN_K = {("causal", 64): 4096, ("causal", 256): 4096}
+# descending_lanes puts KV tile u of every sequence of a pack on lane u, so the lanes of a pack of unequal lengths
+# carry unequal work. Where descending's layout loads its busiest CTA less than LANES_MIN_LOAD_RATIO times as much as
+# the lanes' busiest (static visits inside the sequences, dash_attn._sched.max_cta_load), it runs instead (the same
+# bits). H200, 16 causal packs of 16k tokens at hdim 64 and 128: the lanes ran 7-13% faster at ratios of 0.86-0.93
+# (and 20-30% on packs of equal lengths, 0.97-1.00); below 0.86 descending's layout ran up to 1.6x faster, within 1%
+# at 0.81-0.85, and 3% slower on one pack (0.69); docs/tuning.md.
+LANES_MIN_LOAD_RATIO = 0.86
 
 
 def gqa_runs_lanes(mask: str, kernel_head_dim: int, gqa_ratio: int) -> bool:
@@ -75,7 +82,7 @@ def invariant_schedule(mask: str, kernel_head_dim: int, seqlen_k: int, gqa_ratio
 def varlen_invariant_schedule(mask: str, kernel_head_dim: int, max_seqlen_k: int) -> str:
     """Deterministic `auto`'s pick for a varlen call (mask name, the head dim of the kernel that runs, the longest
     sequence's keys): its bits depend on the mask and the head dim alone."""
-    name = VARLEN_HEAD_DIM_SCHEDULES.get((mask, kernel_head_dim), INVARIANT_VARLEN_SCHEDULES[mask])
+    name = INVARIANT_VARLEN_SCHEDULES[mask]
     if name == LANES_SCHEDULE and max_seqlen_k > VARLEN_LANES_SEQLEN_K.get((mask, kernel_head_dim), max_seqlen_k):
         return LANES_ORDER
     return name
@@ -84,7 +91,6 @@ def varlen_invariant_schedule(mask: str, kernel_head_dim: int, max_seqlen_k: int
 def invariant_picks(mask: str) -> Tuple[str, ...]:
     """Every schedule deterministic `auto` can run for a mask, dense or varlen (what the invariance proofs cover)."""
     picks = {INVARIANT_SCHEDULES[mask], INVARIANT_VARLEN_SCHEDULES[mask]}
-    picks.update(name for (m, _), name in VARLEN_HEAD_DIM_SCHEDULES.items() if m == mask)
     picks.update(LANES_SCHEDULE for m, _ in SHORT_SEQLEN_K if m == mask)
     picks.update(LANES_ORDER for m, _ in VARLEN_LANES_SEQLEN_K if m == mask)
     picks.update(LANES_SCHEDULE for hdim, ratio in LANES_GQA_RATIO.items() if gqa_runs_lanes(mask, hdim, ratio))

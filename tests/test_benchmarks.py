@@ -145,6 +145,15 @@ def test_varlen_packs_hold_the_same_tokens():
     assert {sum(lens) for lens in bench_varlen.PACKS.values()} == {16384}
 
 
+def test_varlen_packs_spelled_as_lengths():
+    import bench_varlen
+    assert bench_varlen.pack_lengths("docs") == bench_varlen.PACKS["docs"]
+    assert bench_varlen.pack_lengths("3000+700+1") == [3000, 700, 1]
+    for bad in ("3000+x", "0+5", "", "nope"):
+        with pytest.raises(SystemExit, match="--packs"):
+            bench_varlen.pack_lengths(bad)
+
+
 def test_rounds_report_each_cells_median_round():
     """--rounds N: one row per cell, the round with the median time; untimed rounds do not count."""
     def row(impl, ms, seqlen=1024):

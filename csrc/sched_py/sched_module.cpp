@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "sched_py/loads.h"
 #include "sched_py/verify.h"
 
 namespace py = pybind11;
@@ -253,6 +254,12 @@ PYBIND11_MODULE(_sched, m) {
         "2 greedy head-major (model only). l2_tiles > 0: L2 as an LRU of that many (Q, dO, dQ) tiles; a visit "
         "that misses takes max(c + miss_latency, f * miss) (see simulate.h). live_m: per batch entry, the Q tiles "
         "inside its sequence, for a varlen pack run as a batch of its longest sequence (empty: dense).");
+  m.def("max_cta_load", [](int32_t kind, const Problem& p, std::vector<int32_t> live_m, std::vector<int32_t> live_n) {
+    py::gil_scoped_release release;
+    return host::max_cta_live_visits(to_kind(kind), p, live_m, live_n);
+  }, py::arg("kind"), py::arg("problem"), py::arg("live_m"), py::arg("live_n"),
+        "The most visits a CTA of the static grid makes inside the sequences of a varlen pack run as a batch of its "
+        "longest one: live_m / live_n, per batch entry, the Q / KV tiles inside its sequence (loads.h).");
   m.def("verify", &verify_py, py::arg("kind"), py::arg("problem"), py::arg("cta_lo"), py::arg("cta_hi"),
         "Coverage, accumulation-order and deadlock checks for every CTA count in [cta_lo, cta_hi]; returns errors.");
 }

@@ -59,10 +59,11 @@ VARLEN_LANES_SEQLEN_K = {("causal", 64): 4096, ("causal", 256): 4096}
 # descending_lanes puts KV tile u of every sequence of a pack on lane u, so the lanes of a pack of unequal lengths
 # carry unequal work. Where descending's layout loads its busiest CTA less than LANES_MIN_LOAD_RATIO times as much as
 # the lanes' busiest (static visits inside the sequences, dash_attn._sched.max_cta_load), it runs instead (the same
-# bits). H200, 16 causal packs of 16k tokens at hdim 64 and 128: the lanes ran 7-13% faster at ratios of 0.86-0.93
-# (and 20-30% on packs of equal lengths, 0.97-1.00); below 0.86 descending's layout ran up to 1.6x faster, within 1%
-# at 0.81-0.85, and 3% slower on one pack (0.69); docs/tuning.md.
-LANES_MIN_LOAD_RATIO = 0.86
+# bits). H200, 16 causal packs of 16k tokens of unequal lengths at hdim 64 and 128 (32 rows): at ratios of 0.855-0.935
+# the lanes ran 7-13% faster; at 0.80-0.85 the two were within 1% but once (descending's layout 9% faster); below 0.80
+# descending's layout ran up to 1.6x faster or within 2%, but once (0.69: the lanes 3% faster). On packs of equal
+# lengths (ratios 0.97-1.00) the lanes ran 20-30% faster. docs/tuning.md.
+LANES_MIN_LOAD_RATIO = 0.85
 
 
 def gqa_runs_lanes(mask: str, kernel_head_dim: int, gqa_ratio: int) -> bool:

@@ -48,9 +48,9 @@ LANES_ORDER = "descending"
 # same walk and orders whatever that longest length is. On causal bands and windows only descending's order does;
 # on full masks shift_runs' does too. The pick is a function of the mask and the kernel's head dim (which fix the
 # bits); the lengths choose only between descending's two layouts. Read through varlen_invariant_schedule().
-# - Full masks: shift_runs. With the packs split by length class (dash_attn/_seq_bands.py) it ran 1-19% ahead of
-#   descending_lanes on packs of mixed lengths and within 2% on packs of equal ones at hdim 64; at hdim 128 likewise
-#   except 16 x 1k (419 against 448 TFLOPS; benchmarks/RESULTS.md, "Varlen").
+# - Full masks: shift_runs. With the packs split by length class (dash_attn/_seq_bands.py), on 11 packs of 16k tokens
+#   it ran up to 1.16x (hdim 64) and 1.19x (hdim 128) ahead of descending_lanes, and trailed by more than 2% only on
+#   16 x 1k at hdim 128 (419 against 448 TFLOPS; docs/tuning.md).
 # - Causal bands: descending_lanes' layout; with square tiles (hdim 64, 256) past VARLEN_LANES_SEQLEN_K keys, where its
 #   paired short tiles wait, descending's; and where the lengths load its lanes unevenly (LANES_MIN_LOAD_RATIO).
 # - Windows: descending (the window kernels carry no lanes).

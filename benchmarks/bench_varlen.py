@@ -40,7 +40,10 @@ def parse_args(argv):
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--warmup-ms", type=float, default=10)
     p.add_argument("--rep-ms", type=float, default=40)
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    for pack in args.packs:
+        pack_lengths(pack)
+    return args
 
 
 def pack_lengths(pack):

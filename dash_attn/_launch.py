@@ -105,11 +105,11 @@ def _lanes_load_ratio(mask: int, block_m: int, block_n: int, ctas: int, lens_q: 
     packs the same sequences); 1 without the CPU module."""
     try:
         from . import _sched
+        from .schedule import _problem
     except ImportError:
         return 1.0
-    p = _sched.Problem(batch=len(lens_q), nheads=nheads, nheads_k=nheads_k, seqlen_q=max(lens_q),
-                       seqlen_k=max(lens_k), block_m=block_m, block_n=block_n, mask=int(mask), window_left=-1,
-                       window_right=-1, num_ctas=ctas)
+    p = _problem(MaskKind(mask).name.lower(), max(lens_q), max(lens_k), block_m, block_n, nheads, len(lens_q), ctas,
+                 None, nheads_k)
     live_m, live_n = [-(-n // block_m) for n in lens_q], [-(-n // block_n) for n in lens_k]
     lanes = _sched.max_cta_load(SCHEDULE_IDS[LANES_SCHEDULE], p, live_m, live_n)
     return _sched.max_cta_load(SCHEDULE_IDS[LANES_ORDER], p, live_m, live_n) / lanes if lanes else 1.0

@@ -294,17 +294,16 @@ def _rows_in_use(q, launches, lens_q, lens_k):
     return [(table[i, 0], table[i, 1]) for i in range(len(launches))]
 
 
-def _bwd_launches(q, seqs, used_q, used_k, bounds, args: OpArgs, checked_on_host):
+def _bwd_launches(q, lens, used_q, used_k, bounds, args: OpArgs):
     """The backward launches of an unplanned call, as (seqused_q, seqused_k, max_q, max_k) on q's device. Inside a
-    capture (nothing read on the host) one with the caller's bounds, whose bands the GPU check holds to theirs
-    (device_seqlens). Otherwise the host copies _check_varlen read for this call (_host_lists returns them again
-    without a copy) plan them (dash_attn/_seq_bands.py): bounds whose schedule reaches every sequence's band, or,
+    capture (lens None: nothing read on the host) one with the caller's bounds, whose bands the GPU check holds to
+    theirs (device_seqlens). Otherwise the rows in use of each sequence, (lens_q, lens_k) from the host copies
+    _check_varlen read for this call, plan them (dash_attn/_seq_bands.py): bounds whose schedule reaches every sequence's band, or,
     where no one band holds them all, one launch per group of sequences, the others' rows in use set to 0 (the
     kernels then write nothing of theirs)."""
-    if not checked_on_host:
+    if lens is None:
         return [(used_q, used_k) + tuple(bounds)]
-    cq, ck, host_q, host_k = _host_lists(*seqs)
-    lens_q, lens_k = _used_lengths(cq, host_q), _used_lengths(ck, host_k)
+    lens_q, lens_k = lens
     launches = _seq_bands.bwd_launches(lens_q, lens_k, *args.mask_args, by_length=True)
     if launches[0].members is None:
         return [(used_q, used_k, launches[0].max_q, launches[0].max_k)]
@@ -365,14 +364,14 @@ def _varlen_bwd_unplanned(ext, dout, q, k, v, out, lse, seqs, bounds, args: OpAr
     # Gradients the kernel does not write (rows past seqused, or all of them when no query sees a key) start as 0.
     untouched_rows = used_q is not None or used_k is not None or no_key_seen
     dq, dk, dv = ((torch.zeros_like if untouched_rows else torch.empty_like)(t) for t in (q, k, v))
-    pack = None
+    lens = None
     if checked_on_host:
         cq, ck, host_q, host_k = _host_lists(*seqs)
-        pack = _pack_shape(q, k, _used_lengths(cq, host_q), _used_lengths(ck, host_k))
-    args = _with_varlen_schedule(args, q.shape[-1], max_k, pack)
+        lens = _used_lengths(cq, host_q), _used_lengths(ck, host_k)
+    args = _with_varlen_schedule(args, q.shape[-1], max_k, None if lens is None else _pack_shape(q, k, *lens))
     with _device_guard(q.device):
         if not no_key_seen:
-            launches = _bwd_launches(q, seqs, used_q, used_k, (max_q, max_k), args, checked_on_host)
+            launches = _bwd_launches(q, lens, used_q, used_k, (max_q, max_k), args)
             _run_packed_bwd(ext, dout, q, k, v, out, lse, dq, dk, dv, cu_q, cu_k, launches, args, sink, dsink)
         elif dsink is not None:
             dsink.zero_()  # out is 0 where no key is seen: D = 0

@@ -28,6 +28,13 @@ struct FwdTileConfig;
 // global stores straight from the accumulator, for configs whose mainloop fills shared memory.
 enum class OStorePath : int { kRegisters = 0, kTmaFromShared = 1 };
 
+// Where a step rescales the O accumulator by the softmax's correction (fwd_mainloop.h). kBeforePv: in the next step,
+// between issuing QK^T and the PV GEMM that needs it, so the multiplies run while the tensor cores work on QK^T.
+// kAfterPv: at the end of the step, once its PV GEMM has completed, so the next step issues both GEMMs back to back.
+// H200, bf16, beside FA3 in one process (docs/tuning.md): kAfterPv ran 1.5-4.6% faster at hdim 64 full (1k-16k) and
+// within 2% at hdim 64 causal; at hdim 128 causal it ran 5% slower at 4k and 4% faster at 16k, full within 2%.
+enum class ORescale : int { kBeforePv = 0, kAfterPv = 1 };
+
 // Small head dim: the QK^T GEMM is short, so a taller tile (3 consumer warpgroups) amortises the K/V loads.
 template <>
 struct FwdTileConfig<64> {
@@ -38,6 +45,7 @@ struct FwdTileConfig<64> {
   static constexpr int kConsumerRegs = 160;
   static constexpr bool kPingPong = true;
   static constexpr OStorePath kOStore = OStorePath::kTmaFromShared;
+  static constexpr ORescale kORescale = ORescale::kAfterPv;
 };
 
 template <>
@@ -49,6 +57,7 @@ struct FwdTileConfig<128> {
   static constexpr int kConsumerRegs = 240;
   static constexpr bool kPingPong = true;
   static constexpr OStorePath kOStore = OStorePath::kTmaFromShared;
+  static constexpr ORescale kORescale = ORescale::kBeforePv;
 };
 
 // Large head dim: the O accumulator alone takes 128 registers per consumer thread, and Q + 2 stages of K and V take
@@ -63,6 +72,7 @@ struct FwdTileConfig<256> {
   static constexpr int kConsumerRegs = 240;
   static constexpr bool kPingPong = true;
   static constexpr OStorePath kOStore = OStorePath::kRegisters;
+  static constexpr ORescale kORescale = ORescale::kBeforePv;
 };
 
 template <int kHeadDim_, class Element_, MaskKind kMask_, ScoreMod kScoreMod_ = ScoreMod::kNone,

@@ -511,8 +511,9 @@ struct FwdMainloop {
     softmax.step(s_rc, p.scale_log2);
     convert_p();
 
-    // The O rescale a softmax step asks for is applied in the next step, between issuing QK^T and the PV GEMM that
-    // needs it: the multiplies then run while the tensor cores work on QK^T instead of delaying the next issue turn.
+    // The O rescale a softmax step asks for (Traits::Tile::kORescale, fwd_config.h): kBeforePv applies it in the next
+    // step between issuing QK^T and the PV GEMM, kAfterPv at the end of the step once its PV GEMM has completed.
+    constexpr bool kRescaleAfterPv = Traits::Tile::kORescale == ORescale::kAfterPv;
     cute::array<float, Softmax::kNumRows> correction;
     CUTLASS_PRAGMA_UNROLL
     for (int r = 0; r < Softmax::kNumRows; ++r) { correction[r] = 1.f; }
@@ -520,8 +521,10 @@ struct FwdMainloop {
       pipeline_k.consumer_wait(read_k);
       Turns::begin(wg);
       warpgroup_gemm<-1>(mma_qk, tSrQ, tSrK(_, _, _, read_k.index()), tSrS, /*zero_init=*/true);
-      warpgroup_fence_operand(tOrO);
-      Softmax::rescale(o_rc, correction);
+      if constexpr (!kRescaleAfterPv) {
+        warpgroup_fence_operand(tOrO);
+        Softmax::rescale(o_rc, correction);
+      }
       pipeline_v.consumer_wait(read_v);
       warpgroup_gemm<-1>(mma_pv, tOrP, tOrV(_, _, _, read_v.index()), tOrO, /*zero_init=*/false);
       Turns::end(wg);
@@ -537,10 +540,13 @@ struct FwdMainloop {
       warpgroup_fence_operand(tOrP);
       pipeline_v.consumer_release(read_v);
       ++read_v;
+      if constexpr (kRescaleAfterPv) { Softmax::rescale(o_rc, correction); }
       convert_p();
     }
-    warpgroup_fence_operand(tOrO);
-    Softmax::rescale(o_rc, correction);
+    if constexpr (!kRescaleAfterPv) {
+      warpgroup_fence_operand(tOrO);
+      Softmax::rescale(o_rc, correction);
+    }
 
     // Every QK^T GEMM of this tile has completed: the producer may overwrite Q with the next tile's.
     cutlass::arch::NamedBarrier::arrive(Traits::kNumConsumerThreads + cutlass::NumThreadsPerWarp,

@@ -89,6 +89,10 @@ struct FwdKernelTraits {
   static constexpr int kBlockM = Tile::kBlockM;
   static constexpr int kBlockN = Tile::kBlockN;
   static constexpr int kStages = Tile::kStages;
+  // Soft-capped kernels keep the rescale before the PV GEMM (after it, the hdim-64 ones spilled 16/24 bytes), and so
+  // do the window kernels, where the placement was not measured.
+  static constexpr ORescale kORescale =
+      kSoftcap || kMask_ == MaskKind::kWindow ? ORescale::kBeforePv : Tile::kORescale;
 
   static constexpr int kRowsPerWarpGroup = 64;  // M of one WGMMA instruction
   static constexpr int kNumConsumerWarpGroups = kBlockM / kRowsPerWarpGroup;

@@ -511,9 +511,9 @@ struct FwdMainloop {
     softmax.step(s_rc, p.scale_log2);
     convert_p();
 
-    // The O rescale a softmax step asks for (Traits::Tile::kORescale, fwd_config.h): kBeforePv applies it in the next
-    // step between issuing QK^T and the PV GEMM, kAfterPv at the end of the step once its PV GEMM has completed.
-    constexpr bool kRescaleAfterPv = Traits::Tile::kORescale == ORescale::kAfterPv;
+    // The O rescale a softmax step asks for (Traits::kORescale, fwd_config.h): kBeforePv applies it in the next step
+    // between issuing QK^T and the PV GEMM, kAfterPv at the end of the step once its PV GEMM has completed.
+    constexpr bool kRescaleAfterPv = Traits::kORescale == ORescale::kAfterPv;
     cute::array<float, Softmax::kNumRows> correction;
     CUTLASS_PRAGMA_UNROLL
     for (int r = 0; r < Softmax::kNumRows; ++r) { correction[r] = 1.f; }

@@ -95,10 +95,10 @@ def _varlen_grads(seqs, order, causal, sm_margin=0):
 
 
 def _dense_matches_varlen(hdim, dtype, causal):
-    """Where a dense call of a sequence gives its varlen call's bits (README): full masks, and causal masks wherever the
-    packed causal kernel reads the row statistics as the batched one does; only the bf16 hdim 64 kernels differ there
-    (csrc/bwd/bwd_config.h, kPackedCausalGemmStats: the batched one reads them through the tensor cores)."""
-    return not causal or not (hdim == 64 and dtype == torch.bfloat16)
+    """Where a dense call of a sequence gives its varlen call's bits (README): where the packed kernel reads the row
+    statistics as the batched one does (csrc/bwd/bwd_config.h, packed_matches_batched)."""
+    from dash_attn import _C
+    return _C.packed_matches_batched(hdim, "bf16" if dtype == torch.bfloat16 else "fp16", 1 if causal else 0)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

@@ -242,6 +242,25 @@ constexpr bool uses_gemm_stats() {
          Cfg::row_stats(MaskKind::kWindow) == RowStats::kGemmInit;
 }
 
+// Whether the kernel of (config, mask) in bf16 or fp16, soft-capped or not, batched or packed reads the row statistics
+// through the tensor cores (RowStats::kGemmInit) rather than the config's gemm_init_fallback. Soft-capped kernels take
+// the fallback (soft-capping applies tanh before LSE), and so do the packed-sequence causal ones where the config says
+// so (kPackedCausalGemmStats). So do the fp16 kernels: the GEMM-read statistics carry D in 16 significant bits
+// (GemmStatLines), and where dP - D cancels exactly (a query with a single key) the error that leaves in dS exceeds
+// fp16's output rounding (FA3's test bound there). BwdTraits::kGemmStats reads it.
+template <class Cfg>
+constexpr bool reads_gemm_stats(MaskKind mask, bool bf16, bool softcap, bool packed) {
+  return Cfg::row_stats(mask) == RowStats::kGemmInit && !softcap &&
+         !(packed && mask == MaskKind::kCausal && !Cfg::kPackedCausalGemmStats) && bf16;
+}
+
+// Whether the packed-sequence kernel of (head dim, dtype, mask), without soft-capping, reads the row statistics as the
+// batched one does: then a varlen call of a sequence gives the bits of its dense call under the same schedule.
+template <class Cfg>
+constexpr bool packed_matches_batched(MaskKind mask, bool bf16) {
+  return reads_gemm_stats<Cfg>(mask, bf16, false, true) == reads_gemm_stats<Cfg>(mask, bf16, false, false);
+}
+
 // Run-time view of the same table, for the host (workspace sizing, dash_bwd_tile_shape).
 template <class Cfg>
 constexpr BwdTileConfig tile_config_of() {

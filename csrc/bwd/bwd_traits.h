@@ -47,15 +47,9 @@ struct BwdTraits {
       AtomLayout<typename Cfg::SdPSplit>{}));
   static constexpr bool kDvFromRegs = Cfg::kDkvA != DkvOperandA::kSharedMemory;
   static constexpr bool kDkFromRegs = Cfg::kDkvA == DkvOperandA::kRegisters;
-  // Soft-capped kernels of a kGemmInit config read the statistics the config's gemm_init_fallback way (soft-capping
-  // applies tanh before LSE), and so do the packed-sequence causal ones where the config says so
-  // (kPackedCausalGemmStats). So do the fp16 kernels: the GEMM-read statistics carry D in 16 significant bits
-  // (GemmStatLines), and where dP - D cancels exactly (a query with a single key) the error that leaves in dS exceeds
-  // fp16's output rounding (FA3's test bound there).
-  static constexpr bool kGemmStats = Cfg::row_stats(kMask) == RowStats::kGemmInit && !kSoftcap &&
-                                     !(kLayout_ == SeqLayout::kPacked && kMask_ == MaskKind::kCausal &&
-                                       !Cfg::kPackedCausalGemmStats) &&
-                                     std::is_same_v<Element, cutlass::bfloat16_t>;
+  // Statistics through the tensor cores, or the config's gemm_init_fallback (bwd_config.h, reads_gemm_stats).
+  static constexpr bool kGemmStats = reads_gemm_stats<Cfg>(kMask, std::is_same_v<Element, cutlass::bfloat16_t>,
+                                                           kSoftcap, kLayout_ == SeqLayout::kPacked);
   static constexpr RowStats row_stats_kind() {
     if constexpr (Cfg::row_stats(kMask) == RowStats::kGemmInit && !kGemmStats) {
       return Cfg::gemm_init_fallback(kMask);

@@ -149,15 +149,16 @@ def _runs_beat_packed(q, k, cq, ck, mask, window_left, window_right):
     return kernel_seconds >= _RUNS_HOST_SECONDS[0] + _RUNS_HOST_SECONDS[1] * len(runs)
 
 
-def _packed_launch(ext, q, k, v, cq, ck, mask, window_left, window_right):
-    """(longest q sequence, longest k sequence) when the packed-sequence kernels run this call, else None."""
+def _packed_launch(ext, q, k, v, cq, ck, mask, window_left, window_right, lens=None):
+    """(longest q sequence, longest k sequence) when the packed-sequence kernels run this call, else None. lens: the
+    (q, k) lengths of cq and ck where the caller has them already."""
     if not ext.packed_built():
         return None
     if q.shape[-1] != v.shape[-1] or q.shape[-1] not in _supported_head_dims():
         return None
     if _runs_beat_packed(q, k, cq, ck, mask, window_left, window_right):
         return None
-    lens_q, lens_k = _used_lengths(cq, None), _used_lengths(ck, None)
+    lens_q, lens_k = lens if lens is not None else (_used_lengths(cq, None), _used_lengths(ck, None))
     max_q, max_k = max(lens_q), max(lens_k)
     if max_q == 0 or max_k == 0 or not _bands_inside(lens_q, lens_k, mask, window_left, window_right):
         return None
@@ -222,7 +223,7 @@ def _varlen_bwd_cuda(ext, dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, c
     """dsink (with a sink): float32 (nheads,), the sum of the launches' sink gradients in the order they run."""
     lens_q, lens_k = _used_lengths(cq, None), _used_lengths(ck, None)
     args = _with_varlen_schedule(args, q.shape[-1], max(lens_k, default=0), _pack_shape(q, k, lens_q, lens_k))
-    packed = _packed_launch(ext, q, k, v, cq, ck, *args.mask_args)
+    packed = _packed_launch(ext, q, k, v, cq, ck, *args.mask_args, lens=(lens_q, lens_k))
     if packed is not None:
         launches = _seq_bands.bwd_launches(lens_q, lens_k, *args.mask_args, by_length=True)
         if len(launches) == 1:

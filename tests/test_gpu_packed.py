@@ -44,8 +44,8 @@ def packed_calls(monkeypatch):
     calls = []
     original = interface._packed_launch
 
-    def recording(*args):
-        result = original(*args)
+    def recording(*args, **kwargs):
+        result = original(*args, **kwargs)
         calls.append(result is not None)
         return result
 

@@ -299,9 +299,9 @@ def _bwd_launches(q, lens, used_q, used_k, bounds, args: OpArgs):
     """The backward launches of an unplanned call, as (seqused_q, seqused_k, max_q, max_k) on q's device. Inside a
     capture (lens None: nothing read on the host) one with the caller's bounds, whose bands the GPU check holds to
     theirs (device_seqlens). Otherwise the rows in use of each sequence, (lens_q, lens_k) from the host copies
-    _check_varlen read for this call, plan them (dash_attn/_seq_bands.py): bounds whose schedule reaches every sequence's band, or,
-    where no one band holds them all, one launch per group of sequences, the others' rows in use set to 0 (the
-    kernels then write nothing of theirs)."""
+    _check_varlen read for this call, plan them (dash_attn/_seq_bands.py): bounds whose schedule reaches every
+    sequence's band, or, where no one band holds them all, one launch per group of sequences, the others' rows in
+    use set to 0 (the kernels then write nothing of theirs)."""
     if lens is None:
         return [(used_q, used_k) + tuple(bounds)]
     lens_q, lens_k = lens

@@ -28,11 +28,10 @@ struct FwdTileConfig;
 // global stores straight from the accumulator, for configs whose mainloop fills shared memory.
 enum class OStorePath : int { kRegisters = 0, kTmaFromShared = 1 };
 
-// Where a step rescales the O accumulator by the softmax's correction (fwd_mainloop.h). kBeforePv: in the next step,
-// between issuing QK^T and the PV GEMM that needs it, so the multiplies run while the tensor cores work on QK^T.
-// kAfterPv: at the end of the step, once its PV GEMM has completed, so the next step issues both GEMMs back to back.
-// H200, bf16, beside FA3 in one process (docs/tuning.md): kAfterPv ran 1.5-4.6% faster at hdim 64 full (1k-16k) and
-// within 2% at hdim 64 causal; at hdim 128 causal it ran 5% slower at 4k and 4% faster at 16k, full within 2%.
+// Where a step rescales the O accumulator by the softmax's correction (fwd_mainloop.h), per tile config, mask and
+// score transform (FwdTileConfig::o_rescale). kBeforePv: in the next step, between issuing QK^T and the PV GEMM that
+// needs it, so the multiplies run while the tensor cores work on QK^T. kAfterPv: at the end of the step, once its PV
+// GEMM has completed, so the next step issues both GEMMs back to back.
 enum class ORescale : int { kBeforePv = 0, kAfterPv = 1 };
 
 // Small head dim: the QK^T GEMM is short, so a taller tile (3 consumer warpgroups) amortises the K/V loads.
@@ -45,7 +44,11 @@ struct FwdTileConfig<64> {
   static constexpr int kConsumerRegs = 160;
   static constexpr bool kPingPong = true;
   static constexpr OStorePath kOStore = OStorePath::kTmaFromShared;
-  static constexpr ORescale kORescale = ORescale::kAfterPv;
+  // After the PV GEMM at full and causal: beside FA3 in one process (docs/tuning.md) it ran 1.5-4.6% faster at full
+  // (1k-16k) and within 2% at causal. The soft-capped kernels spilled 16/24 bytes with it; windows were not measured.
+  static constexpr ORescale o_rescale(MaskKind mask, ScoreMod mod) {
+    return mask == MaskKind::kWindow || mod == ScoreMod::kSoftcap ? ORescale::kBeforePv : ORescale::kAfterPv;
+  }
 };
 
 template <>
@@ -57,7 +60,8 @@ struct FwdTileConfig<128> {
   static constexpr int kConsumerRegs = 240;
   static constexpr bool kPingPong = true;
   static constexpr OStorePath kOStore = OStorePath::kTmaFromShared;
-  static constexpr ORescale kORescale = ORescale::kBeforePv;
+  // Before the PV GEMM: after it, causal ran 5% slower at 4k and 4% faster at 16k, full within 2% (docs/tuning.md).
+  static constexpr ORescale o_rescale(MaskKind, ScoreMod) { return ORescale::kBeforePv; }
 };
 
 // Large head dim: the O accumulator alone takes 128 registers per consumer thread, and Q + 2 stages of K and V take
@@ -72,7 +76,7 @@ struct FwdTileConfig<256> {
   static constexpr int kConsumerRegs = 240;
   static constexpr bool kPingPong = true;
   static constexpr OStorePath kOStore = OStorePath::kRegisters;
-  static constexpr ORescale kORescale = ORescale::kBeforePv;
+  static constexpr ORescale o_rescale(MaskKind, ScoreMod) { return ORescale::kBeforePv; }  // the other not measured
 };
 
 template <int kHeadDim_, class Element_, MaskKind kMask_, ScoreMod kScoreMod_ = ScoreMod::kNone,
@@ -89,10 +93,7 @@ struct FwdKernelTraits {
   static constexpr int kBlockM = Tile::kBlockM;
   static constexpr int kBlockN = Tile::kBlockN;
   static constexpr int kStages = Tile::kStages;
-  // Soft-capped kernels keep the rescale before the PV GEMM (after it, the hdim-64 ones spilled 16/24 bytes), and so
-  // do the window kernels, where the placement was not measured.
-  static constexpr ORescale kORescale =
-      kSoftcap || kMask_ == MaskKind::kWindow ? ORescale::kBeforePv : Tile::kORescale;
+  static constexpr ORescale kORescale = Tile::o_rescale(kMask_, kScoreMod_);
 
   static constexpr int kRowsPerWarpGroup = 64;  // M of one WGMMA instruction
   static constexpr int kNumConsumerWarpGroups = kBlockM / kRowsPerWarpGroup;

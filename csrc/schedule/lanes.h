@@ -107,7 +107,8 @@ struct DescendingLanes {
     const uint32_t unit = static_cast<uint32_t>(k);
     const uint32_t round = unit / static_cast<uint32_t>(per), within = unit - round * static_cast<uint32_t>(per);
     const uint32_t head_index = static_cast<uint32_t>(g) + static_cast<uint32_t>(div_u32(p.num_ctas, l)) * round;
-    const int32_t n = paired(p) ? (within ? num_n_blocks(p) - 1 - lane : lane) : lane + l * static_cast<int32_t>(within);
+    const int32_t n =
+        paired(p) ? (within ? num_n_blocks(p) - 1 - lane : lane) : lane + l * static_cast<int32_t>(within);
     const int32_t b = div_u32(head_index, p.nheads_k);
     return KvTile{b, static_cast<int32_t>(head_index) - b * p.nheads_k, n};
   }

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from typing import NamedTuple, Optional, Tuple
+from typing import Optional, Tuple
 
 import torch
 
@@ -13,8 +13,8 @@ from . import validation
 from ._args import MaskKind, OpArgs
 from ._ext import (_bwd_tile_shape, _check_cuda, _device_guard, _held_head_dim, _kernel_head_dim, _l2_bytes, _num_sms,
                    _supported_head_dims)
-from .schedules_table import (AUTO, FALLBACK_SCHEDULE, LANES_MIN_LOAD_RATIO, LANES_ORDER, LANES_SCHEDULE, SCHEDULE_IDS,
-                              gqa_runs_lanes, invariant_schedule, varlen_invariant_schedule)
+from .schedules_table import (AUTO, FALLBACK_SCHEDULE, LANES_SCHEDULE, SCHEDULE_IDS, gqa_runs_lanes, invariant_schedule,
+                              varlen_invariant_schedule)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -62,57 +62,12 @@ def _resolve_schedule_for(args: OpArgs, device: torch.device, batch: int, seqlen
     return SCHEDULE_IDS[schedule]
 
 
-def _with_varlen_schedule(args: OpArgs, headdim: int, max_seqlen_k: int, pack: Optional["PackShape"] = None) -> OpArgs:
-    """A varlen call's arguments: deterministic `auto` takes the varlen invariant pick for the mask and the kernel's
-    head dim, the same for the packed kernels and for runs of equal lengths, so that neither the path nor the
-    neighbours change the bits (max_seqlen_k, the longest sequence's keys, and the lengths of `pack` where the host
-    knows them only pick between two layouts of one order). headdim: the head dim whose kernel runs."""
+def _with_varlen_schedule(args: OpArgs) -> OpArgs:
+    """A varlen call's arguments: deterministic `auto` takes the varlen invariant pick for the mask, the same for the
+    packed kernels and for runs of equal lengths, so that neither the path nor the neighbours change the bits."""
     if args.schedule == AUTO and args.deterministic:
-        mask_name = MaskKind(args.mask).name.lower()
-        kernel_dim = validation.kernel_head_dim(headdim, _supported_head_dims())
-        name = varlen_invariant_schedule(mask_name, kernel_dim, max_seqlen_k)
-        if name == LANES_SCHEDULE and pack is not None and _lanes_load_uneven(args.mask, headdim, args.sm_margin, pack):
-            name = LANES_ORDER
-        return args._replace(schedule=name)
+        return args._replace(schedule=varlen_invariant_schedule(MaskKind(args.mask).name.lower()))
     return args
-
-
-class PackShape(NamedTuple):
-    """What the layout pick of a planned varlen call reads: the rows in use of each sequence, the heads, the device."""
-    lens_q: Tuple[int, ...]
-    lens_k: Tuple[int, ...]
-    nheads: int
-    nheads_k: int
-    device_index: int
-
-
-def _lanes_load_uneven(mask: int, headdim: int, sm_margin: int, pack: PackShape) -> bool:
-    """Whether descending's layout loads its busiest CTA less than LANES_MIN_LOAD_RATIO times as much as
-    descending_lanes' busiest on this pack (schedules_table.LANES_MIN_LOAD_RATIO). Packs of equal lengths load the
-    lanes as a dense call does and are not measured."""
-    if len(set(pack.lens_q)) <= 1 and len(set(pack.lens_k)) <= 1:
-        return False
-    block_m, block_n = _bwd_tile_shape(headdim, mask)
-    ctas = max(1, _num_sms(pack.device_index) - sm_margin)
-    return _lanes_load_ratio(mask, block_m, block_n, ctas, pack.lens_q, pack.lens_k, pack.nheads,
-                             pack.nheads_k) < LANES_MIN_LOAD_RATIO
-
-
-@functools.lru_cache(maxsize=256)
-def _lanes_load_ratio(mask: int, block_m: int, block_n: int, ctas: int, lens_q: Tuple[int, ...],
-                      lens_k: Tuple[int, ...], nheads: int, nheads_k: int) -> float:
-    """Busiest CTA of descending's layout over that of descending_lanes' (cached: every layer of a training step
-    packs the same sequences); 1 without the CPU module."""
-    try:
-        from . import _sched
-        from .schedule import _problem
-    except ImportError:
-        return 1.0
-    p = _problem(MaskKind(mask).name.lower(), max(lens_q), max(lens_k), block_m, block_n, nheads, len(lens_q), ctas,
-                 None, nheads_k)
-    live_m, live_n = [-(-n // block_m) for n in lens_q], [-(-n // block_n) for n in lens_k]
-    lanes = _sched.max_cta_load(SCHEDULE_IDS[LANES_SCHEDULE], p, live_m, live_n)
-    return _sched.max_cta_load(SCHEDULE_IDS[LANES_ORDER], p, live_m, live_n) / lanes if lanes else 1.0
 
 
 # ----------------------------------------------------------------------------------------------------------------------

@@ -10,8 +10,8 @@ import torch
 from . import _seq_bands, device_seqlens, validation
 from ._args import MaskKind, OpArgs
 from ._ext import _bwd_tile_shape, _check_cuda, _device_guard, _kernel_head_dim, _num_sms, _supported_head_dims
-from ._launch import (PackShape, _lse_shape, _out_like, _resolve_schedule_for, _run_bwd, _run_fwd,
-                      _with_varlen_schedule)
+from ._launch import _lse_shape, _out_like, _resolve_schedule_for, _run_bwd, _run_fwd, _with_varlen_schedule
+from .schedules_table import runs_per_sequence
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -149,18 +149,27 @@ def _runs_beat_packed(q, k, cq, ck, mask, window_left, window_right):
     return kernel_seconds >= _RUNS_HOST_SECONDS[0] + _RUNS_HOST_SECONDS[1] * len(runs)
 
 
-def _packed_launch(ext, q, k, v, cq, ck, mask, window_left, window_right, lens=None):
+def _packed_launch(ext, q, k, v, cq, ck, mask, window_left, window_right, lens=None, bwd_args=None):
     """(longest q sequence, longest k sequence) when the packed-sequence kernels run this call, else None. lens: the
-    (q, k) lengths of cq and ck where the caller has them already."""
+    (q, k) lengths of cq and ck where the caller has them already. bwd_args: a backward's arguments. Its schedule
+    may run every sequence on its own geometry (schedules_table.runs_per_sequence), which takes any band. Where its
+    deterministic packed kernel reads the row statistics other than the batched one (packed_matches_batched), the
+    packed kernels run it whenever they can, so that its bits do not follow the neighbours through the path."""
     if not ext.packed_built():
         return None
     if q.shape[-1] != v.shape[-1] or q.shape[-1] not in _supported_head_dims():
         return None
-    if _runs_beat_packed(q, k, cq, ck, mask, window_left, window_right):
+    mask_name = MaskKind(mask).name.lower()
+    packed_only = (bwd_args is not None and bwd_args.deterministic and
+                   not ext.packed_matches_batched(q.shape[-1], "bf16" if q.dtype == torch.bfloat16 else "fp16", mask))
+    if not packed_only and _runs_beat_packed(q, k, cq, ck, mask, window_left, window_right):
         return None
     lens_q, lens_k = lens if lens is not None else (_used_lengths(cq, None), _used_lengths(ck, None))
     max_q, max_k = max(lens_q), max(lens_k)
-    if max_q == 0 or max_k == 0 or not _bands_inside(lens_q, lens_k, mask, window_left, window_right):
+    if max_q == 0 or max_k == 0:
+        return None
+    if not (bwd_args is not None and runs_per_sequence(mask_name, bwd_args.schedule)) and \
+            not _bands_inside(lens_q, lens_k, mask, window_left, window_right):
         return None
     return max_q, max_k
 
@@ -169,13 +178,6 @@ def _bands_inside(lens_q, lens_k, mask, window_left, window_right) -> bool:
     """Whether the packed kernels' schedule of the longest lengths reaches each sequence's causal or window band
     (dash_attn/_seq_bands.py)."""
     return _seq_bands.bands_inside(lens_q, lens_k, mask, window_left, window_right)
-
-
-def _pack_shape(q, k, lens_q, lens_k) -> Optional[PackShape]:
-    """What the layout pick of a varlen call reads, where some sequence has rows in use."""
-    if not lens_q or max(lens_q) == 0 or max(lens_k) == 0:
-        return None
-    return PackShape(tuple(lens_q), tuple(lens_k), q.shape[1], k.shape[1], q.device.index)
 
 
 def _device_int32(x: torch.Tensor, device: torch.device) -> torch.Tensor:
@@ -222,10 +224,10 @@ def _varlen_bwd_cuda(ext, dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, c
                      dsink=None):
     """dsink (with a sink): float32 (nheads,), the sum of the launches' sink gradients in the order they run."""
     lens_q, lens_k = _used_lengths(cq, None), _used_lengths(ck, None)
-    args = _with_varlen_schedule(args, q.shape[-1], max(lens_k, default=0), _pack_shape(q, k, lens_q, lens_k))
-    packed = _packed_launch(ext, q, k, v, cq, ck, *args.mask_args, lens=(lens_q, lens_k))
+    args = _with_varlen_schedule(args)
+    packed = _packed_launch(ext, q, k, v, cq, ck, *args.mask_args, lens=(lens_q, lens_k), bwd_args=args)
     if packed is not None:
-        launches = _seq_bands.bwd_launches(lens_q, lens_k, *args.mask_args, by_length=True)
+        launches = _packed_bwd_launches(lens_q, lens_k, args)
         if len(launches) == 1:
             dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
             planned = [(None, None) + packed]
@@ -305,11 +307,19 @@ def _bwd_launches(q, lens, used_q, used_k, bounds, args: OpArgs):
     if lens is None:
         return [(used_q, used_k) + tuple(bounds)]
     lens_q, lens_k = lens
-    launches = _seq_bands.bwd_launches(lens_q, lens_k, *args.mask_args, by_length=True)
+    launches = _packed_bwd_launches(lens_q, lens_k, args)
     if launches[0].members is None:
         return [(used_q, used_k, launches[0].max_q, launches[0].max_k)]
     return [used + (launch.max_q, launch.max_k)
             for used, launch in zip(_rows_in_use(q, launches, lens_q, lens_k), launches)]
+
+
+def _packed_bwd_launches(lens_q, lens_k, args: OpArgs) -> List[_seq_bands.BwdLaunch]:
+    """The packed kernels' backward launches of a call (dash_attn/_seq_bands.py); one for every sequence where they
+    schedule each on its own geometry."""
+    if runs_per_sequence(MaskKind(args.mask).name.lower(), args.schedule):
+        return [_seq_bands.BwdLaunch(None, max(lens_q), max(lens_k))]
+    return _seq_bands.bwd_launches(lens_q, lens_k, *args.mask_args, by_length=True)
 
 
 # The packed kernels take a kernel's own head dim, the same for q, k and v; an unplanned call of other head dims runs
@@ -369,7 +379,7 @@ def _varlen_bwd_unplanned(ext, dout, q, k, v, out, lse, seqs, bounds, args: OpAr
     if checked_on_host:
         cq, ck, host_q, host_k = _host_lists(*seqs)
         lens = _used_lengths(cq, host_q), _used_lengths(ck, host_k)
-    args = _with_varlen_schedule(args, q.shape[-1], max_k, None if lens is None else _pack_shape(q, k, *lens))
+    args = _with_varlen_schedule(args)
     with _device_guard(q.device):
         if not no_key_seen:
             launches = _bwd_launches(q, lens, used_q, used_k, (max_q, max_k), args)

@@ -23,7 +23,7 @@ import numpy as np
 
 from . import _sched
 from .schedules_table import DETERMINISTIC_SCHEDULES, DYNAMIC, MEASURED_RANKING, NONDETERMINISTIC_SCHEDULES
-from .schedules_table import SCHEDULE_IDS, invariant_schedule
+from .schedules_table import MASK_IDS, SCHEDULE_IDS, invariant_schedule
 from ._gantt import gantt, gantt_compare
 
 __all__ = ["SCHEDULES", "NONDETERMINISTIC_SCHEDULES", "SCHEDULE_IDS", "MASKS", "Plan", "SimResult", "tile_shape",
@@ -36,7 +36,7 @@ SCHEDULES = DETERMINISTIC_SCHEDULES
 # `dynamic` claims its units at run time (csrc/schedule/dynamic.h); its plan is the static stand-in the engine
 # enumerates (ascending KV index as the accumulation order); what the kernel runs is simulate(...,
 # deterministic=False, dispatch="greedy").
-MASKS: Dict[str, int] = {"full": _sched.MASK_FULL, "causal": _sched.MASK_CAUSAL, "window": _sched.MASK_WINDOW}
+MASKS: Dict[str, int] = MASK_IDS
 DISPATCH = {"static": 0, "greedy": 1, "greedy_head_major": 2}
 
 # `choose` ranks by predicted makespan. The DAG alone (c, r) ties the schedules on most standard shapes, while the

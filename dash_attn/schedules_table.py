@@ -10,13 +10,15 @@ from typing import Dict, Tuple
 
 from . import _sched
 
-__all__ = ["AUTO", "SCHEDULE_IDS", "DETERMINISTIC_SCHEDULES", "NONDETERMINISTIC_SCHEDULES", "SCHEDULES", "DYNAMIC",
-           "INVARIANT_SCHEDULES", "INVARIANT_VARLEN_SCHEDULES", "LANES_SCHEDULE", "SHORT_SEQLEN_K", "LANES_GQA_RATIO",
-           "LANES_ORDER", "VARLEN_LANES_SEQLEN_K", "LANES_MIN_LOAD_RATIO", "gqa_runs_lanes", "invariant_schedule",
-           "varlen_invariant_schedule", "invariant_picks", "FALLBACK_SCHEDULE", "MEASURED_RANKING", "SHORT_NAMES"]
+__all__ = ["AUTO", "MASK_IDS", "SCHEDULE_IDS", "DETERMINISTIC_SCHEDULES", "NONDETERMINISTIC_SCHEDULES", "SCHEDULES",
+           "DYNAMIC", "INVARIANT_SCHEDULES", "INVARIANT_VARLEN_SCHEDULES", "LANES_SCHEDULE", "SHORT_SEQLEN_K",
+           "LANES_GQA_RATIO", "LANES_ORDER", "gqa_runs_lanes", "invariant_schedule", "varlen_invariant_schedule",
+           "runs_per_sequence", "invariant_picks", "FALLBACK_SCHEDULE", "MEASURED_RANKING", "SHORT_NAMES"]
 
 _TABLE = sorted(_sched.SCHEDULE_TABLE, key=lambda entry: entry[1])  # (name, id, deterministic), in id order
 
+# The engine's mask ids by name (dash::MaskKind).
+MASK_IDS: Dict[str, int] = {"full": _sched.MASK_FULL, "causal": _sched.MASK_CAUSAL, "window": _sched.MASK_WINDOW}
 # `schedule=` value resolved before any launch (dash::ScheduleKind::kAuto never reaches the kernels).
 AUTO = "auto"
 # Mirrors dash::ScheduleKind (csrc/common/params.h): every schedule a launch can run, by name.
@@ -40,30 +42,27 @@ INVARIANT_SCHEDULES = {"full": "shift_runs", "causal": "shift_causal_runs", "win
 LANES_SCHEDULE = "descending_lanes"
 SHORT_SEQLEN_K = {("full", 64): 4096, ("full", 128): 4096, ("causal", 64): 1024, ("causal", 128): 4096}
 LANES_GQA_RATIO = {128: 4}
-# descending_lanes runs descending's orders (the same bits) on another layout; where its layout is slower a varlen call
-# runs this name instead.
+# The schedule whose orders (and so bits) descending_lanes runs on another layout.
 LANES_ORDER = "descending"
 
-# Varlen calls run a band as a batch of the longest sequence (or per run of equal lengths): a sequence must get the
-# same walk and orders whatever that longest length is. On causal bands and windows only descending's order does;
-# on full masks shift_runs' does too. The pick is a function of the mask and the kernel's head dim (which fix the
-# bits); the lengths choose only between descending's two layouts. Read through varlen_invariant_schedule().
-# - Full masks: shift_runs. With the packs split by length class (dash_attn/_seq_bands.py), on 11 packs of 16k tokens
-#   it ran up to 1.16x (hdim 64) and 1.19x (hdim 128) ahead of descending_lanes, and trailed by more than 2% only on
-#   16 x 1k at hdim 128 (419 against 448 TFLOPS; docs/tuning.md).
-# - Causal bands: descending_lanes' layout; with square tiles (hdim 64, 256) past VARLEN_LANES_SEQLEN_K keys, where its
-#   paired short tiles wait, descending's; and where the lengths load its lanes unevenly (LANES_MIN_LOAD_RATIO).
-# - Windows: descending (the window kernels carry no lanes).
-INVARIANT_VARLEN_SCHEDULES = {"full": "shift_runs", "causal": "descending_lanes", "window": "descending"}
-VARLEN_LANES_SEQLEN_K = {("causal", 64): 4096, ("causal", 256): 4096}
-# descending_lanes puts KV tile u of every sequence of a pack on lane u, so the lanes of a pack of unequal lengths
-# carry unequal work. Where descending's layout loads its busiest CTA less than LANES_MIN_LOAD_RATIO times as much as
-# the lanes' busiest (static visits inside the sequences, dash_attn._sched.max_cta_load), it runs instead (the same
-# bits). H200, 16 causal packs of 16k tokens of unequal lengths at hdim 64 and 128 (32 rows): at ratios of 0.855-0.935
-# the lanes ran 7-13% faster; at 0.80-0.85 the two were within 1% but once (descending's layout 9% faster); below 0.80
-# descending's layout ran up to 1.6x faster or within 2%, but once (0.69: the lanes 3% faster). On packs of equal
-# lengths (ratios 0.97-1.00) the lanes ran 20-30% faster. docs/tuning.md.
-LANES_MIN_LOAD_RATIO = 0.85
+# Varlen calls run a pack as a batch of its longest sequence (or per run of equal lengths): a sequence must get the
+# same walk and orders whatever that longest length is. The pick is a function of the mask alone (with the kernel's
+# head dim, which fixes the tiles, that fixes the bits). Read through varlen_invariant_schedule().
+# - Full masks: shift_runs, whose walk depends on the tile shape alone. With the packs split by length class
+#   (dash_attn/_seq_bands.py), on 11 packs of 16k tokens it ran up to 1.16x (hdim 64) and 1.19x (hdim 128) ahead of
+#   descending_lanes, and trailed by more than 2% only on 16 x 1k at hdim 128 (419 against 448 TFLOPS; docs/tuning.md).
+# - Causal bands: shift_causal_runs, which the packed kernels run on every sequence's own geometry (runs_per_sequence,
+#   csrc/schedule/seq_runs.h), so a sequence gets its dense call's orders under that schedule. H200, 16k-token packs:
+#   1.1-1.4x descending's layouts on packs of mixed lengths, 0.92 of descending_lanes on 16 x 1k
+#   (benchmarks/RESULTS.md, "Varlen").
+# - Windows: descending.
+INVARIANT_VARLEN_SCHEDULES = {"full": "shift_runs", "causal": "shift_causal_runs", "window": "descending"}
+
+
+def runs_per_sequence(mask: str, schedule: str) -> bool:
+    """Whether the packed kernels schedule every sequence of a varlen call on its own geometry (any pack then runs in
+    one launch, whatever its sequences' bands): the engine's rule (csrc/schedule/seq_runs.h)."""
+    return schedule in SCHEDULE_IDS and _sched.runs_per_sequence(SCHEDULE_IDS[schedule], MASK_IDS[mask])
 
 
 def gqa_runs_lanes(mask: str, kernel_head_dim: int, gqa_ratio: int) -> bool:
@@ -80,20 +79,15 @@ def invariant_schedule(mask: str, kernel_head_dim: int, seqlen_k: int, gqa_ratio
     return INVARIANT_SCHEDULES[mask]
 
 
-def varlen_invariant_schedule(mask: str, kernel_head_dim: int, max_seqlen_k: int) -> str:
-    """Deterministic `auto`'s pick for a varlen call (mask name, the head dim of the kernel that runs, the longest
-    sequence's keys): its bits depend on the mask and the head dim alone."""
-    name = INVARIANT_VARLEN_SCHEDULES[mask]
-    if name == LANES_SCHEDULE and max_seqlen_k > VARLEN_LANES_SEQLEN_K.get((mask, kernel_head_dim), max_seqlen_k):
-        return LANES_ORDER
-    return name
+def varlen_invariant_schedule(mask: str) -> str:
+    """Deterministic `auto`'s pick for a varlen call (mask name): its bits depend on the mask and the head dim alone."""
+    return INVARIANT_VARLEN_SCHEDULES[mask]
 
 
 def invariant_picks(mask: str) -> Tuple[str, ...]:
     """Every schedule deterministic `auto` can run for a mask, dense or varlen (what the invariance proofs cover)."""
     picks = {INVARIANT_SCHEDULES[mask], INVARIANT_VARLEN_SCHEDULES[mask]}
     picks.update(LANES_SCHEDULE for m, _ in SHORT_SEQLEN_K if m == mask)
-    picks.update(LANES_ORDER for m, _ in VARLEN_LANES_SEQLEN_K if m == mask)
     picks.update(LANES_SCHEDULE for hdim, ratio in LANES_GQA_RATIO.items() if gqa_runs_lanes(mask, hdim, ratio))
     return tuple(sorted(picks))
 

@@ -179,18 +179,21 @@ def test_seqused_on_cuda_runs_unplanned_with_the_rows_in_use(fake_cuda, cpu_as_c
     assert not out.any() and torch.isneginf(lse).all()
 
 
-def test_seqused_backward_bounds_reach_every_band(fake_cuda, cpu_as_cuda):
+@pytest.mark.parametrize("schedule, bounds", [("descending", (6, 8)), ("auto", (6, 6))])
+def test_seqused_backward_bounds_reach_every_band(fake_cuda, cpu_as_cuda, schedule, bounds):
     # Rows in use (3, 6) / (5, 6): the first sequence's causal diagonal (+2) lies right of the longest ones' (0). The
-    # forward tiles the longest rows in use; the backward's bounds move the schedule's diagonal to +2 (max_k 8), so
-    # that it reaches every band (dash_attn/_seq_bands.py; tests/test_packed_bands.py checks the results).
+    # forward tiles the longest rows in use. A backward scheduled as a batch of the longest (descending) moves the
+    # schedule's diagonal to +2 (max_k 8), so that it reaches every band (dash_attn/_seq_bands.py;
+    # tests/test_packed_bands.py checks the results); deterministic `auto` schedules each sequence on its own
+    # geometry (csrc/schedule/seq_runs.h) and keeps the longest rows in use.
     q, k, v, cu_q, cu_k, _, _ = varlen_inputs((5, 6), (5, 6), headdim=64, dtype=torch.bfloat16)
     used_q, used_k = torch.tensor([3, 6], dtype=torch.int32), torch.tensor([5, 6], dtype=torch.int32)
-    args = (cu_q, cu_k, used_q, used_k, 6, 6, 0.125, 1, -1, 0, 0.0, True, "auto", 0)
+    args = (cu_q, cu_k, used_q, used_k, 6, 6, 0.125, 1, -1, 0, 0.0, True, schedule, 0)
     out, lse = interface._varlen_fwd_impl(q, k, v, *args)
     interface._varlen_bwd_impl(torch.ones_like(out), q, k, v, out, lse, *args)
     (fwd_name, fwd_args), (bwd_name, bwd_args) = fake_cuda.calls
     assert fwd_name == "varlen_fwd" and fwd_args[9:11] == (6, 6)
-    assert bwd_name == "varlen_bwd" and bwd_args[11:15] == (used_q, used_k, 6, 8)
+    assert bwd_name == "varlen_bwd" and bwd_args[11:15] == (used_q, used_k) + bounds
 
 
 @pytest.mark.parametrize("headdim, headdim_v", [(32, 32), (96, 96), (64, 128), (104, 40)])

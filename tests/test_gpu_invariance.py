@@ -82,16 +82,18 @@ def test_invariant_across_sm_margin_and_batch(case, hdim, dtype):
                 assert torch.equal(a[pos:pos + 1], b), f"d{name} of the sequence at {pos} of {batch} differs from alone"
 
 
-def _varlen_grads(seqs, order, causal, sm_margin=0):
-    lens = [seqs[i][0].shape[1] for i in order]
-    cu = torch.tensor([0] + list(torch.tensor(lens).cumsum(0)), device="cuda", dtype=torch.int32)
+def _varlen_grads(seqs, order, causal, sm_margin=0, schedule="auto"):
+    lens_q, lens_k = ([seqs[i][j].shape[1] for i in order] for j in (0, 1))
+    cu_q, cu_k = (torch.tensor([0] + list(torch.tensor(n).cumsum(0)), device="cuda", dtype=torch.int32)
+                  for n in (lens_q, lens_k))
     q, k, v, dout = (torch.cat([seqs[i][j][0] for i in order]).detach() for j in range(4))
     q, k, v = (t.requires_grad_() for t in (q, k, v))
-    out = dash_attn.flash_attn_varlen_func(q, k, v, cu, cu, max(lens), max(lens), causal=causal, deterministic=True,
-                                           sm_margin=sm_margin)
+    out = dash_attn.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal=causal,
+                                           deterministic=True, sm_margin=sm_margin, schedule=schedule)
     out = out[0] if isinstance(out, tuple) else out
     grads = torch.autograd.grad(out, (q, k, v), dout)
-    return {i: tuple(g[int(cu[n]):int(cu[n + 1])] for g in grads) for n, i in enumerate(order)}
+    bounds = (cu_q, cu_k, cu_k)
+    return {i: tuple(g[int(c[n]):int(c[n + 1])] for g, c in zip(grads, bounds)) for n, i in enumerate(order)}
 
 
 def _dense_matches_varlen(hdim, dtype, causal):
@@ -116,7 +118,32 @@ def test_varlen_invariant_to_packing(hdim, causal, dtype):
         for name, a, b in zip("qkv", got, ref):
             assert torch.equal(a, b), f"d{name} of sequence 0 changed when packed as {order} (sm_margin {margin})"
     if _dense_matches_varlen(hdim, dtype, causal):
-        schedule = varlen_invariant_schedule("causal" if causal else "full", hdim, max(lens))
+        schedule = varlen_invariant_schedule("causal" if causal else "full")
         dense = _grads(*seqs[0], causal, (-1, -1), 0.0, schedule=schedule)
         for name, a, b in zip("qkv", ref, (g[0] for g in dense)):
             assert torch.equal(a, b), f"d{name} of the varlen call differs from the dense call"
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("hdim", [64, 128, 256])
+def test_varlen_causal_runs_are_per_sequence(hdim, dtype):
+    """schedule="shift_causal_runs" on causal packs: every sequence on its own geometry (csrc/schedule/seq_runs.h),
+    so its bits do not depend on its neighbours, their order or sm_margin, and equal a dense call's of the sequence
+    under the same schedule (where the packed kernel reads the row statistics as the batched one does)."""
+    if hdim not in supported_head_dims():
+        pytest.skip(f"hdim {hdim} not built")
+    gen = torch.Generator(device="cuda").manual_seed(SEED + 2)
+    shapes = [(333, 333), (1500, 1500), (64, 64), (777, 900), (1, 1), (400, 250)]
+    seqs = [(_rand(gen, (1, sq, 4, hdim), dtype), _rand(gen, (1, sk, 2, hdim), dtype),
+             _rand(gen, (1, sk, 2, hdim), dtype), _rand(gen, (1, sq, 4, hdim), dtype)) for sq, sk in shapes]
+    ref = _varlen_grads(seqs, list(range(len(seqs))), True, schedule="shift_causal_runs")
+    for order, margin in (([5, 4, 3, 2, 1, 0], 18), ([3, 0], 100), ([0, 3, 1], 54)):
+        got = _varlen_grads(seqs, order, True, margin, schedule="shift_causal_runs")
+        for i in order:
+            for name, a, b in zip("qkv", got[i], ref[i]):
+                assert torch.equal(a, b), f"d{name} of sequence {i} changed when packed as {order} (sm_margin {margin})"
+    if _dense_matches_varlen(hdim, dtype, True):
+        for i in (0, 3, 5):
+            dense = _grads(*seqs[i], True, (-1, -1), 0.0, schedule="shift_causal_runs")
+            for name, a, b in zip("qkv", ref[i], (g[0] for g in dense)):
+                assert torch.equal(a, b), f"d{name} of sequence {i}: the varlen call differs from the dense call"

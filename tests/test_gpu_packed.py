@@ -147,7 +147,12 @@ def test_packed_deterministic_gradients_are_bitwise_identical(packed_calls, sche
     assert all(packed_calls)
 
 
-def test_causal_diagonal_right_of_the_longest_falls_back(packed_calls):
-    """A sequence whose causal diagonal lies right of the longest ones' runs in the batched kernels, correctly."""
-    varlen.check_varlen("unequal", 4, 2, main_head_dim(), torch.bfloat16, True)
+def test_causal_diagonal_right_of_the_longest(packed_calls):
+    """A sequence whose causal diagonal lies right of the longest ones': the forward, and a backward scheduled as a
+    batch of the longest sequence (descending), run in the batched kernels; deterministic `auto` schedules every
+    sequence on its own geometry (shift_causal_runs) and runs its backward in the packed kernels. Correct each time."""
+    varlen.check_varlen("unequal", 4, 2, main_head_dim(), torch.bfloat16, True, schedule="descending")
     assert packed_calls and not any(packed_calls)
+    packed_calls.clear()
+    varlen.check_varlen("unequal", 4, 2, main_head_dim(), torch.bfloat16, True)
+    assert packed_calls == [False, True]

@@ -126,6 +126,22 @@ def test_varlen_every_schedule_with_poisoned_outputs(schedule):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("packing", list(PACKINGS))
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
+@pytest.mark.parametrize("headdim", supported_head_dims())
+def test_varlen_causal_runs_per_sequence(packing, dtype, headdim):
+    """shift_causal_runs on causal packs schedules every sequence on its own geometry (csrc/schedule/seq_runs.h):
+    empty sequences, single tiles and seqlen_q != seqlen_k included, into poisoned outputs."""
+    check_varlen(packing, 4, 2, headdim, dtype, True, schedule="shift_causal_runs", poison=True)
+
+
+@pytest.mark.gpu
+@requires_softcap
+def test_varlen_causal_runs_per_sequence_softcap():
+    check_varlen("unequal", 4, 2, main_head_dim(), torch.bfloat16, True, schedule="shift_causal_runs", softcap=5.0)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_varlen_deterministic_gradients_are_bitwise_identical(causal):
     q, k, v, dout, cu_q, cu_k, max_q, max_k = make_varlen("unequal", 8, 2, main_head_dim(), torch.bfloat16)

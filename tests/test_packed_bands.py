@@ -19,7 +19,8 @@ import torch
 from dash_attn import _sched, _seq_bands, interface
 from dash_attn import schedule as S
 from dash_attn.reference import attention_bwd_ref_varlen, attention_ref_varlen, visibility_mask
-from dash_attn.schedules_table import DETERMINISTIC_SCHEDULES, NONDETERMINISTIC_SCHEDULES, varlen_invariant_schedule
+from dash_attn.schedules_table import (DETERMINISTIC_SCHEDULES, NONDETERMINISTIC_SCHEDULES, runs_per_sequence,
+                                      varlen_invariant_schedule)
 
 from api_common import cu, patch_interface
 
@@ -127,8 +128,14 @@ def _orders(plan, batch, keep):
 
 
 def _varlen_picks(mask_name):
-    """Every schedule deterministic `auto` runs a varlen call of this mask with, over head dims and longest lengths."""
-    return {varlen_invariant_schedule(mask_name, hdim, max_k) for hdim in (64, 128, 256) for max_k in (1, 1 << 20)}
+    """The schedule deterministic `auto` runs a varlen call of this mask with."""
+    return {varlen_invariant_schedule(mask_name)}
+
+
+def _packed(mask_name, lens_q, lens_k, block_m, block_n, nheads, nheads_k):
+    """The pack as the kernels see it where they schedule every sequence on its own geometry."""
+    p = _sched.Problem(1, nheads, nheads_k, 1, 1, block_m, block_n, S.MASKS[mask_name])
+    return _sched.PackedProblem(p, list(lens_q), list(lens_k))
 
 
 @pytest.mark.parametrize("tiles", TILES, ids=lambda t: f"{t[0]}x{t[1]}")
@@ -141,9 +148,15 @@ def test_planned_launches_cover_every_sequence_and_keep_its_deterministic_orders
     mask_name, win = MASK_NAMES[mask], (window if mask == 2 else None)
     picks = _varlen_picks(mask_name)
     for (lens_q, lens_k), by_length in itertools.product(PACKS, (False, True)):
+        for name in DETERMINISTIC_SCHEDULES:
+            if runs_per_sequence(mask_name, name):  # one launch; each sequence's orders those of it alone
+                pack = _packed(mask_name, lens_q, lens_k, bm, bn, nheads, nheads_k)
+                assert _sched.verify_packed(pack, 1, 140) == [], (name, lens_q, lens_k)
         for launch in _seq_bands.bwd_launches(lens_q, lens_k, mask, *window, by_length=by_length):
             members = range(len(lens_q)) if launch.members is None else launch.members
             for name in DETERMINISTIC_SCHEDULES + NONDETERMINISTIC_SCHEDULES:
+                if runs_per_sequence(mask_name, name):
+                    continue
                 ctas = 132 if name in picks else 7
                 plan = S.plan(name, mask_name, launch.max_q, launch.max_k, bm, bn, nheads, len(lens_q), ctas,
                               window=win, nheads_k=nheads_k)
@@ -193,15 +206,22 @@ class PackedBwdStandIn:
         nheads, nheads_k = q.shape[1], k.shape[1]
         batch = cu_q.shape[0] - 1
         window = (window_left, window_right) if mask == 2 else None
-        plan = S.plan(name, MASK_NAMES[mask], max_q, max_k, self.block_m, self.block_n, nheads, batch,
-                      self.num_ctas, window=window, nheads_k=nheads_k)
-        visited = set(_tile_pairs(plan))
+        lens = [(min(int(cu_q[b + 1] - cu_q[b]), math.inf if used_q is None else int(used_q[b])),
+                 min(int(cu_k[b + 1] - cu_k[b]), math.inf if used_k is None else int(used_k[b]))) for b in range(batch)]
+        if runs_per_sequence(MASK_NAMES[mask], name):
+            pack = _packed(MASK_NAMES[mask], [n[0] for n in lens], [n[1] for n in lens], self.block_m, self.block_n,
+                           nheads, nheads_k)
+            e = _sched.enumerate_packed(schedule_id, pack, self.num_ctas)["visits"]
+            visited = {tuple(int(x) for x in t) for t in zip(e["batch"], e["head"], e["m_block"], e["n_block"])}
+        else:
+            plan = S.plan(name, MASK_NAMES[mask], max_q, max_k, self.block_m, self.block_n, nheads, batch,
+                          self.num_ctas, window=window, nheads_k=nheads_k)
+            visited = set(_tile_pairs(plan))
         left, right = window_left, window_right  # the ops pass causal as (-1, 0), full masks as (-1, -1)
         g = nheads // nheads_k
         for b in range(batch):
             fq, fk = int(cu_q[b]), int(cu_k[b])
-            lq = min(int(cu_q[b + 1]) - fq, math.inf if used_q is None else int(used_q[b]))
-            lk = min(int(cu_k[b + 1]) - fk, math.inf if used_k is None else int(used_k[b]))
+            lq, lk = lens[b]
             rows_q, rows_k = slice(fq, fq + lq), slice(fk, fk + lk)
             dk[rows_k] = 0
             dv[rows_k] = 0
@@ -284,11 +304,14 @@ def test_every_schedule_reaches_every_band(packed_stand_in, schedule, tiles):
 
 def test_the_stand_in_sees_a_band_the_schedule_misses(packed_stand_in, monkeypatch):
     # The longest lengths' bounds (what the packed kernels ran before the bands were planned) miss part of the bands
-    # of the sequences whose diagonal lies right of the longest ones': the stand-in must show it.
+    # of the sequences whose diagonal lies right of the longest ones' under a schedule of the batch of the longest:
+    # the stand-in must show it. (Per sequence, as deterministic `auto` runs causal packs, nothing is missed.)
     monkeypatch.setattr(_seq_bands, "bwd_launches", lambda lens_q, lens_k, *band, by_length=False:
                         [_seq_bands.BwdLaunch(None, max(lens_q), max(lens_k))])
-    grads, ref = _call_bwd("seqused_both", 1, (-1, 0), True)
+    grads, ref = _call_bwd("seqused_both", 1, (-1, 0), True, "descending")
     assert not all(torch.allclose(got, want) for got, want in zip(grads, ref))
+    grads, ref = _call_bwd("seqused_both", 1, (-1, 0), True)
+    assert all(torch.allclose(got, want) for got, want in zip(grads, ref))
 
 
 def test_groups_run_one_launch_each_with_the_others_rows_unused(packed_stand_in):

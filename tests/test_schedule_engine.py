@@ -224,11 +224,14 @@ def test_schedule_ids_match_params_h():
                 "shift_runs": ids["ShiftRuns"], "shift_causal_runs": ids["ShiftCausalRuns"],
                 "descending_lanes": ids["DescendingLanes"]}
     assert schedule.SCHEDULE_IDS == expected
-    # The registry (sched_module.cpp's table) has every enumerator but kAuto, named in snake case: a schedule added
-    # to params.h and not to the table fails here.
-    snake = {re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower(): kind for name, kind in ids.items() if name != "Auto"}
+    # The registry (sched_module.cpp's table) has every enumerator but kAuto and the resolved-only kSeqCausalRuns (what
+    # shift_causal_runs runs on packed causal sequences), named in snake case: a schedule added to params.h and not
+    # to the table fails here.
+    snake = {re.sub(r"(?<!^)(?=[A-Z])", "_", name).lower(): kind for name, kind in ids.items()
+             if name not in ("Auto", "SeqCausalRuns")}
     assert schedules_table.SCHEDULE_IDS == snake
     assert ids["Auto"] == _sched.AUTO and "auto" not in schedules_table.SCHEDULE_IDS
+    assert ids["SeqCausalRuns"] == _sched.SEQ_CAUSAL_RUNS
     assert set(schedules_table.SHORT_NAMES) == set(schedules_table.SCHEDULES)
     assert schedule.SCHEDULES == ("ascending", "descending", "spt", "shift", "shift_causal", "shift_runs",
                                   "shift_causal_runs", "descending_lanes")

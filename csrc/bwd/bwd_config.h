@@ -17,6 +17,7 @@
 
 #include "common/params.h"
 #include "schedule/runs.h"
+#include "schedule/seq_runs.h"
 
 namespace dash::bwd {
 
@@ -303,6 +304,7 @@ constexpr float kNoKeyScore = 1e30f;
 //   split_counters int32 (split_ctas)  pieces finished per tail unit (schedule/tail_split.h, bwd_epilogue.h)
 //   unit_counter uint64  next unclaimed unit (ScheduleKind::kDynamic)
 //   dq_claims  int32 (batch, nheads, num_m_blocks)  visits loaded per Q tile (kDynamic: elects each tile's first add)
+//   seq_table  SeqEntry (batch + 1), int32 (batch)  packed causal calls under shift_causal_runs (schedule/seq_runs.h)
 // Index of a Q tile in the per-tile regions (dq_accum tiles, semaphores): the preprocess, the dQ writer and the
 // postprocess all address a tile through it.
 __host__ __device__ inline int64_t q_tile_index(int32_t batch, int32_t head, int32_t nheads, int32_t num_m_blocks,
@@ -331,8 +333,24 @@ struct BwdWorkspaceLayout {
   int32_t dq_runs = 1;
   int64_t num_q_tiles = 0;  // batch * nheads * num_m_blocks: the distance between runs (run_tile_index)
   size_t dq_accum = 0, lse_log2 = 0, dsum = 0, gemm_stats = 0, semaphores = 0, split_partials = 0,
-         split_counters = 0, unit_counter = 0, dq_claims = 0, sink_partials = 0, total = 0;
+         split_counters = 0, unit_counter = 0, dq_claims = 0, sink_partials = 0, seq_table = 0, total = 0;
+  bool has_seq_table = false;
 };
+
+// Packed causal calls under shift_causal_runs schedule every sequence on its own geometry (schedule/seq_runs.h), from
+// a table the backward builds on the device.
+inline bool seq_table_call(const BwdParams& params) {
+  return params.packed.cu_seqlens_q != nullptr && sched::runs_per_sequence(params.schedule, params.shape.mask);
+}
+// The table's unit counts are int32: nheads_k * (KV tiles of every sequence) must stay below 2^31 for every tile
+// width (a sequence of L keys has at most L / 64 + 1 of them). dash_bwd refuses larger calls.
+inline bool seq_units_fit(const BwdParams& params) {
+  return int64_t(params.shape.nheads_k) * (int64_t(params.packed.total_k) / 64 + params.shape.batch) < INT32_MAX;
+}
+// Bytes of the table: batch + 1 entries, then the launch order (batch int32).
+inline size_t seq_table_bytes(int32_t batch) {
+  return (size_t(batch) + 1) * sizeof(sched::SeqEntry) + size_t(batch) * sizeof(int32_t);
+}
 
 // Grid size the split-tail regions are sized for: shift's tail is split (schedule/tail_split.h) only in batched
 // full-mask calls whose schedule resolves to shift; num_sms bounds the grid of every sm_margin, so one workspace
@@ -351,7 +369,7 @@ inline int32_t split_tail_ctas(const BwdParams& params) {
 // kernel_headdim: the head dim of the kernel that runs the call (common/head_dims.h); its dQ tiles are that wide.
 // split_ctas: split_tail_ctas of the call; dq_runs: accumulators per dQ tile of its schedule (schedule/runs.h).
 inline BwdWorkspaceLayout bwd_workspace_layout(const AttnShape& s, int32_t kernel_headdim, int32_t split_ctas,
-                                               int32_t dq_runs) {
+                                               int32_t dq_runs, bool seq_table) {
   auto align = [](size_t x) { return (x + 127) / 128 * 128; };
   BwdWorkspaceLayout w;
   const BwdTileConfig cfg = bwd_tile_config(kernel_headdim);
@@ -383,6 +401,9 @@ inline BwdWorkspaceLayout bwd_workspace_layout(const AttnShape& s, int32_t kerne
   off = align(off + bh * w.num_m_blocks * sizeof(int32_t));
   w.sink_partials = off;  // one float per Q tile; used by calls with learnable sinks only
   off = align(off + bh * w.num_m_blocks * sizeof(float));
+  w.has_seq_table = seq_table;
+  w.seq_table = off;
+  if (seq_table) off = align(off + seq_table_bytes(s.batch));
   w.total = off;
   return w;
 }
@@ -390,7 +411,8 @@ inline BwdWorkspaceLayout bwd_workspace_layout(const AttnShape& s, int32_t kerne
 // The layout of a call: kernel_head_dim(params.shape) is the head dim of the kernel that runs it. The requested
 // schedule sizes the dQ runs (one that resolves to a single-run schedule leaves the second run unused).
 inline BwdWorkspaceLayout bwd_workspace_layout(const BwdParams& params, int32_t kernel_headdim) {
-  return bwd_workspace_layout(params.shape, kernel_headdim, split_tail_ctas(params), sched::dq_runs(params.schedule));
+  return bwd_workspace_layout(params.shape, kernel_headdim, split_tail_ctas(params), sched::dq_runs(params.schedule),
+                              seq_table_call(params));
 }
 
 // Thread roles of the CTA.

@@ -129,6 +129,7 @@ int dash_bwd_stages(const dash::BwdParams* params, int32_t stages, void* stream)
   if (p.workspace_bytes < dash::bwd::bwd_workspace_layout(p, dash::kernel_head_dim(s)).total) {
     return -1;
   }
+  if (dash::bwd::seq_table_call(p) && !dash::bwd::seq_units_fit(p)) return -1;
   // dQ is written at least two elements (4 bytes) at a time. dK and dV leave by TMA where the kernel stages them
   // (DkDvEpilogue::kTmaStaged*) and get TMA's rule everywhere: 16-byte bases and strides, as the inputs (which arrive
   // by TMA). The binding asks 16 bytes of every tensor.

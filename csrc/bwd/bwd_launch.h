@@ -14,6 +14,7 @@
 #include "bwd/bwd_kernel.h"
 #include "bwd/bwd_postprocess.h"
 #include "bwd/bwd_preprocess.h"
+#include "bwd/bwd_seq_table.h"
 
 namespace dash::bwd {
 
@@ -45,14 +46,17 @@ struct BwdWorkspaceViews {
   unsigned long long* unit_counter;  // ScheduleKind::kDynamic's claims (all calls; zeroed by the preprocess)
   int32_t* dq_claims;
   float* sink_partials;  // each Q tile's share of d sink (calls with learnable sinks)
+  sched::SeqEntry* seq_table;  // packed causal calls under shift_causal_runs (seq_table_call), else null
 };
 
-// The schedule's view of this launch: the kernel's tile sizes and mask, and the persistent grid size.
+// The schedule's view of this launch: the kernel's tile sizes and mask, the persistent grid size and, where each
+// sequence is scheduled on its own geometry, the sequence table.
 template <class T>
-sched::Problem bwd_problem(const BwdParams& params) {
+sched::Problem bwd_problem(const BwdParams& params, const BwdWorkspaceViews& views) {
   const AttnShape& s = params.shape;
   sched::Problem prob{s.batch, s.nheads, s.nheads_k, s.seqlen_q, s.seqlen_k, T::kBlockM, T::kBlockN,
                       T::kMask, s.window_left, s.window_right, 0};
+  prob.seqs = views.seq_table;
   prob.num_ctas = bwd_num_ctas(params, prob);
   // Shift's split tail: packed sequences skip visits past each sequence's end, so their items stay whole tiles; a
   // piece's partial dK/dV are stored with every one of the kernel's columns, so q, k and v must have kHeadDim; the
@@ -70,7 +74,7 @@ void launch_bwd_main(const BwdParams& params, const BwdWorkspaceLayout& ws, cons
                      cudaStream_t stream) {
   using T = BwdTraits<kHeadDim, Element, kMask, kScoreMod, kLayout>;
   const AttnShape& s = params.shape;
-  const sched::Problem prob = bwd_problem<T>(params);
+  const sched::Problem prob = bwd_problem<T>(params, views);
 
   // A (batch, seqlen, heads, d) tensor as TMA sees it: (seqlen, d, head, batch); const for the loaded inputs. d is
   // the call's head dim (q, k, dq, dk: headdim; v, dout, dv: value_head_dim), which may be below kHeadDim
@@ -165,7 +169,10 @@ void launch_bwd(const BwdParams& params, cudaStream_t stream, int32_t stages) {
                                 split ? reinterpret_cast<int32_t*>(base + ws.split_counters) : nullptr,
                                 reinterpret_cast<unsigned long long*>(base + ws.unit_counter),
                                 reinterpret_cast<int32_t*>(base + ws.dq_claims),
-                                reinterpret_cast<float*>(base + ws.sink_partials)};
+                                reinterpret_cast<float*>(base + ws.sink_partials),
+                                T::kPacked && ws.has_seq_table
+                                    ? reinterpret_cast<sched::SeqEntry*>(base + ws.seq_table)
+                                    : nullptr};
   const dim3 tile_grid(ws.num_m_blocks, s.nheads, s.batch);
 
   PreprocessParams pre{};
@@ -205,6 +212,10 @@ void launch_bwd(const BwdParams& params, cudaStream_t stream, int32_t stages) {
                                                     ws.num_m_blocks);
     }
   }
+  if ((stages & BwdStage::kPreprocess) && views.seq_table != nullptr) {
+    const SeqTableParams table{params.packed, bwd_problem<T>(params, views), views.seq_table};
+    bwd_seq_table_kernel<<<1, kSeqTableThreads, 0, stream>>>(table);
+  }
 
   if (stages & BwdStage::kMain) {
     launch_bwd_main<kHeadDim, Element, kMask, kScoreMod, kLayout>(params, ws, views, stream);
@@ -225,7 +236,7 @@ void launch_bwd(const BwdParams& params, cudaStream_t stream, int32_t stages) {
   post.packed = params.packed;
   // The main kernel's tiling and schedule, for the tiles' completion counts (semaphores) and accumulator runs.
   post.semaphores = views.semaphores;
-  post.problem = bwd_problem<T>(params);
+  post.problem = bwd_problem<T>(params, views);
   post.schedule = sched::resolve_schedule(params.schedule, post.problem);
   post.num_q_tiles = ws.num_q_tiles;
   if ((stages & BwdStage::kPostprocess) && ws.num_m_blocks > 0) {

@@ -54,12 +54,18 @@ struct ScheduleRef {
   static constexpr bool runs_lanes() {
     return Fixed::kMask != MaskKind::kWindow;
   }
+  // Kernels that may get a sequence table (problem.seqs) and schedule each sequence on its own geometry
+  // (schedule/seq_runs.h): the packed causal ones, the only kernels launch_bwd gives one (seq_table_call).
+  template <class Fixed>
+  static constexpr bool takes_seq_table() {
+    return Fixed::kPacked && Fixed::kMask == MaskKind::kCausal;
+  }
   // The schedule of `kind`, applied (schedule.h): kernels that never claim units compile no Dynamic code, full-mask
   // kernels none of the paired causal schedules (a full mask never resolves to them).
   template <class Fixed, class F>
   DASH_HD auto dispatch(F&& f) const {
     constexpr bool kWithDynamic = claims_units<Fixed>(), kWithCausal = Fixed::kMask != MaskKind::kFull;
-    return sched::dispatch_resolved<kWithDynamic, kWithCausal, runs_lanes<Fixed>()>(kind, f);
+    return sched::dispatch_resolved<kWithDynamic, kWithCausal, runs_lanes<Fixed>(), takes_seq_table<Fixed>()>(kind, f);
   }
   // Item k of a CTA is one of the split tail's (then its tile was run in pieces by consecutive CTAs).
   template <class Fixed>

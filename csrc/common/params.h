@@ -30,6 +30,9 @@ enum class ScheduleKind : int32_t {
   kShiftRuns = 6,        // invariant: shift's walk, dQ in two accumulators (schedule/runs.h)
   kShiftCausalRuns = 7,  // invariant: paired causal tiles, dQ in two accumulators (schedule/runs.h)
   kDescendingLanes = 8,  // invariant: descending's bits on a lane-per-tile layout (schedule/lanes.h)
+  // Resolved only, never requested: kShiftCausalRuns on packed causal sequences, each scheduled on its own geometry
+  // (schedule/seq_runs.h).
+  kSeqCausalRuns = 9,
   kAuto = 99,
 };
 

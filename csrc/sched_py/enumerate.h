@@ -43,6 +43,7 @@ int64_t unit_of_item(const Problem& p, int32_t cta, int64_t k) {
       return Snake::unit_at(p.num_ctas, cta, unit_k);
     }
   }
+  if constexpr (std::is_same_v<S, SeqCausalRuns>) return Snake::unit_at(p.num_ctas, cta, k / 2);  // two items a unit
   return Snake::unit_at(p.num_ctas, cta, k);
 }
 

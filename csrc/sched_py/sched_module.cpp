@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "sched_py/loads.h"
+#include "sched_py/packed.h"
 #include "sched_py/verify.h"
 
 namespace py = pybind11;
@@ -115,6 +115,21 @@ py::dict enumerate_py(int32_t kind, const Problem& p) {
 }
 
 py::dict simulate_py(int32_t kind, const Problem& p, double c, double r, bool deterministic, int32_t dispatch,
+                     bool record, int64_t l2_tiles, double miss, double miss_latency, std::vector<int32_t> live_m);
+
+// A packed launch scheduled per sequence (schedule/seq_runs.h) on `ctas` CTAs; the other entry points as for a Problem.
+py::dict enumerate_packed_py(int32_t kind, const host::PackedProblem& pack, int32_t ctas) {
+  if (ctas <= 0) throw std::invalid_argument("num_ctas must be >= 1");
+  return enumerate_py(kind, pack.launch(ctas));
+}
+py::dict simulate_packed_py(int32_t kind, const host::PackedProblem& pack, int32_t ctas, double c, double r,
+                            bool deterministic, int32_t dispatch, bool record, int64_t l2_tiles, double miss,
+                            double miss_latency) {
+  if (ctas <= 0) throw std::invalid_argument("num_ctas must be >= 1");
+  return simulate_py(kind, pack.launch(ctas), c, r, deterministic, dispatch, record, l2_tiles, miss, miss_latency, {});
+}
+
+py::dict simulate_py(int32_t kind, const Problem& p, double c, double r, bool deterministic, int32_t dispatch,
                      bool record, int64_t l2_tiles, double miss, double miss_latency, std::vector<int32_t> live_m) {
   if (dispatch < 0 || dispatch > 2) {
     throw std::invalid_argument("dispatch must be 0 (static), 1 (greedy), 2 (greedy head-major)");
@@ -203,6 +218,8 @@ PYBIND11_MODULE(_sched, m) {
   }
   m.attr("SCHEDULE_TABLE") = py::tuple(table);
   m.attr("AUTO") = static_cast<int32_t>(ScheduleKind::kAuto);
+  // Resolved only (never requested): shift_causal_runs on a PackedProblem (schedule/seq_runs.h).
+  m.attr("SEQ_CAUSAL_RUNS") = static_cast<int32_t>(ScheduleKind::kSeqCausalRuns);
   m.attr("DEFAULT_TAIL_CHUNK_MIN") = kDefaultTailChunkMin;
   m.attr("MASK_FULL") = static_cast<int32_t>(MaskKind::kFull);
   m.attr("MASK_CAUSAL") = static_cast<int32_t>(MaskKind::kCausal);
@@ -211,6 +228,9 @@ PYBIND11_MODULE(_sched, m) {
   m.def("resolve", [](int32_t kind, const Problem& p) {
     return static_cast<int32_t>(resolve_schedule(to_kind(kind), p));
   }, "The schedule the kernels run for `kind` on this problem (fallbacks applied; schedule.h).");
+  m.def("runs_per_sequence", [](int32_t kind, int32_t mask) {
+    return runs_per_sequence(to_kind(kind), static_cast<MaskKind>(mask));
+  }, "Whether the packed kernels schedule every sequence of a varlen call on its own geometry (seq_runs.h).");
   m.def("dq_runs", [](int32_t kind) { return dq_runs(to_kind(kind)); },
         "Accumulators per dQ tile of a resolved schedule (2 for the invariant ones, runs.h).");
   m.def("run_contributors", [](int32_t kind, const Problem& p, int32_t m_block, int32_t run) {
@@ -254,12 +274,29 @@ PYBIND11_MODULE(_sched, m) {
         "2 greedy head-major (model only). l2_tiles > 0: L2 as an LRU of that many (Q, dO, dQ) tiles; a visit "
         "that misses takes max(c + miss_latency, f * miss) (see simulate.h). live_m: per batch entry, the Q tiles "
         "inside its sequence, for a varlen pack run as a batch of its longest sequence (empty: dense).");
-  m.def("max_cta_load", [](int32_t kind, const Problem& p, std::vector<int32_t> live_m, std::vector<int32_t> live_n) {
+  py::class_<host::PackedProblem>(m, "PackedProblem",
+                                  "A varlen pack whose sequences are scheduled each on its own geometry (causal masks, "
+                                  "shift_causal_runs; schedule/seq_runs.h): the launch's tiling and heads from "
+                                  "`problem`, one length per sequence.")
+      .def(py::init<const Problem&, const std::vector<int32_t>&, const std::vector<int32_t>&>(), py::arg("problem"),
+           py::arg("lens_q"), py::arg("lens_k"))
+      .def_property_readonly("units", &host::PackedProblem::units)
+      .def_property_readonly("kinds", [](const host::PackedProblem& pk) {
+        std::vector<int32_t> kinds;
+        for (int32_t b = 0; b < pk.launch(1).batch; ++b) kinds.push_back(static_cast<int32_t>(pk.table()[b].kind));
+        return kinds;
+      }, "Per sequence, the schedule id its own geometry resolves shift_causal_runs to.");
+  m.def("enumerate_packed", &enumerate_packed_py, py::arg("kind"), py::arg("pack"), py::arg("num_ctas"));
+  m.def("simulate_packed", &simulate_packed_py, py::arg("kind"), py::arg("pack"), py::arg("num_ctas"),
+        py::arg("c") = 1.0, py::arg("r") = 0.5, py::arg("deterministic") = true, py::arg("dispatch") = 0,
+        py::arg("record") = false, py::arg("l2_tiles") = 0, py::arg("miss") = 0.0, py::arg("miss_latency") = 0.0);
+  m.def("verify_packed", [](const host::PackedProblem& pack, int32_t cta_lo, int32_t cta_hi) {
+    if (cta_lo < 1 || cta_hi < cta_lo) throw std::invalid_argument("need 1 <= cta_lo <= cta_hi");
     py::gil_scoped_release release;
-    return host::max_cta_live_visits(to_kind(kind), p, live_m, live_n);
-  }, py::arg("kind"), py::arg("problem"), py::arg("live_m"), py::arg("live_n"),
-        "The most visits a CTA of the static grid makes inside the sequences of a varlen pack run as a batch of its "
-        "longest one: live_m / live_n, per batch entry, the Q / KV tiles inside its sequence (loads.h).");
+    return host::verify_packed(pack, cta_lo, cta_hi);
+  }, py::arg("pack"), py::arg("cta_lo"), py::arg("cta_hi"),
+        "Per-sequence items, walks and accumulation positions equal to the sequence's alone, coverage, the "
+        "postprocess's counts and deadlock-freedom for every CTA count in [cta_lo, cta_hi]; returns errors.");
   m.def("verify", &verify_py, py::arg("kind"), py::arg("problem"), py::arg("cta_lo"), py::arg("cta_hi"),
         "Coverage, accumulation-order and deadlock checks for every CTA count in [cta_lo, cta_hi]; returns errors.");
 }

@@ -14,6 +14,13 @@
 
 namespace dash::sched {
 
+// One sequence of a packed launch that schedules every sequence on its own geometry (seq_runs.h): its first work
+// unit in the launch, its rows in use and the schedule its geometry resolves to. 16 bytes, one vector load.
+struct alignas(16) SeqEntry {
+  int32_t first_unit, len_q, len_k;
+  ScheduleKind kind;
+};
+
 // One backward launch as the schedules see it. num_ctas is the persistent grid size (any value >= 1, run time).
 struct Problem {
   int32_t batch, nheads, nheads_k, seqlen_q, seqlen_k, block_m, block_n;
@@ -24,6 +31,9 @@ struct Problem {
   // (tail_split.h); 0: never cut (kernels whose items must be whole KV tiles: packed sequences).
   int32_t tail_chunk_min = kDefaultTailChunkMin;
   ShiftSpacing shift_spacing = ShiftSpacing::kSpread;  // shift's start tiles (shift.h)
+  // Packed launches scheduled per sequence (seq_runs.h): batch + 1 entries, the last holding the unit total. Device
+  // memory in the kernels (built by the backward's seq-table kernel), host memory in dash_attn._sched; else null.
+  const SeqEntry* seqs = nullptr;
 };
 
 // One CTA work item: one KV tile of one KV head. The CTA walks every query head of the GQA group of head_k.

@@ -22,7 +22,10 @@ namespace dash::sched {
 // Accumulators per dQ tile a schedule uses (ScheduleKind): 2 for the invariant ones, 1 otherwise.
 constexpr int32_t kMaxDqRuns = 2;
 DASH_HD inline int32_t dq_runs(ScheduleKind kind) {
-  return kind == ScheduleKind::kShiftRuns || kind == ScheduleKind::kShiftCausalRuns ? 2 : 1;
+  return kind == ScheduleKind::kShiftRuns || kind == ScheduleKind::kShiftCausalRuns ||
+                 kind == ScheduleKind::kSeqCausalRuns
+             ? 2
+             : 1;
 }
 
 // Full masks (every tile pair live). Per (batch, KV head): KV tile j walks Q tiles (k j + s) mod M, s = 0 .. M-1,

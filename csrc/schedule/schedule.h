@@ -15,6 +15,7 @@
 #include "schedule/lanes.h"
 #include "schedule/problem.h"
 #include "schedule/runs.h"
+#include "schedule/seq_runs.h"
 #include "schedule/shift.h"
 #include "schedule/shift_causal.h"
 #include "schedule/spt.h"
@@ -28,13 +29,18 @@ namespace dash::sched {
 // that full-mask kernels carry none of their code (mapped to Descending like kAuto). kWithDynamic = false leaves
 // Dynamic out (it maps to Descending too): kernels that never claim units (bwd_tile_scheduler.h) then carry none of
 // its code. kWithLanes = false runs DescendingLanes as Descending, whose bits it has (lanes.h): kernels where
-// deterministic `auto` never picks it carry none of its code. The exec-check pragma lets a __device__-only functor
-// (the kernel's) and a host-only one (the simulator's) both pass through this __host__ __device__ template.
+// deterministic `auto` never picks it carry none of its code. kWithSeqs = false leaves SeqCausalRuns out (it maps to
+// Descending, through the switch's default): only the packed causal kernels schedule sequences on their own geometry
+// (seq_runs.h). The exec-check pragma lets a __device__-only functor (the kernel's) and a host-only one (the
+// simulator's) both pass through this __host__ __device__ template.
 #if defined(__CUDACC__)
 #pragma nv_exec_check_disable
 #endif
-template <bool kWithDynamic = true, bool kWithCausal = true, bool kWithLanes = true, class F>
+template <bool kWithDynamic = true, bool kWithCausal = true, bool kWithLanes = true, bool kWithSeqs = true, class F>
 DASH_HD auto dispatch_schedule(ScheduleKind kind, F&& f) {
+  if constexpr (kWithSeqs) {
+    if (kind == ScheduleKind::kSeqCausalRuns) return f(SeqCausalRuns{});
+  }
   switch (kind) {
     case ScheduleKind::kAscending:
       return f(Ascending{});
@@ -65,7 +71,8 @@ DASH_HD auto dispatch_schedule(ScheduleKind kind, F&& f) {
 // The schedule that `kind` runs on problem p once its preconditions are checked: shift_causal falls back to shift,
 // shift to descending (exactly what their own num_items / item / visit do on every call), kAuto maps to descending.
 // The invariant schedules (runs.h) have no fallback of their own: shift_causal_runs falls back to shift_runs, that
-// to descending, and only resolved kinds reach them (the kernel's ScheduleRef, the CPU module's entry points).
+// to descending, and only resolved kinds reach them (the kernel's ScheduleRef, the CPU module's entry points). On a
+// packed causal launch with a sequence table (Problem::seqs) shift_causal_runs runs per sequence (seq_runs.h).
 // The kernels claim units on causal masks only (Dynamic::applies); elsewhere dynamic runs what shift_causal runs.
 DASH_HD inline ScheduleKind resolve_schedule(ScheduleKind kind, const Problem& p) {
   switch (kind) {
@@ -80,8 +87,10 @@ DASH_HD inline ScheduleKind resolve_schedule(ScheduleKind kind, const Problem& p
       return Shift::applies(p) ? ScheduleKind::kShift : ScheduleKind::kDescending;
     case ScheduleKind::kShift:
       return Shift::applies(p) ? kind : ScheduleKind::kDescending;
+    case ScheduleKind::kSeqCausalRuns:
     case ScheduleKind::kShiftCausalRuns:
-      if (ShiftCausalRuns::applies(p)) return kind;
+      if (SeqCausalRuns::applies(p)) return ScheduleKind::kSeqCausalRuns;
+      if (ShiftCausalRuns::applies(p)) return ScheduleKind::kShiftCausalRuns;
       [[fallthrough]];
     case ScheduleKind::kShiftRuns:
       return ShiftRuns::applies(p) ? ScheduleKind::kShiftRuns : ScheduleKind::kDescending;
@@ -97,7 +106,7 @@ DASH_HD inline ScheduleKind resolve_schedule(ScheduleKind kind, const Problem& p
 // point resolves them first (resolve_schedule); the others carry their own fallback.
 DASH_HD inline bool resolved_before_use(ScheduleKind kind) {
   return kind == ScheduleKind::kShiftRuns || kind == ScheduleKind::kShiftCausalRuns ||
-         kind == ScheduleKind::kDescendingLanes;
+         kind == ScheduleKind::kDescendingLanes || kind == ScheduleKind::kSeqCausalRuns;
 }
 
 // Steps [lo, hi) of item k of CTA `cta`, tile t = S::item(p, cta, k): all of the tile's visits, except where a
@@ -154,10 +163,10 @@ struct Applied<ShiftCausal> : ShiftCausal {
 #if defined(__CUDACC__)
 #pragma nv_exec_check_disable
 #endif
-template <bool kWithDynamic = true, bool kWithCausal = true, bool kWithLanes = true, class F>
+template <bool kWithDynamic = true, bool kWithCausal = true, bool kWithLanes = true, bool kWithSeqs = true, class F>
 DASH_HD auto dispatch_resolved(ScheduleKind resolved, F&& f) {
-  return dispatch_schedule<kWithDynamic, kWithCausal, kWithLanes>(resolved,
-                                                                  [&](auto s) { return f(Applied<decltype(s)>{}); });
+  return dispatch_schedule<kWithDynamic, kWithCausal, kWithLanes, kWithSeqs>(
+      resolved, [&](auto s) { return f(Applied<decltype(s)>{}); });
 }
 
 }  // namespace dash::sched

@@ -1,0 +1,155 @@
+// shift_causal_runs on packed sequences: every sequence scheduled on its own geometry.
+//
+// The packed kernels otherwise run a pack as a batch of its longest sequence, so a schedule whose walk or positions
+// depend on the tile counts (shift_causal_runs pairs tile u with tile N-1-u) would give a sequence other bits beside a
+// longer one. Here each sequence gets exactly the items, walks and accumulation positions it gets alone: those of
+// what shift_causal_runs resolves to on its own lengths (ShiftCausalRuns; ShiftRuns where every tile pair is live;
+// Descending where it has no Q rows), so its bits equal a dense call's of that sequence under shift_causal_runs,
+// whatever it is packed with and wherever it sits in the pack.
+//
+// Layout: the sequences one after another, longest first (up to kSortedSeqsMax sequences, else in pack order), so
+// that the last waves hold the shortest units; per sequence its KV heads one after another, per head the pair units
+// in descending u, then the middle unit. Dealt to the CTAs as every static schedule deals its units (Snake). A unit
+// is two items: the long and the short tile of a pair, or one tile (a middle tile; a tile of a ShiftRuns or
+// Descending sequence) and then a tile index past the sequence's last KV tile, which has no visits and which the
+// kernel skips; so a CTA's item count depends on the unit total alone. ShiftRuns sequences take their tiles in
+// descending KV index, Descending ones in ascending index: each in the order its accumulation positions follow.
+//
+// Deadlock-free for any grid: a unit waits only for units of its own (sequence, KV head) with a smaller launch index
+// (longs wait for longs of higher u, shorts for shorts of higher u, the middle tile for every short; ShiftRuns and
+// Descending as in runs.h and descending.h), and every CTA runs its units in increasing launch index.
+//
+// The table (Problem::seqs: one SeqEntry per sequence, an entry holding the unit total, then the launch order as
+// batch + 1 ... 2 batch int32 sequence indices) is built from the lengths by entry_for, units_of and launches_before:
+// on the device by the backward's seq-table kernel, from the cu_seqlens/seqused the kernels read, and on the host by
+// dash_attn._sched.
+#pragma once
+#include "schedule/descending.h"
+#include "schedule/runs.h"
+
+namespace dash::sched {
+
+DASH_HD inline ScheduleKind resolve_schedule(ScheduleKind kind, const Problem& p);  // schedule.h
+
+// The packed launches that schedule every sequence on its own geometry: shift_causal_runs under a causal mask.
+DASH_HD inline bool runs_per_sequence(ScheduleKind kind, MaskKind mask) {
+  return kind == ScheduleKind::kShiftCausalRuns && mask == MaskKind::kCausal;
+}
+
+struct SeqCausalRuns {
+  // Entry b of the table (b = batch: first_unit is the unit total).
+  DASH_HD static SeqEntry entry(const Problem& p, int32_t b) {
+#if defined(__CUDA_ARCH__)
+    const int4 v = __ldg(reinterpret_cast<const int4*>(p.seqs) + b);
+    return SeqEntry{v.x, v.y, v.z, static_cast<ScheduleKind>(v.w)};
+#else
+    return p.seqs[b];
+#endif
+  }
+  DASH_HD static int32_t first_unit(const Problem& p, int32_t b) {
+#if defined(__CUDA_ARCH__)
+    return __ldg(&p.seqs[b].first_unit);
+#else
+    return p.seqs[b].first_unit;
+#endif
+  }
+  // Sequence at launch position i (seq_order below).
+  DASH_HD static int32_t seq_at(const Problem& p, int32_t i) {
+    const int32_t* order = reinterpret_cast<const int32_t*>(p.seqs + p.batch + 1);
+#if defined(__CUDA_ARCH__)
+    return __ldg(order + i);
+#else
+    return order[i];
+#endif
+  }
+  // Packs of up to this many sequences launch longest first; larger ones in pack order (the device sorts in one CTA).
+  static constexpr int32_t kSortedSeqsMax = 1024;
+  // Whether sequence a launches before sequence b (a != b): more Q rows first (a unit's length), then more keys,
+  // then the lower index.
+  DASH_HD static bool launches_before(const SeqEntry& a, int32_t ia, const SeqEntry& b, int32_t ib) {
+    if (a.len_q != b.len_q) return a.len_q > b.len_q;
+    if (a.len_k != b.len_k) return a.len_k > b.len_k;
+    return ia < ib;
+  }
+  // The sequence alone: a batch of one with its own lengths.
+  DASH_HD static Problem alone(const Problem& p, int32_t len_q, int32_t len_k) {
+    Problem s = p;
+    s.batch = 1;
+    s.seqlen_q = len_q;
+    s.seqlen_k = len_k;
+    s.seqs = nullptr;
+    return s;
+  }
+  // A sequence's entry before the scan fills first_unit.
+  DASH_HD static SeqEntry entry_for(const Problem& p, int32_t len_q, int32_t len_k) {
+    return SeqEntry{0, len_q, len_k, resolve_schedule(ScheduleKind::kShiftCausalRuns, alone(p, len_q, len_k))};
+  }
+  // Units of one KV head of a sequence with N KV tiles: pairs and the middle tile, or one per tile.
+  DASH_HD static int32_t units_per_head(int32_t N, ScheduleKind kind) {
+    return kind == ScheduleKind::kShiftCausalRuns ? (N + 1) / 2 : N;
+  }
+  DASH_HD static int32_t units_of(const Problem& p, const SeqEntry& e) {
+    return p.nheads_k * units_per_head(num_n_blocks(alone(p, e.len_q, e.len_k)), e.kind);
+  }
+
+  DASH_HD static bool applies(const Problem& p) { return p.seqs != nullptr && p.mask == MaskKind::kCausal; }
+
+  DASH_HD static int64_t num_items(const Problem& p, int32_t cta) {
+    return 2 * Snake::units_on(first_unit(p, p.batch), p.num_ctas, cta);
+  }
+  // The sequence holding launch index `unit`: that at the last launch position i whose first unit is <= unit (the
+  // unit total, past the last position, is > unit).
+  DASH_HD static int32_t seq_of_unit(const Problem& p, int64_t unit) {
+    int32_t lo = 0, hi = p.batch;
+    while (hi - lo > 1) {
+      const int32_t mid = (lo + hi) >> 1;
+      if (first_unit(p, seq_at(p, mid)) <= unit) {
+        lo = mid;
+      } else {
+        hi = mid;
+      }
+    }
+    return seq_at(p, lo);
+  }
+  DASH_HD static KvTile item(const Problem& p, int32_t cta, int64_t k) {
+    const int64_t unit = Snake::unit_at(p.num_ctas, cta, k >> 1);
+    const int32_t b = seq_of_unit(p, unit);
+    const SeqEntry e = entry(p, b);
+    const int32_t N = num_n_blocks(alone(p, e.len_q, e.len_k)), per = units_per_head(N, e.kind);
+    const int32_t local = static_cast<int32_t>(unit - e.first_unit);  // < units of the sequence (int32)
+    const int32_t head_k = div_u32(local, per), r = local - head_k * per;
+    const bool second = (k & 1) != 0;
+    int32_t n;
+    if (e.kind == ScheduleKind::kShiftCausalRuns) {
+      const int32_t Q = N / 2;
+      if (r < Q) {
+        const int32_t u = Q - 1 - r;
+        n = second ? N - 1 - u : u;
+      } else {
+        n = second ? N : Q;  // the middle tile, then nothing
+      }
+    } else {
+      n = second ? N : (e.kind == ScheduleKind::kShiftRuns ? N - 1 - r : r);
+    }
+    return KvTile{b, head_k, n};
+  }
+  DASH_HD static int32_t num_visits(const Problem& p, const KvTile& t) {
+    const SeqEntry e = entry(p, t.batch);
+    const Problem s = alone(p, e.len_q, e.len_k);
+    return group_size(s) * m_block_range(s, t.n_block).size();
+  }
+  DASH_HD static Visit visit(const Problem& p, const KvTile& t, int32_t step) {
+    const SeqEntry e = entry(p, t.batch);
+    const Problem s = alone(p, e.len_q, e.len_k);
+    if (e.kind == ScheduleKind::kShiftCausalRuns) return ShiftCausalRuns::visit(s, t, step);
+    if (e.kind == ScheduleKind::kShiftRuns) return ShiftRuns::visit(s, t, step);
+    return Descending::visit(s, t, step);
+  }
+  // Adds into accumulator `run` of Q tile m of sequence b (what the postprocess waits for).
+  DASH_HD static int32_t contributors(const Problem& p, int32_t b, int32_t m, int32_t run) {
+    const SeqEntry e = entry(p, b);
+    return run_contributors(e.kind, alone(p, e.len_q, e.len_k), m, run);
+  }
+};
+
+}  // namespace dash::sched

@@ -1,0 +1,66 @@
+"""shift_causal_runs on packed causal sequences (csrc/schedule/seq_runs.h), on the engine the kernels compile.
+
+Each sequence of a pack is scheduled on its own geometry: its items, walks and accumulation positions must be exactly
+those of the sequence alone, whatever it is packed with, in any order, on every CTA count 1..256, and the packed
+grid must be deadlock-free (dash_attn._sched.verify_packed checks all of it against the sequence's own plan).
+"""
+import random
+
+import pytest
+
+from dash_attn import _sched
+
+CTA_RANGE = (1, 256)
+# (block_m, block_n) of the backward kernels of hdim 64, 128 and 256.
+TILES = {64: (128, 128), 128: (64, 128), 256: (64, 64)}
+PACKS = [  # (lens_q, lens_k): ragged, odd tile counts, single tiles, empty sequences, seqlen_q != seqlen_k
+    ([333, 1500, 64, 777, 333], [333, 1500, 64, 777, 333]),
+    ([1, 129, 0, 700, 5], [1, 129, 5, 700, 0]),
+    ([500, 830, 64], [830, 500, 300]),
+    ([0, 0], [0, 0]),
+]
+
+
+def _pack(lens_q, lens_k, hdim, nheads, nheads_k):
+    bm, bn = TILES[hdim]
+    return _sched.PackedProblem(_sched.Problem(1, nheads, nheads_k, 1, 1, bm, bn, _sched.MASK_CAUSAL), lens_q, lens_k)
+
+
+@pytest.mark.parametrize("hdim", sorted(TILES))
+@pytest.mark.parametrize("heads", [(2, 2), (4, 1), (8, 2)], ids=lambda h: f"h{h[0]}:{h[1]}")
+@pytest.mark.parametrize("pack", PACKS, ids=lambda p: "+".join(f"{q}x{k}" for q, k in zip(*p)))
+def test_each_sequence_runs_as_alone(pack, heads, hdim):
+    assert _sched.verify_packed(_pack(*pack, hdim, *heads), *CTA_RANGE) == []
+
+
+@pytest.mark.parametrize("hdim", sorted(TILES))
+def test_random_packs_in_any_order(hdim):
+    rng = random.Random(hdim)
+    for _ in range(6):
+        n = rng.randint(1, 12)
+        lens_q = [rng.choice([0, 1, rng.randint(1, 2000)]) for _ in range(n)]
+        lens_k = [q if rng.random() < 0.7 else rng.randint(0, 2000) for q in lens_q]
+        order = list(range(n))
+        rng.shuffle(order)
+        for lq, lk in ((lens_q, lens_k), ([lens_q[i] for i in order], [lens_k[i] for i in order])):
+            assert _sched.verify_packed(_pack(lq, lk, hdim, 4, 2), 1, 140) == [], (lq, lk)
+
+
+def test_every_sequence_takes_the_kind_it_takes_alone():
+    """A sequence's own geometry picks its schedule: paired causal runs, shift_runs where every tile pair is live (one
+    KV tile), descending (no units to order) without Q rows."""
+    kinds = _pack([700, 100, 0], [700, 100, 300], 128, 2, 2).kinds
+    assert kinds == [_sched.SHIFT_CAUSAL_RUNS, _sched.SHIFT_RUNS, _sched.DESCENDING]
+
+
+def test_long_packs_launch_in_pack_order():
+    """Past kSortedSeqsMax sequences the table keeps the pack order (the device sorts in one CTA): still exact."""
+    lens = [64 * (1 + i % 5) for i in range(1100)]
+    assert _sched.verify_packed(_pack(lens, lens, 128, 2, 1), 132, 133) == []
+
+
+def test_the_table_requires_a_causal_mask():
+    with pytest.raises(ValueError, match="causal"):
+        _sched.PackedProblem(_sched.Problem(1, 2, 2, 1, 1, 64, 128, _sched.MASK_FULL), [100], [100])
+    with pytest.raises(ValueError, match="one length per sequence"):
+        _sched.PackedProblem(_sched.Problem(1, 2, 2, 1, 1, 64, 128, _sched.MASK_CAUSAL), [100], [100, 3])

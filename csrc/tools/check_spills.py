@@ -28,18 +28,18 @@ ALLOWANCES = [
      "hdim 64 causal packed: 48/88, 40 frame"),
     (r"bwd_main_kernel.*BwdTraitsILi64E.*MaskKindE1ELNS_8ScoreModE1ELNS_9SeqLayoutE1", 124,
      "hdim 64 causal softcap packed: 92/124, 80 frame"),
-    (r"bwd_main_kernel.*BwdTraitsILi64E.*MaskKindE2ELNS_8ScoreModE0ELNS_9SeqLayoutE1", 172,
-     "hdim 64 window packed: 172/168, 56 frame"),
-    (r"bwd_main_kernel.*BwdTraitsILi64E.*MaskKindE2ELNS_8ScoreModE1ELNS_9SeqLayoutE1", 200,
-     "hdim 64 window softcap packed: 192/200, 96 frame"),
+    (r"bwd_main_kernel.*BwdTraitsILi64E.*MaskKindE2ELNS_8ScoreModE0ELNS_9SeqLayoutE1", 176,
+     "hdim 64 window packed: 176/172, 56 frame"),
+    (r"bwd_main_kernel.*BwdTraitsILi64E.*MaskKindE2ELNS_8ScoreModE1ELNS_9SeqLayoutE1", 204,
+     "hdim 64 window softcap packed: 196/204, 96 frame"),
     (r"bwd_main_kernel.*BwdTraitsILi128E.*MaskKindE1ELNS_8ScoreModE0ELNS_9SeqLayoutE1", 28,
      "hdim 128 causal packed: 24/28, 16 frame (the same with the statistics from shared memory)"),
     (r"bwd_main_kernel.*BwdTraitsILi128E.*MaskKindE1ELNS_8ScoreModE1ELNS_9SeqLayoutE1", 68,
      "hdim 128 causal softcap packed: 64/68, 56 frame"),
-    (r"bwd_main_kernel.*BwdTraitsILi128E.*MaskKindE2ELNS_8ScoreModE0ELNS_9SeqLayoutE1", 136,
-     "hdim 128 window packed: 136/100, 56 frame"),
-    (r"bwd_main_kernel.*BwdTraitsILi128E.*MaskKindE2ELNS_8ScoreModE1ELNS_9SeqLayoutE1", 172,
-     "hdim 128 window softcap packed: 172/144, 56 frame"),
+    (r"bwd_main_kernel.*BwdTraitsILi128E.*MaskKindE2ELNS_8ScoreModE0ELNS_9SeqLayoutE1", 140,
+     "hdim 128 window packed: 140/104, 56 frame"),
+    (r"bwd_main_kernel.*BwdTraitsILi128E.*MaskKindE2ELNS_8ScoreModE1ELNS_9SeqLayoutE1", 176,
+     "hdim 128 window softcap packed: 176/148, 56 frame"),
     (r"bwd_main_kernel.*BwdTraitsILi256E.*MaskKindE1.*SeqLayoutE1", 24, "hdim 256 causal packed: 16/24, 16 frame"),
     (r"bwd_main_kernel.*BwdTraitsILi256E.*MaskKindE2.*SeqLayoutE1", 128, "hdim 256 window packed: 128/92, 56 frame"),
     # Soft-capped kernels (ScoreMod::kSoftcap, ScoreModE1), not tuned: the backward keeps 1 - t^2 per element in fp16
@@ -56,18 +56,20 @@ ALLOWANCES = [
     (r"bwd_main_kernel.*BwdTraitsILi64E.*MaskKindE0ELNS_8ScoreModE1", 128,
      "hdim 64 full softcap: 100/128 bytes, 104 frame (split tail)"),
     (r"bwd_main_kernel.*BwdTraitsILi64E.*MaskKindE1ELNS_8ScoreModE1", 84, "hdim 64 causal softcap: 72/84 bytes"),
-    (r"bwd_main_kernel.*BwdTraitsILi64E.*MaskKindE2ELNS_8ScoreModE1", 116, "hdim 64 window softcap: 104/116 bytes"),
+    (r"bwd_main_kernel.*BwdTraitsILi64E.*MaskKindE2ELNS_8ScoreModE1", 120, "hdim 64 window softcap: 108/120 bytes"),
     (r"fwd_kernel.*FwdKernelTraitsILi64E.*MaskKindE2ELNS_8ScoreModE1", 204, "hdim 64 window forward softcap: 200/204"),
     (r"fwd_kernel.*FwdKernelTraitsILi64E.*ScoreModE1", 8, "hdim 64 forward softcap: 8 bytes"),
     # Sliding windows: the band tests carry two run-time bounds through the masked P loop. At hdim 128 the statistics
-    # through the tensor cores (RowStats::kGemmInit) add spills but run faster.
-    (r"bwd_main_kernel.*BwdTraitsILi128E.*MaskKindE2", 56, "hdim 128 window: 56/56 bytes, softcap 28/28"),
+    # through the tensor cores (RowStats::kGemmInit) add spills but run faster. The window kernels (hdim 64 and 128,
+    # batched and packed) took 4 more bytes when the schedule's Problem grew by the sequence table's pointer
+    # (schedule/seq_runs.h), which they never read: register allocation, not a new live value.
+    (r"bwd_main_kernel.*BwdTraitsILi128E.*MaskKindE2", 60, "hdim 128 window: 60/60 bytes, softcap 28/28"),
     (r"bwd_main_kernel.*BwdTraitsILi256E.*MaskKindE2", 28, "hdim 256 window: 28/28 bytes, 24 frame"),
     (r"fwd_kernel.*FwdKernelTraitsILi64E.*MaskKindE2", 100, "hdim 64 window forward: 100 bytes (72-byte stack frame)"),
     # Hdim 64 with two step bodies and the dV GEMM after dS (MaskedSteps::kTwoBodies): the bytes are mostly loop
     # invariants stored once before the step loop; the unmasked body, which runs nearly every step, reloads two words
     # a step (causal). Faster than one body with fewer spills.
-    (r"bwd_main_kernel.*BwdTraitsILi64E.*MaskKindE2", 92, "hdim 64 window: 80/92 bytes"),
+    (r"bwd_main_kernel.*BwdTraitsILi64E.*MaskKindE2", 96, "hdim 64 window: 84/96 bytes"),
     # Hdim 64 full and causal with the statistics through the tensor cores (RowStats::kGemmInit): the four selection
     # operands are loop invariants too, and the kernels run faster than with the shared-memory statistics.
     (r"bwd_main_kernel.*BwdTraitsILi64E.*MaskKindE1", 76, "hdim 64 causal: 64/76 bytes"),

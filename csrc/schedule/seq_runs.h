@@ -19,10 +19,10 @@
 // (longs wait for longs of higher u, shorts for shorts of higher u, the middle tile for every short; ShiftRuns and
 // Descending as in runs.h and descending.h), and every CTA runs its units in increasing launch index.
 //
-// The table (Problem::seqs: one SeqEntry per sequence, an entry holding the unit total, then the launch order as
-// batch + 1 ... 2 batch int32 sequence indices) is built from the lengths by entry_for, units_of and launches_before:
-// on the device by the backward's seq-table kernel, from the cu_seqlens/seqused the kernels read, and on the host by
-// dash_attn._sched.
+// The table (Problem::seqs) holds one SeqEntry per sequence, then one whose first_unit is the unit total, then the
+// launch order (batch int32 sequence indices, seq_at). It is built from the lengths by entry_for, units_of and
+// launches_before: on the device by the backward's seq-table kernel, from the cu_seqlens/seqused the kernels read,
+// and on the host by dash_attn._sched (sched_py/packed.h).
 #pragma once
 #include "schedule/descending.h"
 #include "schedule/runs.h"

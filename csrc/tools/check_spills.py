@@ -41,7 +41,7 @@ ALLOWANCES = [
     (r"bwd_main_kernel.*BwdTraitsILi128E.*MaskKindE2ELNS_8ScoreModE1ELNS_9SeqLayoutE1", 176,
      "hdim 128 window softcap packed: 176/148, 56 frame"),
     (r"bwd_main_kernel.*BwdTraitsILi256E.*MaskKindE1.*SeqLayoutE1", 24, "hdim 256 causal packed: 16/24, 16 frame"),
-    (r"bwd_main_kernel.*BwdTraitsILi256E.*MaskKindE2.*SeqLayoutE1", 128, "hdim 256 window packed: 128/92, 56 frame"),
+    (r"bwd_main_kernel.*BwdTraitsILi256E.*MaskKindE2.*SeqLayoutE1", 132, "hdim 256 window packed: 132/96, 56 frame"),
     # Soft-capped kernels (ScoreMod::kSoftcap, ScoreModE1), not tuned: the backward keeps 1 - t^2 per element in fp16
     # (hdim 128/256) or recovers t from P (hdim 64); the forward's tanh adds a few live values. Their windows fall
     # through to the plain windows' allowances below where those cover them.
@@ -60,11 +60,11 @@ ALLOWANCES = [
     (r"fwd_kernel.*FwdKernelTraitsILi64E.*MaskKindE2ELNS_8ScoreModE1", 204, "hdim 64 window forward softcap: 200/204"),
     (r"fwd_kernel.*FwdKernelTraitsILi64E.*ScoreModE1", 8, "hdim 64 forward softcap: 8 bytes"),
     # Sliding windows: the band tests carry two run-time bounds through the masked P loop. At hdim 128 the statistics
-    # through the tensor cores (RowStats::kGemmInit) add spills but run faster. The window kernels (hdim 64 and 128,
+    # through the tensor cores (RowStats::kGemmInit) add spills but run faster. The window kernels (every head dim,
     # batched and packed) took 4 more bytes when the schedule's Problem grew by the sequence table's pointer
     # (schedule/seq_runs.h), which they never read: register allocation, not a new live value.
     (r"bwd_main_kernel.*BwdTraitsILi128E.*MaskKindE2", 60, "hdim 128 window: 60/60 bytes, softcap 28/28"),
-    (r"bwd_main_kernel.*BwdTraitsILi256E.*MaskKindE2", 28, "hdim 256 window: 28/28 bytes, 24 frame"),
+    (r"bwd_main_kernel.*BwdTraitsILi256E.*MaskKindE2", 32, "hdim 256 window: 32/32 bytes, 24 frame"),
     (r"fwd_kernel.*FwdKernelTraitsILi64E.*MaskKindE2", 100, "hdim 64 window forward: 100 bytes (72-byte stack frame)"),
     # Hdim 64 with two step bodies and the dV GEMM after dS (MaskedSteps::kTwoBodies): the bytes are mostly loop
     # invariants stored once before the step loop; the unmasked body, which runs nearly every step, reloads two words

@@ -80,6 +80,16 @@ CUTLASS_DEVICE void producer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<
           set_word(kItemHi, static_cast<uint32_t>(claimed >> 32));
         }
       }
+      // The sequence table's schedule: a unit (two items) claimed at its first item, in launch order.
+      if constexpr (ScheduleRef::takes_seq_table<T>()) {
+        if (p.sched.template claims_seq_units<T>() && (word(kItemLo) & 1) == 0) {
+          unsigned long long claimed = 0;
+          if (lane_id() == 0) claimed = atomicAdd(p.unit_counter, 1ull);
+          claimed = __shfl_sync(0xffffffffu, claimed, 0) * 2;
+          set_word(kItemLo, static_cast<uint32_t>(claimed));
+          set_word(kItemHi, static_cast<uint32_t>(claimed >> 32));
+        }
+      }
       const int64_t it = item_index();
       if (it >= p.sched.template num_items<T>(cta_index())) break;
       const KvTileRef tile = p.sched.template item<T>(cta_index(), it);

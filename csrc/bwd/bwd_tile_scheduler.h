@@ -60,6 +60,12 @@ struct ScheduleRef {
   static constexpr bool takes_seq_table() {
     return Fixed::kPacked && Fixed::kMask == MaskKind::kCausal;
   }
+  // The sequence table's schedule, whose units the kernels claim at run time (seq_runs.h): item k is tile k mod 2 of
+  // the unit of launch index k / 2.
+  template <class Fixed>
+  DASH_HD bool claims_seq_units() const {
+    return takes_seq_table<Fixed>() && kind == ScheduleKind::kSeqCausalRuns;
+  }
   // The schedule of `kind`, applied (schedule.h): kernels that never claim units compile no Dynamic code, full-mask
   // kernels none of the paired causal schedules (a full mask never resolves to them).
   template <class Fixed, class F>
@@ -83,8 +89,9 @@ struct ScheduleRef {
     if constexpr (splits_tail<Fixed>()) {
       if (tail.active) return sched::Shift::num_items_with(pm, tail, cta);
     }
-    // Claimed units: item k is the unit of launch index k, whichever CTA claimed it.
+    // Claimed units: item k is the unit of launch index k, whichever CTA claimed it (sequence table: of index k / 2).
     if (dynamic<Fixed>()) return sched::Dynamic::num_units(pm);
+    if (claims_seq_units<Fixed>()) return 2 * int64_t{sched::SeqCausalRuns::total_units(pm)};
     return dispatch<Fixed>([&](auto s) { return decltype(s)::num_items(pm, cta); });
   }
   template <class Fixed>
@@ -92,6 +99,7 @@ struct ScheduleRef {
     const sched::Problem pm = fixed<Fixed>();
     if (in_tail<Fixed>(k)) return sched::Shift::item_with(pm, tail, cta, k);
     if (dynamic<Fixed>()) return sched::Dynamic::unit(pm, k);
+    if (claims_seq_units<Fixed>()) return sched::SeqCausalRuns::unit_item(pm, k >> 1, (k & 1) != 0);
     return dispatch<Fixed>([&](auto s) { return decltype(s)::item(pm, cta, k); });
   }
   template <class Fixed>

@@ -69,7 +69,8 @@ class PackedProblem {
 
 // Checks the pack for CTA counts [cta_lo, cta_hi]: per sequence, the visits (head, Q tile, KV tile, run, position) are
 // those of the sequence alone (one CTA); every KV tile of every sequence runs once, whole; items past a sequence's
-// tiles have no visits; the adds per accumulator are what the postprocess waits for; no deadlock.
+// tiles have no visits; the adds per accumulator are what the postprocess waits for; no deadlock, with the units
+// dealt statically or claimed in launch order.
 inline std::vector<std::string> verify_packed(const PackedProblem& pack, int32_t cta_lo, int32_t cta_hi,
                                               size_t max_errors = 20) {
   using Key = std::tuple<int32_t, int32_t, int32_t, int32_t, int32_t>;  // head_k, head, m, n, (run, position)
@@ -157,6 +158,11 @@ inline std::vector<std::string> verify_packed(const PackedProblem& pack, int32_t
     }
     const SimResult sim = simulate(ScheduleKind::kShiftCausalRuns, p, SimOptions{});
     if (sim.deadlock) fail(ctas, "deadlock after " + std::to_string(sim.visits_done) + " visits");
+    // What the kernels run: the units claimed in launch order (seq_runs.h).
+    SimOptions claimed;
+    claimed.dispatch = Dispatch::kGreedy;
+    const SimResult run = simulate(ScheduleKind::kShiftCausalRuns, p, claimed);
+    if (run.deadlock) fail(ctas, "claimed units: deadlock after " + std::to_string(run.visits_done) + " visits");
   }
   return errors;
 }

@@ -15,9 +15,16 @@
 // kernel skips; so a CTA's item count depends on the unit total alone. ShiftRuns sequences take their tiles in
 // descending KV index, Descending ones in ascending index: each in the order its accumulation positions follow.
 //
-// Deadlock-free for any grid: a unit waits only for units of its own (sequence, KV head) with a smaller launch index
-// (longs wait for longs of higher u, shorts for shorts of higher u, the middle tile for every short; ShiftRuns and
-// Descending as in runs.h and descending.h), and every CTA runs its units in increasing launch index.
+// The kernels claim the units at run time, in launch order (a global counter, as ScheduleKind::kDynamic does): the
+// units of sequences of different lengths differ in length, and a static deal then starts some units before the
+// units they add after, which wait (the DAG model: 13-24% longer makespans on packs with one long sequence). Claimed,
+// a unit never starts before an earlier one. num_items / item below deal the units statically (Snake), the stand-in
+// the engine enumerates; simulate(..., dispatch=greedy) runs the claims.
+//
+// Deadlock-free for any grid, dealt or claimed: a unit waits only for units of its own (sequence, KV head) with a
+// smaller launch index (longs wait for longs of higher u, shorts for shorts of higher u, the middle tile for every
+// short; ShiftRuns and Descending as in runs.h and descending.h); every CTA runs its units in increasing launch index,
+// and a claimed unit's predecessors were claimed earlier by CTAs that run them to the end.
 //
 // The table (Problem::seqs) holds one SeqEntry per sequence, then one whose first_unit is the unit total, then the
 // launch order (batch int32 sequence indices, seq_at). It is built from the lengths by entry_for, units_of and
@@ -94,8 +101,9 @@ struct SeqCausalRuns {
 
   DASH_HD static bool applies(const Problem& p) { return p.seqs != nullptr && p.mask == MaskKind::kCausal; }
 
+  DASH_HD static int32_t total_units(const Problem& p) { return first_unit(p, p.batch); }
   DASH_HD static int64_t num_items(const Problem& p, int32_t cta) {
-    return 2 * Snake::units_on(first_unit(p, p.batch), p.num_ctas, cta);
+    return 2 * Snake::units_on(total_units(p), p.num_ctas, cta);
   }
   // The sequence holding launch index `unit`: that at the last launch position i whose first unit is <= unit (the
   // unit total, past the last position, is > unit).
@@ -112,13 +120,15 @@ struct SeqCausalRuns {
     return seq_at(p, lo);
   }
   DASH_HD static KvTile item(const Problem& p, int32_t cta, int64_t k) {
-    const int64_t unit = Snake::unit_at(p.num_ctas, cta, k >> 1);
+    return unit_item(p, Snake::unit_at(p.num_ctas, cta, k >> 1), (k & 1) != 0);
+  }
+  // The first (long, middle or only) or the second tile of the unit of launch index `unit`.
+  DASH_HD static KvTile unit_item(const Problem& p, int64_t unit, bool second) {
     const int32_t b = seq_of_unit(p, unit);
     const SeqEntry e = entry(p, b);
     const int32_t N = num_n_blocks(alone(p, e.len_q, e.len_k)), per = units_per_head(N, e.kind);
     const int32_t local = static_cast<int32_t>(unit - e.first_unit);  // < units of the sequence (int32)
     const int32_t head_k = div_u32(local, per), r = local - head_k * per;
-    const bool second = (k & 1) != 0;
     int32_t n;
     if (e.kind == ScheduleKind::kShiftCausalRuns) {
       const int32_t Q = N / 2;

@@ -52,9 +52,9 @@ LANES_ORDER = "descending"
 #   (dash_attn/_seq_bands.py), on 11 packs of 16k tokens it ran up to 1.16x (hdim 64) and 1.19x (hdim 128) ahead of
 #   descending_lanes, and trailed by more than 2% only on 16 x 1k at hdim 128 (419 against 448 TFLOPS; docs/tuning.md).
 # - Causal bands: shift_causal_runs, which the packed kernels run on every sequence's own geometry (runs_per_sequence,
-#   csrc/schedule/seq_runs.h), so a sequence gets its dense call's orders under that schedule. H200, 16k-token packs:
-#   1.1-1.4x descending's layouts on packs of mixed lengths, 0.92 of descending_lanes on 16 x 1k
-#   (benchmarks/RESULTS.md, "Varlen").
+#   csrc/schedule/seq_runs.h), so a sequence gets its dense call's orders under that schedule. H200, 16k-token packs
+#   of unequal lengths: 1.05-1.27x the non-deterministic backward at hdim 64, 128 and 256; of equal lengths 0.92-1.00
+#   (16 x 1k: 345 TFLOPS at hdim 128 where descending_lanes ran 372; benchmarks/RESULTS.md, "Varlen").
 # - Windows: descending.
 INVARIANT_VARLEN_SCHEDULES = {"full": "shift_runs", "causal": "shift_causal_runs", "window": "descending"}
 

@@ -149,9 +149,9 @@ def _runs_beat_packed(q, k, cq, ck, mask, window_left, window_right):
     return kernel_seconds >= _RUNS_HOST_SECONDS[0] + _RUNS_HOST_SECONDS[1] * len(runs)
 
 
-def _packed_launch(ext, q, k, v, cq, ck, mask, window_left, window_right, lens=None, bwd_args=None):
+def _packed_launch(ext, q, k, v, cq, ck, lens, mask, window_left, window_right, bwd_args=None):
     """(longest q sequence, longest k sequence) when the packed-sequence kernels run this call, else None. lens: the
-    (q, k) lengths of cq and ck where the caller has them already. bwd_args: a backward's arguments. Its schedule
+    (q, k) lengths of cq and ck (_used_lengths). bwd_args: a backward's arguments. Its schedule
     may run every sequence on its own geometry (schedules_table.runs_per_sequence), which takes any band. Where its
     deterministic packed kernel reads the row statistics other than the batched one (packed_matches_batched), the
     packed kernels run it whenever they can, so that its bits do not follow the neighbours through the path."""
@@ -164,7 +164,7 @@ def _packed_launch(ext, q, k, v, cq, ck, mask, window_left, window_right, lens=N
                    not ext.packed_matches_batched(q.shape[-1], "bf16" if q.dtype == torch.bfloat16 else "fp16", mask))
     if not packed_only and _runs_beat_packed(q, k, cq, ck, mask, window_left, window_right):
         return None
-    lens_q, lens_k = lens if lens is not None else (_used_lengths(cq, None), _used_lengths(ck, None))
+    lens_q, lens_k = lens
     max_q, max_k = max(lens_q), max(lens_k)
     if max_q == 0 or max_k == 0:
         return None
@@ -203,7 +203,7 @@ class _SinkGradSum:
 def _varlen_fwd_cuda(ext, q, k, v, cu_seqlens_q, cu_seqlens_k, cq, ck, args: OpArgs, sink=None):
     out = _out_like(q, v)
     lse = torch.empty((q.shape[1], q.shape[0]), dtype=torch.float32, device=q.device)
-    packed = _packed_launch(ext, q, k, v, cq, ck, *args.mask_args)
+    packed = _packed_launch(ext, q, k, v, cq, ck, (_used_lengths(cq, None), _used_lengths(ck, None)), *args.mask_args)
     if packed is not None:
         with _device_guard(q.device):
             ext.varlen_fwd(q, k, v, out, lse, _device_int32(cu_seqlens_q, q.device),
@@ -225,7 +225,7 @@ def _varlen_bwd_cuda(ext, dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, c
     """dsink (with a sink): float32 (nheads,), the sum of the launches' sink gradients in the order they run."""
     lens_q, lens_k = _used_lengths(cq, None), _used_lengths(ck, None)
     args = _with_varlen_schedule(args)
-    packed = _packed_launch(ext, q, k, v, cq, ck, *args.mask_args, lens=(lens_q, lens_k), bwd_args=args)
+    packed = _packed_launch(ext, q, k, v, cq, ck, (lens_q, lens_k), *args.mask_args, bwd_args=args)
     if packed is not None:
         launches = _packed_bwd_launches(lens_q, lens_k, args)
         if len(launches) == 1:

@@ -151,8 +151,8 @@ def test_varlen_cuda_path_launches_per_run_and_assembles_rows(fake_cuda, monkeyp
 def test_varlen_packed_kernels_take_host_bound_and_varied_calls(fake_cuda, lens):
     q, k, v, _, _, _, _ = varlen_inputs(lens, lens, headdim=64, dtype=torch.bfloat16)
     cu = [0] + torch.tensor(lens).cumsum(0).tolist()
-    assert interface._packed_launch(fake_cuda, q, k, v, cu, cu, 1, -1, 0) == (max(lens), max(lens))
-    assert interface._packed_launch(fake_cuda, q, k, v, cu, cu, 2, 100, 7) == (max(lens), max(lens))
+    assert interface._packed_launch(fake_cuda, q, k, v, cu, cu, (lens, lens), 1, -1, 0) == (max(lens), max(lens))
+    assert interface._packed_launch(fake_cuda, q, k, v, cu, cu, (lens, lens), 2, 100, 7) == (max(lens), max(lens))
 
 
 @pytest.mark.parametrize("mask, window", [(0, (-1, -1)), (1, (-1, 0)), (2, (3, 1))], ids=["full", "causal", "window"])
@@ -200,7 +200,8 @@ def test_varlen_cuda_path_keeps_the_batched_kernels_where_packed_ones_do_not_app
     q, k, _, cu_q, cu_k, _, _ = varlen_inputs(lens_q, lens_k, headdim=headdim, dtype=torch.bfloat16)
     v = torch.randn(k.shape[0], k.shape[1], headdim_v, dtype=torch.bfloat16)
     window = (2, 0) if mask == 2 else (-1, -1)
-    assert interface._packed_launch(fake_cuda, q, k, v, cu_q.tolist(), cu_k.tolist(), mask, *window) is None
+    lens = (list(lens_q), list(lens_k))
+    assert interface._packed_launch(fake_cuda, q, k, v, cu_q.tolist(), cu_k.tolist(), lens, mask, *window) is None
 
 
 def test_auto_schedule_uses_the_cost_model(fake_cuda, monkeypatch):

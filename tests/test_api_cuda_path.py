@@ -7,7 +7,7 @@ import types
 import pytest
 import torch
 
-from dash_attn import interface, validation
+from dash_attn import _varlen, interface, validation
 
 from api_common import cu, op_args, qkv, varlen_inputs
 
@@ -153,6 +153,26 @@ def test_varlen_packed_kernels_take_host_bound_and_varied_calls(fake_cuda, lens)
     cu = [0] + torch.tensor(lens).cumsum(0).tolist()
     assert interface._packed_launch(fake_cuda, q, k, v, cu, cu, (lens, lens), 1, -1, 0) == (max(lens), max(lens))
     assert interface._packed_launch(fake_cuda, q, k, v, cu, cu, (lens, lens), 2, 100, 7) == (max(lens), max(lens))
+
+
+def test_deterministic_backward_keeps_the_packed_kernels_where_their_bits_differ(fake_cuda, monkeypatch):
+    # Where the packed kernel reads the row statistics other than the batched one (packed_matches_batched: causal,
+    # bf16, hdim 64), a deterministic backward runs the packed kernels even where the per-run batched path would win,
+    # so that a sequence's bits do not follow the other sequences through the path; the forward and the
+    # non-deterministic backward keep the per-run path there.
+    lens = [512] * 4
+    q, k, v, _, _, _, _ = varlen_inputs(lens, lens, headdim=64, dtype=torch.bfloat16)
+    cu = [0] + torch.tensor(lens).cumsum(0).tolist()
+    monkeypatch.setattr(_varlen, "_runs_beat_packed", lambda *args: True)
+    det, nondet = op_args(mask=1, window=(-1, 0), schedule="shift_causal_runs"), op_args(mask=1, deterministic=False)
+
+    def launch(bwd_args):
+        return interface._packed_launch(fake_cuda, q, k, v, cu, cu, (lens, lens), 1, -1, 0, bwd_args=bwd_args)
+
+    monkeypatch.setattr(fake_cuda, "packed_matches_batched", lambda headdim, dtype, mask: False)
+    assert launch(det) == (512, 512) and launch(None) is None and launch(nondet) is None
+    monkeypatch.setattr(fake_cuda, "packed_matches_batched", lambda headdim, dtype, mask: True)
+    assert launch(det) is None
 
 
 @pytest.mark.parametrize("mask, window", [(0, (-1, -1)), (1, (-1, 0)), (2, (3, 1))], ids=["full", "causal", "window"])

@@ -27,6 +27,9 @@ struct BwdTileConfig {
   int32_t stages;    // depth of the Q/dO/LSE/D pipeline
   int32_t dq_parts;  // semaphores per dQ tile (BwdConfig::kDqParts)
   bool gemm_stats;   // RowStats::kGemmInit on some mask: the workspace holds the statistics' bf16 parts
+  // Bit (mask * 2 + bf16): the packed kernel of that mask and dtype reads the row statistics as the batched one does
+  // (packed_matches_batched below).
+  uint32_t packed_matches_batched;
 };
 
 // (warpgroups along M, warpgroups along N) of one GEMM; the product is the number of consumer warpgroups.
@@ -265,14 +268,20 @@ constexpr bool packed_matches_batched(MaskKind mask, bool bf16) {
 // Run-time view of the same table, for the host (workspace sizing, dash_bwd_tile_shape).
 template <class Cfg>
 constexpr BwdTileConfig tile_config_of() {
-  return {Cfg::kBlockM, Cfg::kBlockN, Cfg::kStages, Cfg::kDqParts, uses_gemm_stats<Cfg>()};
+  uint32_t matches = 0;
+  for (int mask = 0; mask < 3; ++mask) {
+    for (int bf16 = 0; bf16 < 2; ++bf16) {
+      matches |= uint32_t{packed_matches_batched<Cfg>(static_cast<MaskKind>(mask), bf16 != 0)} << (mask * 2 + bf16);
+    }
+  }
+  return {Cfg::kBlockM, Cfg::kBlockN, Cfg::kStages, Cfg::kDqParts, uses_gemm_stats<Cfg>(), matches};
 }
 inline BwdTileConfig bwd_tile_config(int32_t headdim) {
   switch (headdim) {
     case 64: return tile_config_of<BwdConfig<64>>();
     case 128: return tile_config_of<BwdConfig<128>>();
     case 256: return tile_config_of<BwdConfig<256>>();
-    default: return {0, 0, 0, 0, false};
+    default: return {0, 0, 0, 0, false, 0};
   }
 }
 

@@ -100,14 +100,10 @@ void dash_bwd_tile_shape(int32_t headdim, int32_t /*mask: same tiles for every m
 
 int dash_bwd_packed_matches_batched(int32_t headdim, int32_t dtype, int32_t mask) {
   if (mask < 0 || mask > 2 || (dtype != 0 && dtype != 1)) return -1;
-  const auto m = static_cast<dash::MaskKind>(mask);
-  const bool bf16 = static_cast<dash::DType>(dtype) == dash::DType::kBFloat16;
-  switch (dash::kernel_head_dim(headdim)) {
-    case 64: return dash::bwd::packed_matches_batched<dash::bwd::BwdConfig<64>>(m, bf16);
-    case 128: return dash::bwd::packed_matches_batched<dash::bwd::BwdConfig<128>>(m, bf16);
-    case 256: return dash::bwd::packed_matches_batched<dash::bwd::BwdConfig<256>>(m, bf16);
-    default: return -1;
-  }
+  const dash::bwd::BwdTileConfig cfg = dash::bwd::bwd_tile_config(dash::kernel_head_dim(headdim));
+  if (cfg.block_m == 0) return -1;
+  const int bf16 = static_cast<dash::DType>(dtype) == dash::DType::kBFloat16 ? 1 : 0;
+  return (cfg.packed_matches_batched >> (mask * 2 + bf16)) & 1;
 }
 
 int dash_bwd(const dash::BwdParams* params, void* stream) {

@@ -11,6 +11,7 @@
 // faster at short causal sequences (docs/tuning.md).
 #pragma once
 #include "bwd/bwd_dq_writer.h"
+#include "schedule/schedule.h"
 
 namespace dash::bwd {
 
@@ -68,13 +69,7 @@ __global__ void __launch_bounds__(T::kNumMmaThreads) bwd_postprocess_kernel(cons
   const float4* acc[sched::kMaxDqRuns];
   const int32_t runs = sched::dq_runs(p.schedule);
   for (int run = 0; run < sched::kMaxDqRuns; ++run) {
-    if (run >= runs) {
-      contributors[run] = 0;
-    } else if (T::kPacked && p.schedule == ScheduleKind::kSeqCausalRuns) {
-      contributors[run] = sched::SeqCausalRuns::contributors(p.problem, batch, m_block, run);
-    } else {
-      contributors[run] = sched::run_contributors(p.schedule, p.problem, m_block, run);
-    }
+    contributors[run] = run < runs ? sched::tile_contributors(p.schedule, p.problem, batch, m_block, run) : 0;
     acc[run] = reinterpret_cast<const float4*>(p.dq_accum +
                                                run_tile_index(tile_index, run, p.num_q_tiles) * T::kDqElems);
   }

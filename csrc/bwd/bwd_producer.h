@@ -68,27 +68,24 @@ CUTLASS_DEVICE void producer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<
     return stage;
   };
 
+  // Claimed units: the next unclaimed unit (its launch index) of the call's counter, whichever CTA is free first; its
+  // first item is the item index from here on (units of `items` items each).
+  auto claim_unit = [&](unsigned long long items) {
+    unsigned long long claimed = 0;
+    if (lane_id() == 0) claimed = atomicAdd(p.unit_counter, 1ull);
+    claimed = __shfl_sync(0xffffffffu, claimed, 0) * items;
+    set_word(kItemLo, static_cast<uint32_t>(claimed));
+    set_word(kItemHi, static_cast<uint32_t>(claimed >> 32));
+  };
+
   for (;;) {
     {
-      // ScheduleKind::kDynamic: the item is the next unclaimed unit (its launch index), whichever CTA is free first.
+      // ScheduleKind::kDynamic: a unit is one item. The sequence table's schedule: two, claimed at the first.
       if constexpr (ScheduleRef::claims_units<T>()) {
-        if (p.sched.template dynamic<T>()) {
-          unsigned long long claimed = 0;
-          if (lane_id() == 0) claimed = atomicAdd(p.unit_counter, 1ull);
-          claimed = __shfl_sync(0xffffffffu, claimed, 0);
-          set_word(kItemLo, static_cast<uint32_t>(claimed));
-          set_word(kItemHi, static_cast<uint32_t>(claimed >> 32));
-        }
+        if (p.sched.template dynamic<T>()) claim_unit(1);
       }
-      // The sequence table's schedule: a unit (two items) claimed at its first item, in launch order.
       if constexpr (ScheduleRef::takes_seq_table<T>()) {
-        if (p.sched.template claims_seq_units<T>() && (word(kItemLo) & 1) == 0) {
-          unsigned long long claimed = 0;
-          if (lane_id() == 0) claimed = atomicAdd(p.unit_counter, 1ull);
-          claimed = __shfl_sync(0xffffffffu, claimed, 0) * 2;
-          set_word(kItemLo, static_cast<uint32_t>(claimed));
-          set_word(kItemHi, static_cast<uint32_t>(claimed >> 32));
-        }
+        if (p.sched.template claims_seq_units<T>() && (word(kItemLo) & 1) == 0) claim_unit(2);
       }
       const int64_t it = item_index();
       if (it >= p.sched.template num_items<T>(cta_index())) break;

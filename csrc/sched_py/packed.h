@@ -148,7 +148,7 @@ inline std::vector<std::string> verify_packed(const PackedProblem& pack, int32_t
       for (int32_t h = 0; h < p.nheads; ++h) {
         for (int32_t m = 0; m < M; ++m) {
           for (int32_t run = 0; run < kMaxDqRuns; ++run) {
-            const int32_t want = SeqCausalRuns::contributors(p, b, m, run);
+            const int32_t want = tile_contributors(ScheduleKind::kSeqCausalRuns, p, b, m, run);
             if (adds[(static_cast<size_t>(h) * M + m) * kMaxDqRuns + run] != want) {
               fail(ctas, "sequence " + std::to_string(b) + ": adds differ from the postprocess's count");
             }

@@ -117,8 +117,8 @@ struct ShiftCausalRuns {
   }
 };
 
-// Adds into accumulator `run` of Q tile m under the resolved kind `kind` (resolve_schedule): what the postprocess
-// waits for before it reads the run. Every other schedule keeps one accumulator per tile.
+// Adds into accumulator `run` of Q tile m of problem p under the resolved kind `kind` (resolve_schedule); the
+// postprocess reads it through tile_contributors (schedule.h). Every other schedule keeps one accumulator per tile.
 DASH_HD inline int32_t run_contributors(ScheduleKind kind, const Problem& p, int32_t m, int32_t run) {
   if (kind == ScheduleKind::kShiftRuns) return ShiftRuns::contributors(p, m, run);
   if (kind == ScheduleKind::kShiftCausalRuns) return ShiftCausalRuns::contributors(p, m, run);

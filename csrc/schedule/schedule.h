@@ -102,6 +102,14 @@ DASH_HD inline ScheduleKind resolve_schedule(ScheduleKind kind, const Problem& p
   }
 }
 
+// Adds into accumulator `run` of Q tile m of batch entry `batch` under the resolved kind (what the postprocess waits
+// for before it reads the run): the sequence's own geometry where each sequence is scheduled on its own (seq_runs.h),
+// else the launch's (runs.h).
+DASH_HD inline int32_t tile_contributors(ScheduleKind kind, const Problem& p, int32_t batch, int32_t m, int32_t run) {
+  if (kind == ScheduleKind::kSeqCausalRuns) return SeqCausalRuns::contributors(p, batch, m, run);
+  return run_contributors(kind, p, m, run);
+}
+
 // Kinds whose num_items / item assume their preconditions (the invariant schedules, runs.h and lanes.h): every entry
 // point resolves them first (resolve_schedule); the others carry their own fallback.
 DASH_HD inline bool resolved_before_use(ScheduleKind kind) {

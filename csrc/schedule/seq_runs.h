@@ -44,6 +44,14 @@ DASH_HD inline bool runs_per_sequence(ScheduleKind kind, MaskKind mask) {
 }
 
 struct SeqCausalRuns {
+  // A word of the table, which nothing writes while a kernel reads it: through the read-only cache on the device.
+  DASH_HD static int32_t load(const int32_t* word) {
+#if defined(__CUDA_ARCH__)
+    return __ldg(word);
+#else
+    return *word;
+#endif
+  }
   // Entry b of the table (b = batch: first_unit is the unit total).
   DASH_HD static SeqEntry entry(const Problem& p, int32_t b) {
 #if defined(__CUDA_ARCH__)
@@ -53,21 +61,10 @@ struct SeqCausalRuns {
     return p.seqs[b];
 #endif
   }
-  DASH_HD static int32_t first_unit(const Problem& p, int32_t b) {
-#if defined(__CUDA_ARCH__)
-    return __ldg(&p.seqs[b].first_unit);
-#else
-    return p.seqs[b].first_unit;
-#endif
-  }
+  DASH_HD static int32_t first_unit(const Problem& p, int32_t b) { return load(&p.seqs[b].first_unit); }
   // Sequence at launch position i (seq_order below).
   DASH_HD static int32_t seq_at(const Problem& p, int32_t i) {
-    const int32_t* order = reinterpret_cast<const int32_t*>(p.seqs + p.batch + 1);
-#if defined(__CUDA_ARCH__)
-    return __ldg(order + i);
-#else
-    return order[i];
-#endif
+    return load(reinterpret_cast<const int32_t*>(p.seqs + p.batch + 1) + i);
   }
   // Packs of up to this many sequences launch longest first; larger ones in pack order (the device sorts in one CTA).
   static constexpr int32_t kSortedSeqsMax = 1024;

@@ -37,6 +37,7 @@ def parse_args(argv):
                    help=f"comma list of {','.join(PACKS)} or of explicit lengths joined by '+' (e.g. 3000+700)")
     p.add_argument("--schedules", type=str_list, default=[], help="deterministic schedules to time beside auto")
     p.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16")
+    p.add_argument("--gqa", type=int, default=1, help="query heads per KV head (2048 / hdim query heads)")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--warmup-ms", type=float, default=10)
     p.add_argument("--rep-ms", type=float, default=40)
@@ -59,10 +60,11 @@ def pack_lengths(pack):
     return lens
 
 
-def backward_closure(lens, hdim, causal, dtype, deterministic, schedule):
+def backward_closure(lens, hdim, causal, dtype, deterministic, schedule, gqa):
     nheads = 2048 // hdim
     cu = torch.tensor([0] + lens, device="cuda", dtype=torch.int32).cumsum(0, dtype=torch.int32)
-    q, k, v = (torch.randn(sum(lens), nheads, hdim, device="cuda", dtype=dtype, requires_grad=True) for _ in range(3))
+    q, k, v = (torch.randn(sum(lens), heads, hdim, device="cuda", dtype=dtype, requires_grad=True)
+               for heads in (nheads, nheads // gqa, nheads // gqa))
     out = dash_attn.flash_attn_varlen_func(q, k, v, cu, cu, max(lens), max(lens), causal=causal,
                                            deterministic=deterministic, schedule=schedule)
     out = out[0] if isinstance(out, tuple) else out
@@ -85,7 +87,8 @@ def main(argv=None):
         for mask in args.masks:
             for pack in args.packs:
                 lens = pack_lengths(pack)
-                runs = [backward_closure(lens, hdim, mask == "causal", dtype, det, s) for _, det, s in columns]
+                runs = [backward_closure(lens, hdim, mask == "causal", dtype, det, s, args.gqa)
+                        for _, det, s in columns]
                 rates = [[] for _ in columns]
                 for _ in range(args.rounds):
                     for rate, (fn, n_flops) in zip(rates, runs):

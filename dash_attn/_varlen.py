@@ -10,7 +10,8 @@ import torch
 from . import _seq_bands, device_seqlens, validation
 from ._args import MaskKind, OpArgs
 from ._ext import _bwd_tile_shape, _check_cuda, _device_guard, _kernel_head_dim, _num_sms, _supported_head_dims
-from ._launch import _lse_shape, _out_like, _resolve_schedule_for, _run_bwd, _run_fwd, _with_varlen_schedule
+from ._launch import (_lse_shape, _out_like, _resolve_schedule_for, _run_bwd, _run_fwd, _run_schedule,
+                      _with_varlen_schedule)
 from .schedules_table import runs_per_sequence
 
 
@@ -224,7 +225,7 @@ def _varlen_bwd_cuda(ext, dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, c
                      dsink=None):
     """dsink (with a sink): float32 (nheads,), the sum of the launches' sink gradients in the order they run."""
     lens_q, lens_k = _used_lengths(cq, None), _used_lengths(ck, None)
-    args = _with_varlen_schedule(args)
+    args, short_k = _with_varlen_schedule(args, q, k, v)
     packed = _packed_launch(ext, q, k, v, cq, ck, (lens_q, lens_k), *args.mask_args, bwd_args=args)
     if packed is not None:
         launches = _packed_bwd_launches(lens_q, lens_k, args)
@@ -237,7 +238,7 @@ def _varlen_bwd_cuda(ext, dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, c
                        for used, launch in zip(_rows_in_use(q, launches, lens_q, lens_k), launches)]
         with _device_guard(q.device):
             _run_packed_bwd(ext, dout, q, k, v, out, lse, dq, dk, dv, _device_int32(cu_seqlens_q, q.device),
-                            _device_int32(cu_seqlens_k, q.device), planned, args, sink, dsink)
+                            _device_int32(cu_seqlens_k, q.device), planned, args, short_k, sink, dsink)
         return dq, dk, dv
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     runs = _runs(cq, ck)
@@ -246,9 +247,10 @@ def _varlen_bwd_cuda(ext, dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, c
         q_b = _batched(q, sq, count, seqlen_q)
         k_b, v_b = _batched(k, sk, count, seqlen_k), _batched(v, sk, count, seqlen_k)
         lse_b = lse[:, sq].unflatten(1, (count, seqlen_q)).transpose(0, 1).contiguous()
+        run_args = _run_schedule(args, seqlen_k, short_k).for_lengths(seqlen_q, seqlen_k)
         _run_bwd(ext, _batched(dout, sq, count, seqlen_q), q_b, k_b, v_b, _batched(out, sq, count, seqlen_q), lse_b,
                  _batched(dq, sq, count, seqlen_q), _batched(dk, sk, count, seqlen_k),
-                 _batched(dv, sk, count, seqlen_k), args.for_lengths(seqlen_q, seqlen_k), sink, sink_grad.part)
+                 _batched(dv, sk, count, seqlen_k), run_args, sink, sink_grad.part)
         sink_grad.add()
     return dq, dk, dv
 
@@ -275,15 +277,17 @@ def _device_seqs(q, *tensors):
     return [None if t is None else _device_int32(t, q.device) for t in tensors]
 
 
-def _run_packed_bwd(ext, dout, q, k, v, out, lse, dq, dk, dv, cu_q, cu_k, launches, args: OpArgs, sink, dsink):
+def _run_packed_bwd(ext, dout, q, k, v, out, lse, dq, dk, dv, cu_q, cu_k, launches, args: OpArgs, short_k: int, sink,
+                    dsink):
     """The packed kernels' backward launches of one call, (seqused_q, seqused_k, max_q, max_k) each, in order; d sink
-    (with a sink) summed over them in that order."""
+    (with a sink) summed over them in that order. short_k: _with_varlen_schedule's."""
     sink_grad = _SinkGradSum(dsink, len(launches))
     for launch_q, launch_k, max_q, max_k in launches:
         schedule_id = _resolve_schedule_for(args, q.device, cu_q.shape[0] - 1, max_q, max_k, q.shape[1], k.shape[1],
                                             q.shape[-1])
         ext.varlen_bwd(dout, q, k, v, out, lse, dq, dk, dv, cu_q, cu_k, launch_q, launch_k, max_q, max_k,
-                       *args.kernel_args, args.deterministic, schedule_id, args.sm_margin, sink, sink_grad.part)
+                       *args.kernel_args, args.deterministic, schedule_id, short_k, args.sm_margin, sink,
+                       sink_grad.part)
         sink_grad.add()
 
 
@@ -379,11 +383,12 @@ def _varlen_bwd_unplanned(ext, dout, q, k, v, out, lse, seqs, bounds, args: OpAr
     if checked_on_host:
         cq, ck, host_q, host_k = _host_lists(*seqs)
         lens = _used_lengths(cq, host_q), _used_lengths(ck, host_k)
-    args = _with_varlen_schedule(args)
+    args, short_k = _with_varlen_schedule(args, q, k, v)
     with _device_guard(q.device):
         if not no_key_seen:
             launches = _bwd_launches(q, lens, used_q, used_k, (max_q, max_k), args)
-            _run_packed_bwd(ext, dout, q, k, v, out, lse, dq, dk, dv, cu_q, cu_k, launches, args, sink, dsink)
+            _run_packed_bwd(ext, dout, q, k, v, out, lse, dq, dk, dv, cu_q, cu_k, launches, args, short_k, sink,
+                            dsink)
         elif dsink is not None:
             dsink.zero_()  # out is 0 where no key is seen: D = 0
         if not checked_on_host:

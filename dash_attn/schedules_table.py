@@ -12,8 +12,9 @@ from . import _sched
 
 __all__ = ["AUTO", "MASK_IDS", "SCHEDULE_IDS", "DETERMINISTIC_SCHEDULES", "NONDETERMINISTIC_SCHEDULES", "SCHEDULES",
            "DYNAMIC", "INVARIANT_SCHEDULES", "INVARIANT_VARLEN_SCHEDULES", "LANES_SCHEDULE", "SHORT_SEQLEN_K",
-           "LANES_GQA_RATIO", "LANES_ORDER", "gqa_runs_lanes", "invariant_schedule", "varlen_invariant_schedule",
-           "runs_per_sequence", "invariant_picks", "FALLBACK_SCHEDULE", "MEASURED_RANKING", "SHORT_NAMES"]
+           "LANES_GQA_RATIO", "LANES_ORDER", "ANY_LENGTH", "gqa_runs_lanes", "short_keys", "invariant_schedule",
+           "varlen_invariant_schedule", "runs_per_sequence", "invariant_picks", "FALLBACK_SCHEDULE", "MEASURED_RANKING",
+           "SHORT_NAMES"]
 
 _TABLE = sorted(_sched.SCHEDULE_TABLE, key=lambda entry: entry[1])  # (name, id, deterministic), in id order
 
@@ -44,6 +45,8 @@ SHORT_SEQLEN_K = {("full", 64): 4096, ("full", 128): 4096, ("causal", 64): 1024,
 LANES_GQA_RATIO = {128: 4}
 # The schedule whose orders (and so bits) descending_lanes runs on another layout.
 LANES_ORDER = "descending"
+# short_keys() where every length runs LANES_ORDER's orders (the kernels take the bound as an int32).
+ANY_LENGTH = 2**31 - 1
 
 # Varlen calls run a pack as a batch of its longest sequence (or per run of equal lengths): a sequence must get the
 # same walk and orders whatever that longest length is. The pick is a function of the mask alone (with the kernel's
@@ -52,9 +55,8 @@ LANES_ORDER = "descending"
 #   (dash_attn/_seq_bands.py), on 11 packs of 16k tokens it ran up to 1.16x (hdim 64) and 1.19x (hdim 128) ahead of
 #   descending_lanes, and trailed by more than 2% only on 16 x 1k at hdim 128 (419 against 448 TFLOPS; docs/tuning.md).
 # - Causal bands: shift_causal_runs, which the packed kernels run on every sequence's own geometry (runs_per_sequence,
-#   csrc/schedule/seq_runs.h), so a sequence gets its dense call's orders under that schedule. H200, 16k-token packs
-#   of unequal lengths: 1.05-1.27x the non-deterministic backward at hdim 64, 128 and 256; of equal lengths 0.92-1.00
-#   (16 x 1k: 345 TFLOPS at hdim 128 where descending_lanes ran 372; benchmarks/RESULTS.md, "Varlen").
+#   csrc/schedule/seq_runs.h), each sequence of up to short_keys() keys in LANES_ORDER's orders: so every sequence
+#   gets the orders of its dense call under `auto` (dash_attn._launch._with_varlen_schedule).
 # - Windows: descending.
 INVARIANT_VARLEN_SCHEDULES = {"full": "shift_runs", "causal": "shift_causal_runs", "window": "descending"}
 
@@ -71,12 +73,18 @@ def gqa_runs_lanes(mask: str, kernel_head_dim: int, gqa_ratio: int) -> bool:
     return mask != "window" and gqa_ratio >= LANES_GQA_RATIO.get(kernel_head_dim, gqa_ratio + 1)
 
 
+def short_keys(mask: str, kernel_head_dim: int, gqa_ratio: int = 1) -> int:
+    """Keys up to which deterministic `auto` runs LANES_ORDER's orders (mask name, the head dim of the kernel that
+    runs, nheads // nheads_k): SHORT_SEQLEN_K, or every length where gqa_runs_lanes."""
+    if gqa_runs_lanes(mask, kernel_head_dim, gqa_ratio):
+        return ANY_LENGTH
+    return SHORT_SEQLEN_K.get((mask, kernel_head_dim), 0)
+
+
 def invariant_schedule(mask: str, kernel_head_dim: int, seqlen_k: int, gqa_ratio: int = 1) -> str:
     """Deterministic `auto`'s pick for a dense call (mask name, the head dim of the kernel that runs, keys,
     nheads // nheads_k)."""
-    if seqlen_k <= SHORT_SEQLEN_K.get((mask, kernel_head_dim), 0) or gqa_runs_lanes(mask, kernel_head_dim, gqa_ratio):
-        return LANES_SCHEDULE
-    return INVARIANT_SCHEDULES[mask]
+    return LANES_SCHEDULE if seqlen_k <= short_keys(mask, kernel_head_dim, gqa_ratio) else INVARIANT_SCHEDULES[mask]
 
 
 def varlen_invariant_schedule(mask: str) -> str:

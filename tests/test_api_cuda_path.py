@@ -194,7 +194,7 @@ def test_varlen_cuda_path_runs_the_packed_kernels_once(fake_cuda, mask, window):
                                             op_args(mask, window, sm_margin=3))
     ((name, args),) = fake_cuda.calls
     assert name == "varlen_bwd" and args[:9] == (dout, q, k, v, out, lse, dq, dk, dv)
-    assert args[11:] == (None, None, 6, 8, 0.125, mask) + window + (0.0, True, interface.SCHEDULE_IDS["shift"], 3,
+    assert args[11:] == (None, None, 6, 8, 0.125, mask) + window + (0.0, True, interface.SCHEDULE_IDS["shift"], 0, 3,
                                                                   None, None)
 
 

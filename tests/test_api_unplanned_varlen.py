@@ -62,7 +62,7 @@ def test_captured_varlen_runs_the_packed_kernels_with_capped_bounds(fake_cuda):
     (fwd_name, fwd_args), (bwd_name, bwd_args) = fake_cuda.calls
     assert fwd_name == "varlen_fwd" and fwd_args[7:11] == (None, None, 9, 7)
     assert bwd_name == "varlen_bwd" and bwd_args[11:15] == (None, None, 9, 7)
-    assert bwd_args[-4] == interface.SCHEDULE_IDS["shift"]  # then sm_margin, sink, dsink
+    assert bwd_args[-5:-3] == (interface.SCHEDULE_IDS["shift"], 0)  # the schedule, short_k; sm_margin, sink, dsink
     assert not any(r.isnan().any() for r in results)
 
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import dash_attn
-from dash_attn.schedules_table import varlen_invariant_schedule
+from dash_attn.schedules_table import short_keys, varlen_invariant_schedule
 from gpu_common import assert_grads_within, requires_softcap, supported_head_dims, tolerance  # noqa: F401
 
 pytestmark = pytest.mark.gpu
@@ -118,10 +118,42 @@ def test_varlen_invariant_to_packing(hdim, causal, dtype):
         for name, a, b in zip("qkv", got, ref):
             assert torch.equal(a, b), f"d{name} of sequence 0 changed when packed as {order} (sm_margin {margin})"
     if _dense_matches_varlen(hdim, dtype, causal):
-        schedule = varlen_invariant_schedule("causal" if causal else "full")
+        # Causal: the dense call under `auto` (test_varlen_auto_gives_causal_sequences_their_dense_bits); full masks:
+        # under the varlen pick (README).
+        schedule = "auto" if causal else varlen_invariant_schedule("full")
         dense = _grads(*seqs[0], causal, (-1, -1), 0.0, schedule=schedule)
         for name, a, b in zip("qkv", ref, (g[0] for g in dense)):
             assert torch.equal(a, b), f"d{name} of the varlen call differs from the dense call"
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("hdim", [64, 128, 256])
+@pytest.mark.parametrize("path", ["packed", "runs"])
+def test_varlen_auto_gives_causal_sequences_their_dense_bits(hdim, dtype, path, monkeypatch):
+    """Deterministic `auto` on causal packs: each sequence gets the orders of its dense call under `auto`
+    (descending_lanes' up to schedules_table.short_keys keys, shift_causal_runs' above), on the packed kernels and on
+    runs of equal lengths launched as batches alike, so its bits follow neither its neighbours nor the path; and
+    equal the dense call's where the packed kernel reads the row statistics as the batched one does."""
+    if hdim not in supported_head_dims():
+        pytest.skip(f"hdim {hdim} not built")
+    from dash_attn import _varlen
+    monkeypatch.setattr(_varlen, "_runs_beat_packed", lambda *args: path == "runs")
+    short = short_keys("causal", hdim)
+    gen = torch.Generator(device="cuda").manual_seed(SEED + 3)
+    lens = sorted({max(short, 64), short + 1, 200, 1100})
+    seqs = [_seq(gen, n, 4, 2, hdim, dtype) for n in lens]
+    orders = [list(range(len(lens))), list(reversed(range(len(lens)))), [len(lens) - 1]]
+    ref = _varlen_grads(seqs, orders[0], True)
+    for order in orders[1:]:
+        got = _varlen_grads(seqs, order, True, 18)
+        for i in order:
+            for name, a, b in zip("qkv", got[i], ref[i]):
+                assert torch.equal(a, b), f"d{name} of sequence {i} changed when packed as {order} ({path})"
+    if _dense_matches_varlen(hdim, dtype, True):
+        for i in range(len(lens)):
+            dense = _grads(*seqs[i], True, (-1, -1), 0.0)
+            for name, a, b in zip("qkv", ref[i], (g[0] for g in dense)):
+                assert torch.equal(a, b), f"d{name} of sequence {i} ({lens[i]} keys): varlen differs from dense"
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

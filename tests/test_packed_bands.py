@@ -132,10 +132,10 @@ def _varlen_picks(mask_name):
     return {varlen_invariant_schedule(mask_name)}
 
 
-def _packed(mask_name, lens_q, lens_k, block_m, block_n, nheads, nheads_k):
+def _packed(mask_name, lens_q, lens_k, block_m, block_n, nheads, nheads_k, short_k=0):
     """The pack as the kernels see it where they schedule every sequence on its own geometry."""
     p = _sched.Problem(1, nheads, nheads_k, 1, 1, block_m, block_n, S.MASKS[mask_name])
-    return _sched.PackedProblem(p, list(lens_q), list(lens_k))
+    return _sched.PackedProblem(p, list(lens_q), list(lens_k), short_k)
 
 
 @pytest.mark.parametrize("tiles", TILES, ids=lambda t: f"{t[0]}x{t[1]}")
@@ -198,7 +198,7 @@ class PackedBwdStandIn:
         self.launches = []
 
     def __call__(self, dout, q, k, v, out, lse, dq, dk, dv, cu_q, cu_k, used_q, used_k, max_q, max_k, scale, mask,
-                 window_left, window_right, softcap, deterministic, schedule_id, sm_margin, *sink_args):
+                 window_left, window_right, softcap, deterministic, schedule_id, short_k, sm_margin, *sink_args):
         assert softcap == 0.0
         self.launches.append((None if used_q is None else used_q.tolist(),
                               None if used_k is None else used_k.tolist(), max_q, max_k))
@@ -210,7 +210,7 @@ class PackedBwdStandIn:
                  min(int(cu_k[b + 1] - cu_k[b]), math.inf if used_k is None else int(used_k[b]))) for b in range(batch)]
         if runs_per_sequence(MASK_NAMES[mask], name):
             pack = _packed(MASK_NAMES[mask], [n[0] for n in lens], [n[1] for n in lens], self.block_m, self.block_n,
-                           nheads, nheads_k)
+                           nheads, nheads_k, short_k)
             e = _sched.enumerate_packed(schedule_id, pack, self.num_ctas)["visits"]
             visited = {tuple(int(x) for x in t) for t in zip(e["batch"], e["head"], e["m_block"], e["n_block"])}
         else:

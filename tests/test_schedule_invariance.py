@@ -8,13 +8,15 @@ change), every batch size and position in the batch, and, for varlen, whatever t
 such plan must also be deadlock-free (the engine's verifier simulates the static grid).
 """
 import functools
+import itertools
 
 import numpy as np
 import pytest
 
 from dash_attn import _sched
 from dash_attn import schedule as S
-from dash_attn.schedules_table import INVARIANT_SCHEDULES, invariant_picks, runs_per_sequence, varlen_invariant_schedule
+from dash_attn.schedules_table import (INVARIANT_SCHEDULES, invariant_picks, runs_per_sequence, short_keys,
+                                      varlen_invariant_schedule)
 
 ALL_CTAS = range(1, 257)
 BATCHES = (1, 2, 5, 8)
@@ -107,9 +109,11 @@ def test_varlen_pick_is_invariant_to_packing(mask, hdim):
     ref = alone(schedule, mask, own, own, hdim, 2, 1, None)
     for longest in (333, 500, 1024, 1500, 5000):
         if runs_per_sequence(mask, schedule):
-            for lens in ([own, longest, own], [longest, own, 64], [own, 1, longest]):
-                pack = _sched.PackedProblem(S._problem(mask, 1, 1, bm, bn, 2, 1, 1, None, 1), lens, lens)
-                assert _sched.verify_packed(pack, 1, 256) == [], (schedule, lens)
+            # Deterministic `auto` adds short_k (its dense pick's orders up to short_keys keys); a named schedule not.
+            for lens, short_k in itertools.product(([own, longest, own], [longest, own, 64], [own, 1, longest]),
+                                                   {0, short_keys(mask, hdim)}):
+                pack = _sched.PackedProblem(S._problem(mask, 1, 1, bm, bn, 2, 1, 1, None, 1), lens, lens, short_k)
+                assert _sched.verify_packed(pack, 1, 256) == [], (schedule, lens, short_k)
             continue
         for ctas in (1, 7, 66, 132, 256):
             plan = _plan(schedule, mask, longest, longest, hdim, 2, 1, None, 3, ctas)

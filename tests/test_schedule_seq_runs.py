@@ -21,9 +21,10 @@ PACKS = [  # (lens_q, lens_k): ragged, odd tile counts, single tiles, empty sequ
 ]
 
 
-def _pack(lens_q, lens_k, hdim, nheads, nheads_k):
+def _pack(lens_q, lens_k, hdim, nheads, nheads_k, short_k=0):
     bm, bn = TILES[hdim]
-    return _sched.PackedProblem(_sched.Problem(1, nheads, nheads_k, 1, 1, bm, bn, _sched.MASK_CAUSAL), lens_q, lens_k)
+    return _sched.PackedProblem(_sched.Problem(1, nheads, nheads_k, 1, 1, bm, bn, _sched.MASK_CAUSAL), lens_q, lens_k,
+                                short_k)
 
 
 @pytest.mark.parametrize("hdim", sorted(TILES))
@@ -51,6 +52,36 @@ def test_every_sequence_takes_the_kind_it_takes_alone():
     KV tile), descending (no units to order) without Q rows."""
     kinds = _pack([700, 100, 0], [700, 100, 300], 128, 2, 2).kinds
     assert kinds == [_sched.SHIFT_CAUSAL_RUNS, _sched.SHIFT_RUNS, _sched.DESCENDING]
+
+
+@pytest.mark.parametrize("hdim", sorted(TILES))
+@pytest.mark.parametrize("heads", [(2, 2), (8, 2)], ids=lambda h: f"h{h[0]}:{h[1]}")
+@pytest.mark.parametrize("short_k", [700, 1500, 2**31 - 1])
+def test_short_sequences_run_descending(short_k, heads, hdim):
+    """With short_k (deterministic `auto`), sequences of up to short_k keys run descending's orders beside the others'
+    runs: still each exactly as alone, deadlock-free dealt and claimed, on every CTA count."""
+    pack = PACKS[0]
+    packed = _pack(*pack, hdim, *heads, short_k)
+    assert _sched.verify_packed(packed, *CTA_RANGE) == []
+    alone = [_pack([q], [k], hdim, *heads).kinds[0] for q, k in zip(*pack)]
+    assert packed.kinds == [_sched.DESCENDING if k <= short_k else kind for k, kind in zip(pack[1], alone)]
+
+
+def test_short_sequences_take_the_dense_orders_of_descending_lanes():
+    """A sequence of up to short_k keys gets the visits (head, Q tile, KV tile, accumulation position) of its dense
+    call under descending_lanes, deterministic `auto`'s dense pick there."""
+    lens = [333, 1500, 64, 777]
+    bm, bn = TILES[128]
+    packed = _sched.enumerate_packed(_sched.SHIFT_CAUSAL_RUNS, _pack(lens, lens, 128, 4, 2, 1000), 132)["visits"]
+    for b, n in enumerate(lens):
+        if n > 1000:
+            continue
+        dense = _sched.enumerate(_sched.DESCENDING_LANES,
+                                 _sched.Problem(1, 4, 2, n, n, bm, bn, _sched.MASK_CAUSAL, num_ctas=132))["visits"]
+        keys = ("head", "m_block", "n_block", "run", "wait_target")
+        mine = sorted(tuple(int(packed[c][i]) for c in keys) for i in range(len(packed["batch"]))
+                      if packed["batch"][i] == b)
+        assert mine == sorted(tuple(int(dense[c][i]) for c in keys) for i in range(len(dense["batch"]))), n
 
 
 def test_long_packs_launch_in_pack_order():

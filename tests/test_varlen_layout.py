@@ -2,10 +2,17 @@
 deterministic `auto` pick depends on the mask alone, and where the packed kernels schedule every sequence on its own
 geometry (schedules_table.runs_per_sequence) any pack runs in one launch, whatever its sequences' bands."""
 import pytest
+import torch
 
 from dash_attn import _launch, _varlen
 from dash_attn._args import MaskKind, OpArgs
-from dash_attn.schedules_table import AUTO, runs_per_sequence, varlen_invariant_schedule
+from dash_attn.schedules_table import (ANY_LENGTH, AUTO, invariant_schedule, runs_per_sequence, short_keys,
+                                       varlen_invariant_schedule)
+
+
+@pytest.fixture(autouse=True)
+def _built_head_dims(monkeypatch):
+    monkeypatch.setattr(_launch, "_supported_head_dims", lambda: (64, 128, 256))
 
 
 def _args(mask, deterministic=True, schedule=AUTO):
@@ -14,11 +21,34 @@ def _args(mask, deterministic=True, schedule=AUTO):
                   deterministic=deterministic, schedule=schedule, sm_margin=0)
 
 
+def _tensors(hdim=128, nheads=4, nheads_k=4):
+    return torch.empty(10, nheads, hdim), torch.empty(10, nheads_k, hdim), torch.empty(10, nheads_k, hdim)
+
+
 @pytest.mark.parametrize("mask", list(MaskKind))
 def test_deterministic_auto_takes_the_masks_pick(mask):
-    assert _launch._with_varlen_schedule(_args(mask)).schedule == varlen_invariant_schedule(mask.name.lower())
-    assert _launch._with_varlen_schedule(_args(mask, deterministic=False)).schedule == AUTO
-    assert _launch._with_varlen_schedule(_args(mask, schedule="descending")).schedule == "descending"
+    assert _launch._with_varlen_schedule(_args(mask), *_tensors())[0].schedule == \
+        varlen_invariant_schedule(mask.name.lower())
+    assert _launch._with_varlen_schedule(_args(mask, deterministic=False), *_tensors()) == \
+        (_args(mask, deterministic=False), 0)
+    assert _launch._with_varlen_schedule(_args(mask, schedule="descending"), *_tensors()) == \
+        (_args(mask, schedule="descending"), 0)
+
+
+@pytest.mark.parametrize("hdim, gqa", [(64, 1), (128, 1), (128, 4), (256, 1)])
+def test_deterministic_auto_gives_causal_sequences_their_dense_pick(hdim, gqa):
+    """short_k: the keys up to which a causal sequence runs LANES_ORDER's orders, as dense `auto` does; full masks
+    and windows take none. A run of equal lengths launched as a batch runs dense `auto`'s pick."""
+    short = short_keys("causal", hdim, gqa)
+    assert _launch._with_varlen_schedule(_args(MaskKind.CAUSAL), *_tensors(hdim, 4 * gqa, 4))[1] == short
+    assert short == ANY_LENGTH or invariant_schedule("causal", hdim, short + 1, gqa) == "shift_causal_runs"
+    for mask in (MaskKind.FULL, MaskKind.WINDOW):
+        assert _launch._with_varlen_schedule(_args(mask), *_tensors(hdim, 4 * gqa, 4))[1] == 0
+    args = _args(MaskKind.CAUSAL, schedule="shift_causal_runs")
+    for seqlen_k in (1, 1000, 1024, 1025, 4096, 4097, 20000):
+        want = invariant_schedule("causal", hdim, seqlen_k, gqa)
+        assert _launch._run_schedule(args, seqlen_k, short).schedule == want
+        assert _launch._run_schedule(args, seqlen_k, 0).schedule == "shift_causal_runs"
 
 
 def test_causal_packs_run_per_sequence():

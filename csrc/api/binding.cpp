@@ -383,13 +383,17 @@ void varlen_bwd(const at::Tensor& dout, const at::Tensor& q, const at::Tensor& k
                 const at::Tensor& cu_seqlens_q, const at::Tensor& cu_seqlens_k, const OptTensor& seqused_q,
                 const OptTensor& seqused_k, int64_t max_seqlen_q, int64_t max_seqlen_k, double softmax_scale,
                 int64_t mask, int64_t window_left, int64_t window_right, double softcap, bool deterministic,
-                int64_t schedule, int64_t sm_margin, const OptTensor& sink, const OptTensor& dsink) {
+                int64_t schedule, int64_t short_k, int64_t sm_margin, const OptTensor& sink,
+                const OptTensor& dsink) {
   check_tensors(Layout::kPacked, q, {{"q", &q}, {"k", &k}, {"v", &v}, {"out", &out}, {"dout", &dout}, {"dq", &dq},
                                     {"dk", &dk}, {"dv", &dv}});
   dash::BwdParams p;
   set_packed_call(p, q, k, v, lse, cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k,
                   softmax_scale, mask, window_left, window_right, softcap);
   check_schedule_args(schedule, deterministic, sm_margin);
+  TORCH_CHECK_VALUE(short_k >= 0 && short_k <= INT32_MAX, "dash_attn: short_k must be in [0, 2^31 - 1], got ",
+                    num(short_k));
+  p.seq_short_k = static_cast<int32_t>(short_k);
   c10::cuda::CUDAGuard guard(q.device());
   set_bwd_tensors(p, dout, q, k, v, out, lse, dq, dk, dv, packed_strides_of);
   set_bwd_sink(p, sink, dsink, q, p.shape.nheads);

@@ -213,7 +213,7 @@ void launch_bwd(const BwdParams& params, cudaStream_t stream, int32_t stages) {
     }
   }
   if ((stages & BwdStage::kPreprocess) && views.seq_table != nullptr) {
-    const SeqTableParams table{params.packed, bwd_problem<T>(params, views), views.seq_table};
+    const SeqTableParams table{params.packed, bwd_problem<T>(params, views), params.seq_short_k, views.seq_table};
     bwd_seq_table_kernel<<<1, kSeqTableThreads, 0, stream>>>(table);
   }
 

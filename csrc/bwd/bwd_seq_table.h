@@ -16,6 +16,7 @@ constexpr int kSeqTableThreads = sched::SeqCausalRuns::kSortedSeqsMax;
 struct SeqTableParams {
   PackedSeqs packed;
   sched::Problem problem;  // the main kernel's tiling, heads and mask; batch = sequences
+  int32_t short_k;         // sequences of up to this many keys run Descending (SeqCausalRuns::entry_for)
   sched::SeqEntry* table;  // seq_table_bytes(batch)
 };
 
@@ -37,7 +38,7 @@ static __global__ void __launch_bounds__(kSeqTableThreads) bwd_seq_table_kernel(
       int32_t first_q, len_q, first_k, len_k;
       clamped_rows(p.packed.cu_seqlens_q, p.packed.seqused_q, b, p.packed.total_q, first_q, len_q);
       clamped_rows(p.packed.cu_seqlens_k, p.packed.seqused_k, b, p.packed.total_k, first_k, len_k);
-      e = SeqCausalRuns::entry_for(p.problem, len_q, len_k);
+      e = SeqCausalRuns::entry_for(p.problem, len_q, len_k, p.short_k);
     }
     entries[tid] = e;
     __syncthreads();

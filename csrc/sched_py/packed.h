@@ -17,7 +17,9 @@ namespace dash::sched::host {
 // Problem points to (so the holder is neither copied nor moved once built).
 class PackedProblem {
  public:
-  PackedProblem(const Problem& p, const std::vector<int32_t>& lens_q, const std::vector<int32_t>& lens_k) : p_(p) {
+  PackedProblem(const Problem& p, const std::vector<int32_t>& lens_q, const std::vector<int32_t>& lens_k,
+                int32_t short_k = 0)
+      : p_(p) {
     if (lens_q.size() != lens_k.size() || lens_q.empty()) {
       throw std::invalid_argument("lens_q and lens_k must hold one length per sequence (at least one)");
     }
@@ -29,7 +31,7 @@ class PackedProblem {
     const int32_t B = p_.batch;
     for (int32_t b = 0; b < B; ++b) {
       if (lens_q[b] < 0 || lens_k[b] < 0) throw std::invalid_argument("negative sequence length");
-      table_.push_back(SeqCausalRuns::entry_for(p_, lens_q[b], lens_k[b]));
+      table_.push_back(SeqCausalRuns::entry_for(p_, lens_q[b], lens_k[b], short_k));
     }
     std::vector<int32_t> order(B);
     for (int32_t b = 0; b < B; ++b) order[b] = b;
@@ -80,13 +82,13 @@ inline std::vector<std::string> verify_packed(const PackedProblem& pack, int32_t
   };
   const Problem base = pack.launch(1);
   const int32_t B = base.batch;
-  // Each sequence alone: its visits and its KV tiles' step counts.
+  // Each sequence alone, under the schedule its entry resolved to: its visits and its KV tiles' step counts.
   std::vector<std::vector<Key>> alone_visits(B);
   std::vector<std::vector<int32_t>> alone_steps(B);
   for (int32_t b = 0; b < B; ++b) {
     const SeqEntry& e = pack.table()[b];
     const Problem s = SeqCausalRuns::alone(base, e.len_q, e.len_k);
-    const Enumeration a = enumerate(ScheduleKind::kShiftCausalRuns, s, true);
+    const Enumeration a = enumerate(e.kind, s, true);
     for (const VisitRecord& v : a.visits) {
       alone_visits[b].emplace_back(v.head_k, v.head, v.m_block, v.n_block, v.run * (1 << 20) + v.wait_target);
     }

@@ -277,9 +277,10 @@ PYBIND11_MODULE(_sched, m) {
   py::class_<host::PackedProblem>(m, "PackedProblem",
                                   "A varlen pack whose sequences are scheduled each on its own geometry (causal masks, "
                                   "shift_causal_runs; schedule/seq_runs.h): the launch's tiling and heads from "
-                                  "`problem`, one length per sequence.")
-      .def(py::init<const Problem&, const std::vector<int32_t>&, const std::vector<int32_t>&>(), py::arg("problem"),
-           py::arg("lens_q"), py::arg("lens_k"))
+                                  "`problem`, one length per sequence; sequences of up to `short_k` keys run "
+                                  "descending.")
+      .def(py::init<const Problem&, const std::vector<int32_t>&, const std::vector<int32_t>&, int32_t>(),
+           py::arg("problem"), py::arg("lens_q"), py::arg("lens_k"), py::arg("short_k") = 0)
       .def_property_readonly("units", &host::PackedProblem::units)
       .def_property_readonly("kinds", [](const host::PackedProblem& pk) {
         std::vector<int32_t> kinds;

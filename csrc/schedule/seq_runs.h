@@ -5,14 +5,18 @@
 // longer one. Here each sequence gets exactly the items, walks and accumulation positions it gets alone: those of
 // what shift_causal_runs resolves to on its own lengths (ShiftCausalRuns; ShiftRuns where every tile pair is live;
 // Descending where it has no Q rows), so its bits equal a dense call's of that sequence under shift_causal_runs,
-// whatever it is packed with and wherever it sits in the pack.
+// whatever it is packed with and wherever it sits in the pack. A launch may also give a key count `short_k` up to
+// which a sequence runs Descending instead: deterministic `auto` passes the bound up to which its dense pick is
+// descending_lanes (descending's orders), so that each sequence gets its dense call's orders under `auto` too.
 //
 // Layout: the sequences one after another, longest first (up to kSortedSeqsMax sequences, else in pack order), so
 // that the last waves hold the shortest units; per sequence its KV heads one after another, per head the pair units
-// in descending u, then the middle unit. Dealt to the CTAs as every static schedule deals its units (Snake). A unit
-// is two items: the long and the short tile of a pair, or one tile (a middle tile; a tile of a ShiftRuns or
-// Descending sequence) and then a tile index past the sequence's last KV tile, which has no visits and which the
-// kernel skips; so a CTA's item count depends on the unit total alone. ShiftRuns sequences take their tiles in
+// in descending u, then the middle unit; a Descending sequence by KV tile index, per index its KV heads: its longest
+// tiles first, which the claims balance best (head by head, the last heads' longest tiles would start last). Dealt
+// to the CTAs as every static schedule deals its units (Snake). A unit is two items: the long and the short tile of
+// a pair, or one tile (a middle tile; a tile of a ShiftRuns or Descending sequence) and then a tile index past the
+// sequence's last KV tile, which has no visits and which the kernel skips; so a CTA's item count depends on the unit
+// total alone. ShiftRuns sequences take their tiles in
 // descending KV index, Descending ones in ascending index: each in the order its accumulation positions follow.
 //
 // The kernels claim the units at run time, in launch order (a global counter, as ScheduleKind::kDynamic does): the
@@ -23,8 +27,9 @@
 //
 // Deadlock-free for any grid, dealt or claimed: a unit waits only for units of its own (sequence, KV head) with a
 // smaller launch index (longs wait for longs of higher u, shorts for shorts of higher u, the middle tile for every
-// short; ShiftRuns and Descending as in runs.h and descending.h); every CTA runs its units in increasing launch index,
-// and a claimed unit's predecessors were claimed earlier by CTAs that run them to the end.
+// short; ShiftRuns as in runs.h; a Descending tile waits for its head's previous tile, a row of heads earlier);
+// every CTA runs its units in increasing launch index, and a claimed unit's predecessors were claimed earlier by
+// CTAs that run them to the end.
 //
 // The table (Problem::seqs) holds one SeqEntry per sequence, then one whose first_unit is the unit total, then the
 // launch order (batch int32 sequence indices, seq_at). It is built from the lengths by entry_for, units_of and
@@ -84,8 +89,10 @@ struct SeqCausalRuns {
     s.seqs = nullptr;
     return s;
   }
-  // A sequence's entry before the scan fills first_unit.
-  DASH_HD static SeqEntry entry_for(const Problem& p, int32_t len_q, int32_t len_k) {
+  // A sequence's entry before the scan fills first_unit: Descending up to short_k keys, else what shift_causal_runs
+  // resolves to on its lengths.
+  DASH_HD static SeqEntry entry_for(const Problem& p, int32_t len_q, int32_t len_k, int32_t short_k) {
+    if (len_k <= short_k) return SeqEntry{0, len_q, len_k, ScheduleKind::kDescending};
     return SeqEntry{0, len_q, len_k, resolve_schedule(ScheduleKind::kShiftCausalRuns, alone(p, len_q, len_k))};
   }
   // Units of one KV head of a sequence with N KV tiles: pairs and the middle tile, or one per tile.
@@ -125,7 +132,14 @@ struct SeqCausalRuns {
     const SeqEntry e = entry(p, b);
     const int32_t N = num_n_blocks(alone(p, e.len_q, e.len_k)), per = units_per_head(N, e.kind);
     const int32_t local = static_cast<int32_t>(unit - e.first_unit);  // < units of the sequence (int32)
-    const int32_t head_k = div_u32(local, per), r = local - head_k * per;
+    int32_t head_k, r;  // the unit's KV head and its index among the head's units
+    if (e.kind == ScheduleKind::kDescending) {
+      r = div_u32(local, p.nheads_k);
+      head_k = local - r * p.nheads_k;
+    } else {
+      head_k = div_u32(local, per);
+      r = local - head_k * per;
+    }
     int32_t n;
     if (e.kind == ScheduleKind::kShiftCausalRuns) {
       const int32_t Q = N / 2;

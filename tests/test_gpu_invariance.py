@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import dash_attn
-from dash_attn.schedules_table import short_keys, varlen_invariant_schedule
+from dash_attn.schedules_table import MASK_IDS, short_keys, varlen_invariant_schedule
 from gpu_common import assert_grads_within, requires_softcap, supported_head_dims, tolerance  # noqa: F401
 
 pytestmark = pytest.mark.gpu
@@ -82,46 +82,48 @@ def test_invariant_across_sm_margin_and_batch(case, hdim, dtype):
                 assert torch.equal(a[pos:pos + 1], b), f"d{name} of the sequence at {pos} of {batch} differs from alone"
 
 
-def _varlen_grads(seqs, order, causal, sm_margin=0, schedule="auto"):
+def _varlen_grads(seqs, order, causal, sm_margin=0, schedule="auto", window=(-1, -1)):
     lens_q, lens_k = ([seqs[i][j].shape[1] for i in order] for j in (0, 1))
     cu_q, cu_k = (torch.tensor([0] + list(torch.tensor(n).cumsum(0)), device="cuda", dtype=torch.int32)
                   for n in (lens_q, lens_k))
     q, k, v, dout = (torch.cat([seqs[i][j][0] for i in order]).detach() for j in range(4))
     q, k, v = (t.requires_grad_() for t in (q, k, v))
     out = dash_attn.flash_attn_varlen_func(q, k, v, cu_q, cu_k, max(lens_q), max(lens_k), causal=causal,
-                                           deterministic=True, sm_margin=sm_margin, schedule=schedule)
+                                           window_size=window, deterministic=True, sm_margin=sm_margin,
+                                           schedule=schedule)
     out = out[0] if isinstance(out, tuple) else out
     grads = torch.autograd.grad(out, (q, k, v), dout)
     bounds = (cu_q, cu_k, cu_k)
     return {i: tuple(g[int(c[n]):int(c[n + 1])] for g, c in zip(grads, bounds)) for n, i in enumerate(order)}
 
 
-def _dense_matches_varlen(hdim, dtype, causal):
+def _dense_matches_varlen(hdim, dtype, mask):
     """Where a dense call of a sequence gives its varlen call's bits (README): where the packed kernel reads the row
-    statistics as the batched one does (csrc/bwd/bwd_config.h, packed_matches_batched)."""
+    statistics as the batched one does (csrc/bwd/bwd_config.h, packed_matches_batched). mask: a mask name."""
     from dash_attn import _C
-    return _C.packed_matches_batched(hdim, "bf16" if dtype == torch.bfloat16 else "fp16", 1 if causal else 0)
+    return _C.packed_matches_batched(hdim, "bf16" if dtype == torch.bfloat16 else "fp16", MASK_IDS[mask])
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("mask", ["full", "causal", "window"])
 @pytest.mark.parametrize("hdim", [64, 128, 256])
-def test_varlen_invariant_to_packing(hdim, causal, dtype):
+def test_varlen_invariant_to_packing(hdim, mask, dtype):
     if hdim not in supported_head_dims():
         pytest.skip(f"hdim {hdim} not built")
+    causal, window = mask == "causal", ((200, 0) if mask == "window" else (-1, -1))
     gen = torch.Generator(device="cuda").manual_seed(SEED + 1)
     lens = [333, 1500, 64, 777, 333]
     seqs = [_seq(gen, n, 4, 2, hdim, dtype) for n in lens]
-    ref = _varlen_grads(seqs, [0], causal)[0]
+    ref = _varlen_grads(seqs, [0], causal, window=window)[0]
     for order, margin in (([0, 1, 2, 3, 4], 0), ([4, 3, 1, 0, 2], 18), ([2, 0], 100)):
-        got = _varlen_grads(seqs, order, causal, margin)[0]
+        got = _varlen_grads(seqs, order, causal, margin, window=window)[0]
         for name, a, b in zip("qkv", got, ref):
             assert torch.equal(a, b), f"d{name} of sequence 0 changed when packed as {order} (sm_margin {margin})"
-    if _dense_matches_varlen(hdim, dtype, causal):
-        # Causal: the dense call under `auto` (test_varlen_auto_gives_causal_sequences_their_dense_bits); full masks:
-        # under the varlen pick (README).
-        schedule = "auto" if causal else varlen_invariant_schedule("full")
-        dense = _grads(*seqs[0], causal, (-1, -1), 0.0, schedule=schedule)
+    if _dense_matches_varlen(hdim, dtype, mask):
+        # Causal masks and windows: the dense call under `auto` (test_varlen_auto_gives_causal_sequences_their_dense_
+        # bits; windows run descending either way); full masks: under the varlen pick (README).
+        schedule = varlen_invariant_schedule("full") if mask == "full" else "auto"
+        dense = _grads(*seqs[0], causal, window, 0.0, schedule=schedule)
         for name, a, b in zip("qkv", ref, (g[0] for g in dense)):
             assert torch.equal(a, b), f"d{name} of the varlen call differs from the dense call"
 
@@ -149,7 +151,7 @@ def test_varlen_auto_gives_causal_sequences_their_dense_bits(hdim, dtype, path, 
         for i in order:
             for name, a, b in zip("qkv", got[i], ref[i]):
                 assert torch.equal(a, b), f"d{name} of sequence {i} changed when packed as {order} ({path})"
-    if _dense_matches_varlen(hdim, dtype, True):
+    if _dense_matches_varlen(hdim, dtype, "causal"):
         for i in range(len(lens)):
             dense = _grads(*seqs[i], True, (-1, -1), 0.0)
             for name, a, b in zip("qkv", ref[i], (g[0] for g in dense)):
@@ -174,7 +176,7 @@ def test_varlen_causal_runs_are_per_sequence(hdim, dtype):
         for i in order:
             for name, a, b in zip("qkv", got[i], ref[i]):
                 assert torch.equal(a, b), f"d{name} of sequence {i} changed when packed as {order} (sm_margin {margin})"
-    if _dense_matches_varlen(hdim, dtype, True):
+    if _dense_matches_varlen(hdim, dtype, "causal"):
         for i in (0, 3, 5):
             dense = _grads(*seqs[i], True, (-1, -1), 0.0, schedule="shift_causal_runs")
             for name, a, b in zip("qkv", ref[i], (g[0] for g in dense)):

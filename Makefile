@@ -73,7 +73,8 @@ check-kernels:
 	  echo "== $$f"; $(NVCC) $(NVCC_FLAGS) -Xptxas -v -c $$f -o build/check/$$(basename $$f .cu).o 2>&1 \
 	    | $(PYTHON) csrc/tools/check_spills.py || exit 1; done
 
-# Kernel objects (torch-free) for DASH_ATTN_PREBUILT_DIR=build/prebuilt: compile on a CPU machine, link on the GPU node.
+# Kernel objects (torch-free) for DASH_ATTN_PREBUILT_DIR=build/prebuilt: compile on a CPU machine, link on the GPU node
+# (the instantiations only: setup.py compiles the dispatch TUs for the head dims and dtypes it builds).
 # PREBUILD_SOFTCAP=0 leaves out the soft-capped kernels (as DASH_ATTN_SOFTCAP=0 does for setup.py), PREBUILD_PACKED=0
 # the packed-sequence ones (as DASH_ATTN_PACKED=0);
 # PREBUILD_EXTRA adds nvcc flags (e.g. "-Xptxas -v" for the resource reports).
@@ -84,12 +85,11 @@ PREBUILD_PACKED ?= 1
 PREBUILD_DEFS = $(eval PREBUILD_DEFS := $(call run_py,csrc/build_config.py --defines --hdims $(PREBUILD_HDIMS) \
 	--dtypes $(PREBUILD_DTYPES) $(if $(filter 0,$(PREBUILD_SOFTCAP)),,--softcap) \
 	$(if $(filter 0,$(PREBUILD_PACKED)),,--packed)))$(PREBUILD_DEFS)
-PREBUILD_SRCS = csrc/fwd/fwd_dispatch.cu csrc/bwd/bwd_dispatch.cu csrc/common/seqlens_check.cu \
-	$(call inst_list,--hdims $(PREBUILD_HDIMS) --dtypes $(PREBUILD_DTYPES) \
+PREBUILD_SRCS = $(call inst_list,--hdims $(PREBUILD_HDIMS) --dtypes $(PREBUILD_DTYPES) \
 	--score-mods none $(if $(filter 0,$(PREBUILD_SOFTCAP)),,softcap) \
 	--layouts batched $(if $(filter 0,$(PREBUILD_PACKED)),,packed))
 PREBUILD_OBJS = $(patsubst %.cu,build/prebuilt/%.o,$(notdir $(PREBUILD_SRCS)))
-vpath %.cu csrc/fwd csrc/bwd csrc/common csrc/instantiations
+vpath %.cu csrc/instantiations
 
 # The object list runs Python, so it is only computed where prebuild is a goal.
 prebuild: $(if $(filter prebuild,$(MAKECMDGOALS)),$(PREBUILD_OBJS))

@@ -105,7 +105,9 @@ def _split_prebuilt(sources):
     """Kernel objects compiled elsewhere (`make prebuild` on a CPU machine) replace their .cu sources.
 
     The kernel TUs include no torch header, so they can be compiled on any machine with nvcc; only the binding TU
-    needs the target's torch. This keeps GPU-node builds to seconds.
+    needs the target's torch. This keeps GPU-node builds to seconds. Only instantiation TUs are taken: the dispatch
+    TUs switch on this build's head dims and dtypes (its defines), so they are compiled here (seconds), never taken
+    from a folder built for another set.
     """
     directory = os.environ.get("DASH_ATTN_PREBUILT_DIR")
     if not directory:
@@ -132,6 +134,7 @@ def cuda_extension():
     inst = build_config.axes.instantiation_files("csrc/instantiations/", hdims=hdims, dtypes=dtypes,
                                                  score_mods=["none", "softcap"] if softcap else ["none"],
                                                  layouts=["batched", "packed"] if packed else ["batched"])
+    inst, prebuilt = _split_prebuilt(inst)
     sources = ["csrc/api/binding.cpp", "csrc/fwd/fwd_dispatch.cu", "csrc/bwd/bwd_dispatch.cu",
                "csrc/common/seqlens_check.cu"] + inst
     nvcc_flags = (build_config.NVCC_FLAGS + build_config.TORCH_NVCC_FLAGS
@@ -140,7 +143,6 @@ def cuda_extension():
         nvcc_flags.append("-lineinfo")  # for compute-sanitizer / ncu source views; makes the .so much larger
     if os.environ.get("DASH_ATTN_DEBUG_SPIN", "0") == "1":
         nvcc_flags.append("-DDASH_BWD_SPIN_TRAP")
-    sources, prebuilt = _split_prebuilt(sources)
     return CUDAExtension(
         "dash_attn._C",
         sources,

@@ -17,7 +17,7 @@
 
 #include "common/params.h"
 #include "schedule/runs.h"
-#include "schedule/seq_runs.h"
+#include "schedule/schedule.h"  // runs_per_sequence (seq_runs.h) with resolve_schedule defined
 
 namespace dash::bwd {
 

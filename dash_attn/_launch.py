@@ -74,8 +74,7 @@ def _with_varlen_schedule(args: OpArgs, q: torch.Tensor, k: torch.Tensor, v: tor
     pick = varlen_invariant_schedule(mask_name)
     if not runs_per_sequence(mask_name, pick):
         return args._replace(schedule=pick), 0
-    kernel_dim = validation.kernel_head_dim(_held_head_dim(q, v), _supported_head_dims())
-    return args._replace(schedule=pick), short_keys(mask_name, kernel_dim, q.shape[-2] // k.shape[-2])
+    return args._replace(schedule=pick), short_keys(mask_name, _kernel_head_dim(q, v), q.shape[-2] // k.shape[-2])
 
 
 def _run_schedule(args: OpArgs, seqlen_k: int, short_k: int) -> OpArgs:

@@ -50,7 +50,8 @@ ANY_LENGTH = 2**31 - 1
 
 # Varlen calls run a pack as a batch of its longest sequence (or per run of equal lengths): a sequence must get the
 # same walk and orders whatever that longest length is. The pick is a function of the mask alone (with the kernel's
-# head dim, which fixes the tiles, that fixes the bits). Read through varlen_invariant_schedule().
+# head dim, which fixes the tiles, and, per sequence on causal masks, short_keys(), that fixes the bits). Read
+# through varlen_invariant_schedule().
 # - Full masks: shift_runs, whose walk depends on the tile shape alone. With the packs split by length class
 #   (dash_attn/_seq_bands.py), on 11 packs of 16k tokens it ran up to 1.16x (hdim 64) and 1.19x (hdim 128) ahead of
 #   descending_lanes, and trailed by more than 2% only on 16 x 1k at hdim 128 (419 against 448 TFLOPS; docs/tuning.md).
@@ -88,7 +89,8 @@ def invariant_schedule(mask: str, kernel_head_dim: int, seqlen_k: int, gqa_ratio
 
 
 def varlen_invariant_schedule(mask: str) -> str:
-    """Deterministic `auto`'s pick for a varlen call (mask name): its bits depend on the mask and the head dim alone."""
+    """Deterministic `auto`'s pick for a varlen call (mask name): its bits depend on the mask and the head dim alone
+    (and, where it runs every sequence on its own geometry, on the sequence's own keys through short_keys())."""
     return INVARIANT_VARLEN_SCHEDULES[mask]
 
 

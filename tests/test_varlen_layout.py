@@ -4,7 +4,7 @@ geometry (schedules_table.runs_per_sequence) any pack runs in one launch, whatev
 import pytest
 import torch
 
-from dash_attn import _launch, _varlen
+from dash_attn import _ext, _launch, _varlen
 from dash_attn._args import MaskKind, OpArgs
 from dash_attn.schedules_table import (ANY_LENGTH, AUTO, invariant_schedule, runs_per_sequence, short_keys,
                                        varlen_invariant_schedule)
@@ -12,7 +12,7 @@ from dash_attn.schedules_table import (ANY_LENGTH, AUTO, invariant_schedule, run
 
 @pytest.fixture(autouse=True)
 def _built_head_dims(monkeypatch):
-    monkeypatch.setattr(_launch, "_supported_head_dims", lambda: (64, 128, 256))
+    monkeypatch.setattr(_ext, "_supported_head_dims", lambda: (64, 128, 256))
 
 
 def _args(mask, deterministic=True, schedule=AUTO):

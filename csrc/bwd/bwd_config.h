@@ -16,8 +16,7 @@
 #include <cstdint>
 
 #include "common/params.h"
-#include "schedule/runs.h"
-#include "schedule/schedule.h"  // runs_per_sequence (seq_runs.h) with resolve_schedule defined
+#include "schedule/schedule.h"  // dq_runs (runs.h), runs_per_sequence (seq_runs.h) with resolve_schedule defined
 
 namespace dash::bwd {
 

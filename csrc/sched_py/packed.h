@@ -57,6 +57,7 @@ class PackedProblem {
 
   // The launch on `ctas` CTAs (the table stays this holder's).
   Problem launch(int32_t ctas) const {
+    if (ctas <= 0) throw std::invalid_argument("num_ctas must be >= 1");
     Problem p = p_;
     p.num_ctas = ctas;
     return p;

@@ -119,13 +119,11 @@ py::dict simulate_py(int32_t kind, const Problem& p, double c, double r, bool de
 
 // A packed launch scheduled per sequence (schedule/seq_runs.h) on `ctas` CTAs; the other entry points as for a Problem.
 py::dict enumerate_packed_py(int32_t kind, const host::PackedProblem& pack, int32_t ctas) {
-  if (ctas <= 0) throw std::invalid_argument("num_ctas must be >= 1");
   return enumerate_py(kind, pack.launch(ctas));
 }
 py::dict simulate_packed_py(int32_t kind, const host::PackedProblem& pack, int32_t ctas, double c, double r,
                             bool deterministic, int32_t dispatch, bool record, int64_t l2_tiles, double miss,
                             double miss_latency) {
-  if (ctas <= 0) throw std::invalid_argument("num_ctas must be >= 1");
   return simulate_py(kind, pack.launch(ctas), c, r, deterministic, dispatch, record, l2_tiles, miss, miss_latency, {});
 }
 
@@ -286,7 +284,8 @@ PYBIND11_MODULE(_sched, m) {
         std::vector<int32_t> kinds;
         for (int32_t b = 0; b < pk.launch(1).batch; ++b) kinds.push_back(static_cast<int32_t>(pk.table()[b].kind));
         return kinds;
-      }, "Per sequence, the schedule id its own geometry resolves shift_causal_runs to.");
+      }, "Per sequence, the schedule id it runs: descending up to short_k keys, else what its own geometry resolves "
+         "shift_causal_runs to.");
   m.def("enumerate_packed", &enumerate_packed_py, py::arg("kind"), py::arg("pack"), py::arg("num_ctas"));
   m.def("simulate_packed", &simulate_packed_py, py::arg("kind"), py::arg("pack"), py::arg("num_ctas"),
         py::arg("c") = 1.0, py::arg("r") = 0.5, py::arg("deterministic") = true, py::arg("dispatch") = 0,

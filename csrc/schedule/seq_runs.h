@@ -16,8 +16,8 @@
 // to the CTAs as every static schedule deals its units (Snake). A unit is two items: the long and the short tile of
 // a pair, or one tile (a middle tile; a tile of a ShiftRuns or Descending sequence) and then a tile index past the
 // sequence's last KV tile, which has no visits and which the kernel skips; so a CTA's item count depends on the unit
-// total alone. ShiftRuns sequences take their tiles in
-// descending KV index, Descending ones in ascending index: each in the order its accumulation positions follow.
+// total alone. ShiftRuns sequences take their tiles in descending KV index, Descending ones in ascending index: each
+// in the order its accumulation positions follow.
 //
 // The kernels claim the units at run time, in launch order (a global counter, as ScheduleKind::kDynamic does): the
 // units of sequences of different lengths differ in length, and a static deal then starts some units before the
@@ -67,7 +67,7 @@ struct SeqCausalRuns {
 #endif
   }
   DASH_HD static int32_t first_unit(const Problem& p, int32_t b) { return load(&p.seqs[b].first_unit); }
-  // Sequence at launch position i (seq_order below).
+  // Sequence at launch position i (the launch order after the entries).
   DASH_HD static int32_t seq_at(const Problem& p, int32_t i) {
     return load(reinterpret_cast<const int32_t*>(p.seqs + p.batch + 1) + i);
   }

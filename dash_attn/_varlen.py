@@ -155,7 +155,8 @@ def _packed_launch(ext, q, k, v, cq, ck, lens, mask, window_left, window_right, 
     (q, k) lengths of cq and ck (_used_lengths). bwd_args: a backward's arguments. Its schedule
     may run every sequence on its own geometry (schedules_table.runs_per_sequence), which takes any band. Where its
     deterministic packed kernel reads the row statistics other than the batched one (packed_matches_batched), the
-    packed kernels run it whenever they can, so that its bits do not follow the neighbours through the path."""
+    packed kernels run it whenever they can, whatever the bands (as several launches where no one band holds every
+    sequence: _packed_bwd_launches), so that its bits do not follow the neighbours through the path."""
     if not ext.packed_built():
         return None
     if q.shape[-1] != v.shape[-1] or q.shape[-1] not in _supported_head_dims():
@@ -169,8 +170,8 @@ def _packed_launch(ext, q, k, v, cq, ck, lens, mask, window_left, window_right, 
     max_q, max_k = max(lens_q), max(lens_k)
     if max_q == 0 or max_k == 0:
         return None
-    if not (bwd_args is not None and runs_per_sequence(mask_name, bwd_args.schedule)) and \
-            not _bands_inside(lens_q, lens_k, mask, window_left, window_right):
+    any_band = packed_only or (bwd_args is not None and runs_per_sequence(mask_name, bwd_args.schedule))
+    if not any_band and not _bands_inside(lens_q, lens_k, mask, window_left, window_right):
         return None
     return max_q, max_k
 

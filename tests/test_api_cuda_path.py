@@ -175,6 +175,25 @@ def test_deterministic_backward_keeps_the_packed_kernels_where_their_bits_differ
     assert launch(det) is None
 
 
+def test_deterministic_backward_keeps_the_packed_kernels_whatever_the_bands(fake_cuda, monkeypatch):
+    # The same under a schedule whose batch of the longest sequences cannot reach every sequence's band (descending:
+    # diagonals 100, 0 and 128): the packed kernels run it with the bounds or launches _seq_bands plans, not the
+    # per-run path.
+    lens_q, lens_k = [100, 700, 129], [200, 700, 257]
+    q, k, v, cu_q, cu_k, _, _ = varlen_inputs(lens_q, lens_k, headdim=64, dtype=torch.bfloat16)
+    det = op_args(mask=1, window=(-1, 0), schedule="descending")
+
+    def launch(bwd_args):
+        return interface._packed_launch(fake_cuda, q, k, v, cu_q.tolist(), cu_k.tolist(), (lens_q, lens_k), 1, -1, 0,
+                                        bwd_args=bwd_args)
+
+    monkeypatch.setattr(fake_cuda, "packed_matches_batched", lambda headdim, dtype, mask: False)
+    assert launch(det) == (700, 700) and launch(None) is None
+    assert _varlen._packed_bwd_launches(lens_q, lens_k, det) == [(None, 700, 828)]
+    monkeypatch.setattr(fake_cuda, "packed_matches_batched", lambda headdim, dtype, mask: True)
+    assert launch(det) is None
+
+
 @pytest.mark.parametrize("mask, window", [(0, (-1, -1)), (1, (-1, 0)), (2, (3, 1))], ids=["full", "causal", "window"])
 def test_varlen_cuda_path_runs_the_packed_kernels_once(fake_cuda, mask, window):
     # Calls at a kernel's own head dim whose sequences' bands lie inside the longest ones' go to the packed-sequence

@@ -4,9 +4,11 @@ Each row packs sequences of the listed lengths (16k tokens in all) with 2048 / h
 backward alone (the forward's output kept, L2 flushed before every timed call), rounds interleaved; the table shows
 each column's median over the rounds. FLOPs: benchmarks/flops.py per sequence (backward = 2.5 x forward, causal
 halved). Columns: `nd` the non-deterministic backward (`auto`), `det` the deterministic one (`auto`: the varlen
-invariant pick), one more per name in --schedules (deterministic, that schedule named), and det / nd.
+invariant pick), one more per name in --schedules (deterministic, that schedule named) and in --nondet-schedules
+(non-deterministic, that schedule named), and det / nd.
 
-    python benchmarks/bench_varlen.py [--hdims 128,64] [--masks causal,full] [--schedules descending] [--rounds 3]
+    python benchmarks/bench_varlen.py [--hdims 128,64] [--masks causal,full] [--schedules descending]
+        [--nondet-schedules shift_causal_runs] [--rounds 3]
 """
 import argparse
 import pathlib
@@ -19,6 +21,7 @@ sys.path.append(str(pathlib.Path(__file__).resolve().parents[1]))  # an in-tree 
 import dash_attn  # noqa: E402
 from bench_attn import EXIT_NO_GPU, Timer, int_list, str_list  # noqa: E402
 from flops import flops, tflops  # noqa: E402
+from peers import DASH_NONDET_SCHEDULES, DASH_SCHEDULES  # noqa: E402
 
 PACKS = {  # name: sequence lengths
     "16x1k": [1024] * 16,
@@ -36,6 +39,8 @@ def parse_args(argv):
     p.add_argument("--packs", type=str_list, default=list(PACKS),
                    help=f"comma list of {','.join(PACKS)} or of explicit lengths joined by '+' (e.g. 3000+700)")
     p.add_argument("--schedules", type=str_list, default=[], help="deterministic schedules to time beside auto")
+    p.add_argument("--nondet-schedules", type=str_list, default=[],
+                   help="non-deterministic schedules to time beside auto")
     p.add_argument("--dtype", choices=["bf16", "fp16"], default="bf16")
     p.add_argument("--gqa", type=int, default=1, help="query heads per KV head (2048 / hdim query heads)")
     p.add_argument("--rounds", type=int, default=3)
@@ -44,6 +49,11 @@ def parse_args(argv):
     args = p.parse_args(argv)
     for pack in args.packs:
         pack_lengths(pack)
+    for flag, names, known in (("--schedules", args.schedules, DASH_SCHEDULES),
+                               ("--nondet-schedules", args.nondet_schedules, DASH_NONDET_SCHEDULES)):
+        for name in names:
+            if name not in known:
+                p.error(f"{flag}: unknown schedule {name!r} (use {','.join(known)})")
     return args
 
 
@@ -80,7 +90,8 @@ def main(argv=None):
         return EXIT_NO_GPU
     timer = Timer(torch, types.SimpleNamespace(warmup_ms=args.warmup_ms, rep_ms=args.rep_ms))
     dtype = torch.bfloat16 if args.dtype == "bf16" else torch.float16
-    columns = [("nd", False, "auto"), ("det", True, "auto")] + [(f"det {s}", True, s) for s in args.schedules]
+    columns = ([("nd", False, "auto"), ("det", True, "auto")] + [(f"det {s}", True, s) for s in args.schedules] +
+               [(f"nd {s}", False, s) for s in args.nondet_schedules])
     print(f"| hdim | mask | pack | {' | '.join(c[0] for c in columns)} | det/nd |")
     print("|---|---|---|" + "---|" * (len(columns) + 1))
     for hdim in args.hdims:

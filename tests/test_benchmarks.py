@@ -154,6 +154,15 @@ def test_varlen_packs_spelled_as_lengths():
             bench_varlen.pack_lengths(bad)
 
 
+def test_varlen_schedule_columns_are_checked():
+    import bench_varlen
+    args = bench_varlen.parse_args(["--schedules", "descending", "--nondet-schedules", "shift_causal_runs,dynamic"])
+    assert args.schedules == ["descending"] and args.nondet_schedules == ["shift_causal_runs", "dynamic"]
+    for flag, bad in (("--schedules", "dynamic"), ("--nondet-schedules", "nope")):
+        with pytest.raises(SystemExit):
+            bench_varlen.parse_args([flag, bad])
+
+
 def test_rounds_report_each_cells_median_round():
     """--rounds N: one row per cell, the round with the median time; untimed rounds do not count."""
     def row(impl, ms, seqlen=1024):

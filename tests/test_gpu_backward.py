@@ -176,7 +176,7 @@ def test_backward_peaked_softmax(causal, dtype, headdim):
 def test_backward_single_key(dtype, headdim):
     """One query, one key: P = 1, dP = D and dS = 0 exactly, so dQ and dK are 0 and the baseline is exact. What is
     left is the statistics' rounding: D carried to 16 bits (two bf16 parts) leaves dS at up to 2^-17 |D| (dQ 1.5-4.3e-5
-    on the H200, 2026-12-01), within the floor of row_statistic_error_bound."""
+    measured on the H200), within the floor of row_statistic_error_bound."""
     check_backward(2, 1, 1, 4, 2, headdim, dtype, False, "auto", True)
 
 

@@ -295,10 +295,10 @@ def test_l2_term_off_is_the_plain_dag():
 
 
 def test_l2_term_ranks_the_schedules_like_the_h200():
-    """Measured on the H200 (benchmarks/RESULTS.md, 2026-11-29): full 1k/2k descending 1.43/1.55x the time of shift,
+    """Measured on the H200 (benchmarks/RESULTS.md): full 1k/2k descending 1.43/1.55x the time of shift,
     causal 1k/2k shift_causal 0.78/0.73x that of shift and descending; full 16k descending 1.08x shift; causal
     4k/8k/16k descending 1.20/1.14/1.07x shift_causal (the latency term: without it the model had descending 3%
-    ahead there). The plain DAG ties them. Shift's split last wave and spread start tiles (2026-12-01) shorten its
+    ahead there). The plain DAG ties them. Shift's split last wave and spread start tiles shorten its
     modelled full 16k makespan by 3% more (descending 1.17x), so that bound is 1.2x."""
     for seqlen in (1024, 2048):
         full = _makespans("full", seqlen, H200_L2)

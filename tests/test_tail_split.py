@@ -22,7 +22,7 @@ SHAPES = [
     dict(batch=1, nheads=4, nheads_k=1, seqlen_q=640, seqlen_k=2000, block_m=32, block_n=64, mask=0),
 ]
 # Shapes that keep whole units: a window leaving every tile pair live (shift applies, but the split's code lives in
-# the full-mask kernels only) and causal (shift_causal: its split, measured 2026-12-01, was slower on the H200).
+# the full-mask kernels only) and causal (shift_causal: its split measured slower on the H200).
 WHOLE_SHAPES = [
     dict(batch=1, nheads=3, nheads_k=3, seqlen_q=1500, seqlen_k=1500, block_m=64, block_n=128, mask=2,
          window_left=4000, window_right=4000),

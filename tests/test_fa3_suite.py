@@ -17,7 +17,7 @@ sys.path.insert(0, str(SUITE))
 
 import fa3_features  # noqa: E402
 import fa3_plugin  # noqa: E402
-from fa3_features import Build, Scope  # noqa: E402
+from fa3_features import Build, Scope, Shard  # noqa: E402
 from fa3_summary import Summary, failure_class  # noqa: E402
 
 from dash_attn import flash_attn_interface  # noqa: E402
@@ -188,6 +188,33 @@ def test_run_collects_a_fake_fa3_file_on_the_cpu(tmp_path):
     assert summary["selected"] == 2 and summary["skipped"] == {"environment": 2}
     assert summary["passed"] == summary["failed"] == summary["errors"] == 0
     assert (out / "junit.xml").is_file() and (out / "summary.md").is_file()
+
+
+def test_shards_deal_the_cases_round_robin():
+    shard = Shard.parse("1/3")
+    assert (shard.index, shard.count) == (1, 3) and shard.key == "not selected: shard 1/3"
+    assert [p for p in range(7) if shard.keeps(p)] == [1, 4]
+    for bad in ("3/3", "-1/2", "1", "a/b", "1/0", "1/2/3"):
+        with pytest.raises(ValueError, match="K/N"):
+            Shard.parse(bad)
+
+
+@pytest.mark.parametrize("shard", ["0/2", "1/2"])
+def test_run_keeps_its_shard_of_the_cases(tmp_path, shard):
+    hopper = tmp_path / "hopper"
+    hopper.mkdir()
+    (hopper / "test_flash_attn.py").write_text(_FAKE_FA3)
+    (hopper / "sibling_helper.py").write_text("SIBLING = True\n")
+    out = tmp_path / "out"
+    env = dict(os.environ, CUDA_VISIBLE_DEVICES="")
+    subprocess.run([sys.executable, str(SUITE / "run.py"), "--fa3", str(hopper), "--out", str(out), "--hdims", "128",
+                    "--dtypes", "bf16", "--shard", shard], env=env, capture_output=True, text=True, timeout=300)
+    summary = json.loads((out / "summary.json").read_text())
+    # The two cases the scope keeps (test_run_collects_a_fake_fa3_file_on_the_cpu), one in each shard.
+    assert summary["selected"] == 1 and summary["left_out"][f"not selected: shard {shard}"] == 1
+    bad = subprocess.run([sys.executable, str(SUITE / "run.py"), "--fa3", str(hopper), "--shard", "2/2"],
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and "--shard" in bad.stderr
 
 
 _FAKE_FA3_RUN = '''

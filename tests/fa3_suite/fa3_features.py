@@ -7,7 +7,7 @@ Pure data and functions, no pytest hooks: fa3_plugin.py applies them, tests/test
 Every left-out case or sub-case carries a key:
   "feature:<key>"         a FEATURES row: dash_attn does not offer it
   "not built: <what>"     this build of dash_attn._C lacks the kernel (DASH_ATTN_HDIMS/DTYPES/SOFTCAP)
-  "not selected: <what>"  built, but outside the head dims / dtypes this run was asked to cover
+  "not selected: <what>"  built, but outside the head dims / dtypes / shard this run was asked to cover
 """
 from __future__ import annotations
 
@@ -174,3 +174,29 @@ class Scope:
         if not head_dim_offered(dv):
             return "feature:head_dim"
         return self.head_dim_left_out(max(d, dv))
+
+
+@dataclasses.dataclass(frozen=True)
+class Shard:
+    """Shard `index` of `count` (--shard K/N): the cases a run keeps after the scope are dealt round robin in
+    collection order, so that runs of a time budget cover the suite between them, each a spread of its cases."""
+    index: int
+    count: int
+
+    @classmethod
+    def parse(cls, text: str) -> "Shard":
+        try:
+            index, count = (int(part) for part in text.split("/"))
+        except ValueError:
+            raise ValueError(f"a shard is K/N with integers 0 <= K < N, got {text!r}") from None
+        if not 0 <= index < count:
+            raise ValueError(f"a shard is K/N with integers 0 <= K < N, got {text!r}")
+        return cls(index, count)
+
+    def keeps(self, position: int) -> bool:
+        """Whether the case at `position` among those the scope keeps is this shard's."""
+        return position % self.count == self.index
+
+    @property
+    def key(self) -> str:
+        return f"not selected: shard {self.index}/{self.count}"

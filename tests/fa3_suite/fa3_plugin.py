@@ -28,7 +28,7 @@ from typing import Optional
 import pytest
 import torch
 
-from fa3_features import (DTYPE_NAMES, STANDINS, SWITCHES, Build, Scope, feature_skip_message, skip_message)
+from fa3_features import (DTYPE_NAMES, STANDINS, SWITCHES, Build, Scope, Shard, feature_skip_message, skip_message)
 from fa3_summary import Summary, failure_class, function_of
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -48,6 +48,8 @@ def pytest_addoption(parser):
     group.addoption("--fa3-budget", type=float, default=None,
                     help="seconds after the start: later tests are skipped as 'time budget', so a run in a time "
                          "slot still ends with a summary")
+    group.addoption("--fa3-shard", type=Shard.parse, default=None,
+                    help="K/N: run shard K of N of the cases the scope keeps (dealt round robin in collection order)")
     group.addoption("--fa3-deterministic", action="store_true",
                     help="torch.use_deterministic_algorithms(True): dash_attn's deterministic backward throughout")
 
@@ -241,8 +243,12 @@ class _Suite:
         """After -k/-m have chosen: the cases the scope does not run are deselected and counted by key."""
         _, scope = self._measure()
         kept, left_out = [], []
+        shard, in_scope = config.getoption("fa3_shard"), 0
         for item in items:
             why = scope.case_left_out(function_of(item.nodeid), _params(item))
+            if why is None and shard is not None:
+                why = None if shard.keeps(in_scope) else shard.key
+                in_scope += 1
             (kept if why is None else left_out).append(item)
             if why:
                 self.summary.left_out[why] += 1

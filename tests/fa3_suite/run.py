@@ -1,7 +1,8 @@
 """Runs FlashAttention-3's own hopper/test_flash_attn.py, unedited, against dash_attn and records the result.
 
   python3 tests/fa3_suite/run.py --fa3 PATH/TO/flash-attention/hopper [--hdims 64,128] [--dtypes bf16,fp16]
-      [--out build/fa3_suite] [--workers 8] [--budget SECONDS] [--deterministic] [-- more pytest arguments]
+      [--out build/fa3_suite] [--workers 8] [--budget SECONDS] [--shard K/N] [--deterministic]
+      [-- more pytest arguments]
 
 FA3's checkout stays outside the repo (or in the git-ignored .peers/): nothing of it is copied, edited or committed.
 Needs dash_attn importable (built in place or installed), pytest and einops; pytest-xdist for --workers. Writes
@@ -18,6 +19,8 @@ import pathlib
 import signal
 import subprocess
 import sys
+
+from fa3_features import Shard  # this folder, first on sys.path for a script
 
 HERE = pathlib.Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -36,8 +39,15 @@ def _parse(argv):
                         help="pytest-xdist workers, all on the one GPU (0: a single process)")
     parser.add_argument("--budget", type=float,
                         help="seconds; tests not started by then are skipped, so the run still ends with a summary")
+    parser.add_argument("--shard", help="K/N: shard K of N of the cases (round robin), so that several budgeted runs "
+                                         "cover the suite between them")
     parser.add_argument("--deterministic", action="store_true", help="dash_attn's deterministic backward throughout")
     args = parser.parse_args(ours)
+    if args.shard is not None:
+        try:
+            Shard.parse(args.shard)
+        except ValueError as error:
+            parser.error(f"--shard: {error}")
     if not args.fa3 or not (pathlib.Path(args.fa3) / TEST_FILE).is_file():
         parser.error(f"--fa3 (or FA3_HOPPER) must name FA3's hopper/ folder holding {TEST_FILE}, got {args.fa3!r}")
     return args, extra
@@ -45,7 +55,8 @@ def _parse(argv):
 
 def _plugin_options(args, out: pathlib.Path):
     options = ["--fa3-out", str(out)]
-    for flag, value in (("--fa3-hdims", args.hdims), ("--fa3-dtypes", args.dtypes), ("--fa3-budget", args.budget)):
+    for flag, value in (("--fa3-hdims", args.hdims), ("--fa3-dtypes", args.dtypes), ("--fa3-budget", args.budget),
+                        ("--fa3-shard", args.shard)):
         if value is not None:
             options += [flag, str(value)]
     return options + (["--fa3-deterministic"] if args.deterministic else [])

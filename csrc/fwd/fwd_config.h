@@ -65,8 +65,9 @@ struct FwdTileConfig<128> {
 };
 
 // Large head dim: the O accumulator alone takes 128 registers per consumer thread, and Q + 2 stages of K and V take
-// 192 KB of shared memory, so O has no room for a staging buffer. 64-key tiles: 80-key ones run much slower and spill
-// at windows. Issue turns as at the other head dims; with 64-key tiles they measured about even (docs/tuning.md).
+// 192 KB of shared memory, so O has no room for a staging buffer. 64-key tiles (the 80-key ones measured slower were
+// built without CuTe's extended WGMMA shapes, so as five N = 16 WGMMAs a step: docs/tuning.md). Issue turns as at the
+// other head dims; with 64-key tiles they measured about even.
 template <>
 struct FwdTileConfig<256> {
   static constexpr int kBlockM = 128;

@@ -82,6 +82,16 @@ def str_list(text):
     return [x.strip() for x in text.split(",") if x.strip()]
 
 
+def check_schedule_columns(parser, args):
+    """--schedules (deterministic) and --nondet-schedules name schedules that mode runs (bench_attn and bench_varlen)."""
+    import peers
+    for flag, names, known in (("--schedules", args.schedules, peers.DASH_SCHEDULES),
+                               ("--nondet-schedules", args.nondet_schedules, peers.DASH_NONDET_SCHEDULES)):
+        for name in names:
+            if name not in known:
+                parser.error(f"{flag}: unknown schedule {name!r} (use {','.join(known)})")
+
+
 def parse_args(argv):
     import peers
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -136,12 +146,7 @@ def parse_args(argv):
             p.error(f"--masks: unknown mask {mask!r} (use full,causal,window)")
     if len(args.window) != 2 or min(args.window) < -1 or args.window == [-1, -1]:
         p.error("--window takes LEFT,RIGHT, each >= -1 and not both -1 (that is the full mask)")
-    for name in args.schedules:
-        if name not in peers.DASH_SCHEDULES:
-            p.error(f"--schedules: unknown schedule {name!r} (use {','.join(peers.DASH_SCHEDULES)})")
-    for name in args.nondet_schedules:
-        if name not in peers.DASH_NONDET_SCHEDULES:
-            p.error(f"--nondet-schedules: unknown schedule {name!r} (use {','.join(peers.DASH_NONDET_SCHEDULES)})")
+    check_schedule_columns(p, args)
     for key in args.peers:
         if key not in peers.PEER_KEYS:
             p.error(f"--peers: unknown peer {key!r} (use {','.join(peers.PEER_KEYS)})")

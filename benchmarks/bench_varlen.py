@@ -19,9 +19,8 @@ import torch
 
 sys.path.append(str(pathlib.Path(__file__).resolve().parents[1]))  # an in-tree dash_attn, as bench_attn.py finds it
 import dash_attn  # noqa: E402
-from bench_attn import EXIT_NO_GPU, Timer, int_list, str_list  # noqa: E402
+from bench_attn import EXIT_NO_GPU, Timer, check_schedule_columns, int_list, str_list  # noqa: E402
 from flops import flops, tflops  # noqa: E402
-from peers import DASH_NONDET_SCHEDULES, DASH_SCHEDULES  # noqa: E402
 
 PACKS = {  # name: sequence lengths
     "16x1k": [1024] * 16,
@@ -49,11 +48,7 @@ def parse_args(argv):
     args = p.parse_args(argv)
     for pack in args.packs:
         pack_lengths(pack)
-    for flag, names, known in (("--schedules", args.schedules, DASH_SCHEDULES),
-                               ("--nondet-schedules", args.nondet_schedules, DASH_NONDET_SCHEDULES)):
-        for name in names:
-            if name not in known:
-                p.error(f"{flag}: unknown schedule {name!r} (use {','.join(known)})")
+    check_schedule_columns(p, args)
     return args
 
 

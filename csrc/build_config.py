@@ -29,9 +29,9 @@ def _load_axes():
 axes = _load_axes()
 
 # Every kernel TU, wherever it is compiled (setup.py, make check-kernels / prebuild, bench.mk).
-# CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED: CuTe's WGMMA selectors then take every N the instruction has (multiples of 8);
-# without it a tile N outside 8-16-32-64-96-128-192-256 is issued as several narrow WGMMAs (176 keys: 11 of N = 16).
-# The tile configs of both directions compile to the same code either way; a config with another N needs it.
+# CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED: CuTe's WGMMA selectors take every N the instruction has (multiples of 8), so
+# that every GEMM is one WGMMA wide (csrc/common/wgmma.h, asserted by the traits). The current tile configs compile
+# to the same code either way; a config with another N needs it.
 NVCC_FLAGS = [
     "-std=c++17", "-O3", "--use_fast_math",
     "-gencode", "arch=compute_90a,code=sm_90a",

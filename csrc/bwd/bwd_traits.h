@@ -13,6 +13,7 @@
 
 #include "bwd/bwd_config.h"
 #include "common/params.h"
+#include "common/wgmma.h"
 
 namespace dash::bwd {
 
@@ -81,15 +82,13 @@ struct BwdTraits {
                            Shape<Int<kBlockM / Cfg::dQSplit::kAlongM>, Int<kHeadDim / Cfg::dQSplit::kAlongN>, BN>,
                            GMMA::Major::MN, GMMA::Major::MN>(),
       AtomLayout<typename Cfg::dQSplit>{}));
-  // One WGMMA spans each warpgroup's N of every GEMM: a tile N outside CuTe's default shape set would otherwise be
-  // issued as several narrow WGMMAs (csrc/build_config.py, CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED).
-  static_assert(size<1>(typename TiledMmaSdP::AtomShape_MNK{}) == kBlockM / Cfg::SdPSplit::kAlongN,
-                "S^T and dP^T are not one WGMMA wide per warpgroup");
-  static_assert(size<1>(typename TiledMmadV::AtomShape_MNK{}) == kHeadDim / Cfg::dKVSplit::kAlongN &&
-                    size<1>(typename TiledMmadK::AtomShape_MNK{}) == kHeadDim / Cfg::dKVSplit::kAlongN,
-                "dK and dV are not one WGMMA wide per warpgroup");
-  static_assert(size<1>(typename TiledMmadQ::AtomShape_MNK{}) == kHeadDim / Cfg::dQSplit::kAlongN,
-                "dQ is not one WGMMA wide per warpgroup");
+  static_assert(wgmma_n<TiledMmaSdP>() == kBlockM / Cfg::SdPSplit::kAlongN,
+                "S^T and dP^T are not one WGMMA wide per warpgroup (common/wgmma.h)");
+  static_assert(wgmma_n<TiledMmadV>() == kHeadDim / Cfg::dKVSplit::kAlongN &&
+                    wgmma_n<TiledMmadK>() == kHeadDim / Cfg::dKVSplit::kAlongN,
+                "dK and dV are not one WGMMA wide per warpgroup (common/wgmma.h)");
+  static_assert(wgmma_n<TiledMmadQ>() == kHeadDim / Cfg::dQSplit::kAlongN,
+                "dQ is not one WGMMA wide per warpgroup (common/wgmma.h)");
   static constexpr bool kDvAfterDs = Cfg::dv_issue(kMask) == DvIssue::kAfterDs;
   static constexpr bool kTwoStepBodies = Cfg::masked_steps(kMask, kRowStats) == MaskedSteps::kTwoBodies;
   static_assert(!kDvAfterDs || kDvFromRegs, "the late dV issue is the register-sourced dV GEMM's");

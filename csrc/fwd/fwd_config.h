@@ -12,6 +12,7 @@
 
 #include "common/params.h"
 #include "common/score_mod.h"
+#include "common/wgmma.h"
 
 namespace dash::fwd {
 
@@ -118,10 +119,8 @@ struct FwdKernelTraits {
       cute::GMMA::rs_op_selector<Element, Element, float, TileShapePV, cute::GMMA::Major::K,
                                  cute::GMMA::Major::MN>(),
       AtomLayout{}));
-  // One WGMMA spans each GEMM's N: a tile N outside CuTe's default shape set would otherwise be issued as several
-  // narrow WGMMAs (csrc/build_config.py, CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED).
-  static_assert(cute::size<1>(typename TiledMmaQK::AtomShape_MNK{}) == kBlockN, "Q K^T is not one WGMMA wide");
-  static_assert(cute::size<1>(typename TiledMmaPV::AtomShape_MNK{}) == kHeadDim, "P V is not one WGMMA wide");
+  static_assert(wgmma_n<TiledMmaQK>() == kBlockN, "Q K^T is not one WGMMA wide (common/wgmma.h)");
+  static_assert(wgmma_n<TiledMmaPV>() == kHeadDim, "P V is not one WGMMA wide (common/wgmma.h)");
 
   // Rows of Q, K and V are headdim * 2 bytes, a multiple of 128 B for every supported head dim, so all three use the
   // widest (128-byte) swizzle atom, which is what the K-major GMMA descriptors read fastest.

@@ -162,8 +162,9 @@ def _packed_launch(ext, q, k, v, cq, ck, lens, mask, window_left, window_right, 
     if q.shape[-1] != v.shape[-1] or q.shape[-1] not in _supported_head_dims():
         return None
     mask_name = MaskKind(mask).name.lower()
-    packed_only = (bwd_args is not None and bwd_args.deterministic and
-                   not ext.packed_matches_batched(q.shape[-1], "bf16" if q.dtype == torch.bfloat16 else "fp16", mask))
+    dtype_name = validation.DTYPE_KERNEL_NAMES.get(q.dtype)  # None for dtypes without kernels
+    packed_only = (bwd_args is not None and bwd_args.deterministic and dtype_name is not None and
+                   not ext.packed_matches_batched(q.shape[-1], dtype_name, mask))
     if not packed_only and _runs_beat_packed(q, k, cq, ck, mask, window_left, window_right):
         return None
     lens_q, lens_k = lens

@@ -25,6 +25,8 @@ NONDETERMINISTIC_SCHEDULES = schedules_table.NONDETERMINISTIC_SCHEDULES
 # The kernels' element types, by the names of the build's DASH_ATTN_DTYPES (and of the binding's supported_dtypes).
 KERNEL_DTYPE_NAMES = {"fp16": torch.float16, "bf16": torch.bfloat16}
 KERNEL_DTYPES = tuple(KERNEL_DTYPE_NAMES.values())
+# The same names keyed by dtype (the binding's dtype arguments).
+DTYPE_KERNEL_NAMES = {dtype: name for name, dtype in KERNEL_DTYPE_NAMES.items()}
 # The CPU reference also takes full precision so torch.autograd.gradcheck can run in float64.
 CPU_DTYPES = KERNEL_DTYPES + (torch.float32, torch.float64)
 # Head dims: any from 1 to MAX_HEADDIM. The kernels take multiples of HEADDIM_MULTIPLE (they move rows in 16-byte

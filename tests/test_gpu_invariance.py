@@ -9,6 +9,7 @@ import pytest
 import torch
 
 import dash_attn
+from dash_attn import validation
 from dash_attn.schedules_table import MASK_IDS, short_keys, varlen_invariant_schedule
 from gpu_common import assert_grads_within, requires_softcap, supported_head_dims, tolerance  # noqa: F401
 
@@ -101,7 +102,7 @@ def _dense_matches_varlen(hdim, dtype, mask):
     """Where a dense call of a sequence gives its varlen call's bits (README): where the packed kernel reads the row
     statistics as the batched one does (csrc/bwd/bwd_config.h, packed_matches_batched). mask: a mask name."""
     from dash_attn import _C
-    return _C.packed_matches_batched(hdim, "bf16" if dtype == torch.bfloat16 else "fp16", MASK_IDS[mask])
+    return _C.packed_matches_batched(hdim, validation.DTYPE_KERNEL_NAMES[dtype], MASK_IDS[mask])
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])

@@ -21,7 +21,7 @@ import torch
 from dash_attn import validation
 
 # The names setup.py's DASH_ATTN_DTYPES uses for the kernel dtypes, keyed by dtype.
-DTYPE_NAMES = {dtype: name for name, dtype in validation.KERNEL_DTYPE_NAMES.items()}
+DTYPE_NAMES = validation.DTYPE_KERNEL_NAMES
 
 
 @functools.lru_cache(maxsize=None)

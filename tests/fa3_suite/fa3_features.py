@@ -20,10 +20,6 @@ import torch
 
 from dash_attn import validation
 
-# The names setup.py's DASH_ATTN_DTYPES uses for the kernel dtypes, keyed by dtype.
-DTYPE_NAMES = validation.DTYPE_KERNEL_NAMES
-
-
 @functools.lru_cache(maxsize=None)
 def head_dim_offered(head_dim: int) -> bool:
     """Whether the API takes `head_dim`, whatever the build: asked of its own input check (validation.check_qkv
@@ -147,7 +143,7 @@ class Scope:
         return None if kernel in self.head_dims else f"not selected: head dim {kernel} kernel"
 
     def dtype_left_out(self, dtype: torch.dtype) -> Optional[str]:
-        name = DTYPE_NAMES[dtype]
+        name = validation.DTYPE_KERNEL_NAMES[dtype]
         if name not in self.build.dtypes:
             return f"not built: {name}"
         return None if name in self.dtypes else f"not selected: {name}"

@@ -28,7 +28,7 @@ from typing import Optional
 import pytest
 import torch
 
-from fa3_features import (DTYPE_NAMES, STANDINS, SWITCHES, Build, Scope, Shard, feature_skip_message, skip_message)
+from fa3_features import (STANDINS, SWITCHES, Build, Scope, Shard, feature_skip_message, skip_message)
 from fa3_summary import Summary, failure_class, function_of
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -109,9 +109,9 @@ def _environment_problem() -> Optional[str]:
 
 
 def _built() -> Build:
-    from dash_attn import _ext
+    from dash_attn import _ext, validation
     head_dims = tuple(_ext._supported_head_dims())
-    dtypes = tuple(DTYPE_NAMES[dtype] for dtype in _ext._supported_dtypes())
+    dtypes = tuple(validation.DTYPE_KERNEL_NAMES[dtype] for dtype in _ext._supported_dtypes())
     return Build(head_dims, dtypes, _ext._softcap_built())
 
 

@@ -101,7 +101,13 @@ CUTLASS_DEVICE void producer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<
         const SeqRows rows = seq_rows<SeqLayout::kPacked>(p.packed, tile.batch, 0, 0);
         const int32_t live_m = (rows.len_q + T::kBlockM - 1) / T::kBlockM;
         int32_t first_live = -1, last_live = -1;
-        for (int32_t t0 = 0; t0 < nv; t0 += 32) {
+        // A sequence-table tile is scheduled on its own sequence's geometry: all its visits have rows.
+        const bool own_geometry = p.sched.template claims_seq_units<T>();
+        if (own_geometry && nv > 0) {
+          first_live = 0;
+          last_live = nv - 1;
+        }
+        for (int32_t t0 = 0; !own_geometry && t0 < nv; t0 += 32) {
           const int32_t step = t0 + lane_id();
           const bool live = step < nv && p.sched.template visit<T>(cta_index(), it, tile, step).m_block < live_m;
           const uint32_t mask = __ballot_sync(0xffffffffu, live);

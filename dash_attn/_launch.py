@@ -14,7 +14,7 @@ from ._args import MaskKind, OpArgs
 from ._ext import (_bwd_tile_shape, _check_cuda, _device_guard, _held_head_dim, _kernel_head_dim, _l2_bytes, _num_sms,
                    _supported_head_dims)
 from .schedules_table import (AUTO, FALLBACK_SCHEDULE, LANES_SCHEDULE, SCHEDULE_IDS, gqa_runs_lanes, invariant_schedule,
-                              runs_per_sequence, short_keys, varlen_invariant_schedule)
+                              runs_per_sequence, varlen_invariant_schedule, varlen_short_keys)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -65,16 +65,17 @@ def _resolve_schedule_for(args: OpArgs, device: torch.device, batch: int, seqlen
 def _with_varlen_schedule(args: OpArgs, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Tuple[OpArgs, int]:
     """A varlen call's arguments and short_k. Deterministic `auto` takes the varlen invariant pick for the mask, the
     same for the packed kernels and for runs of equal lengths, so that neither the path nor the neighbours change the
-    bits. Where that pick schedules each sequence on its own geometry (causal masks), a sequence of up to short_k keys
-    runs LANES_ORDER's orders, as its dense call under `auto` does (schedules_table.short_keys): the packed kernels
-    take short_k, runs of equal lengths run LANES_SCHEDULE there (_run_schedule). Otherwise short_k is 0."""
+    bits. On causal masks a sequence of up to short_k keys runs LANES_ORDER's orders, as its dense call under `auto`
+    does (schedules_table.varlen_short_keys): the packed kernels take short_k, runs of equal lengths run
+    LANES_SCHEDULE there (_run_schedule). Otherwise short_k is 0."""
     if not (args.schedule == AUTO and args.deterministic):
         return args, 0
     mask_name = MaskKind(args.mask).name.lower()
     pick = varlen_invariant_schedule(mask_name)
     if not runs_per_sequence(mask_name, pick):
         return args._replace(schedule=pick), 0
-    return args._replace(schedule=pick), short_keys(mask_name, _kernel_head_dim(q, v), q.shape[-2] // k.shape[-2])
+    return args._replace(schedule=pick), varlen_short_keys(mask_name, _kernel_head_dim(q, v),
+                                                           q.shape[-2] // k.shape[-2])
 
 
 def _run_schedule(args: OpArgs, seqlen_k: int, short_k: int) -> OpArgs:

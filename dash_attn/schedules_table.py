@@ -12,7 +12,8 @@ from . import _sched
 
 __all__ = ["AUTO", "MASK_IDS", "SCHEDULE_IDS", "DETERMINISTIC_SCHEDULES", "NONDETERMINISTIC_SCHEDULES", "SCHEDULES",
            "DYNAMIC", "INVARIANT_SCHEDULES", "INVARIANT_VARLEN_SCHEDULES", "LANES_SCHEDULE", "SHORT_SEQLEN_K",
-           "LANES_GQA_RATIO", "LANES_ORDER", "ANY_LENGTH", "gqa_runs_lanes", "short_keys", "invariant_schedule",
+           "LANES_GQA_RATIO", "LANES_ORDER", "ANY_LENGTH", "gqa_runs_lanes", "short_keys", "varlen_short_keys",
+           "invariant_schedule",
            "varlen_invariant_schedule", "runs_per_sequence", "invariant_picks", "FALLBACK_SCHEDULE", "MEASURED_RANKING",
            "SHORT_NAMES"]
 
@@ -48,16 +49,15 @@ LANES_ORDER = "descending"
 # short_keys() where every length runs LANES_ORDER's orders (the kernels take the bound as an int32).
 ANY_LENGTH = 2**31 - 1
 
-# Varlen calls run a pack as a batch of its longest sequence (or per run of equal lengths): a sequence must get the
-# same walk and orders whatever that longest length is. The pick is a function of the mask alone (with the kernel's
-# head dim, which fixes the tiles, and, per sequence on causal masks, short_keys(), that fixes the bits). Read
-# through varlen_invariant_schedule().
-# - Full masks: shift_runs, whose walk depends on the tile shape alone. With the packs split by length class
-#   (dash_attn/_seq_bands.py), on 11 packs of 16k tokens it ran up to 1.16x (hdim 64) and 1.19x (hdim 128) ahead of
-#   descending_lanes, and trailed by more than 2% only on 16 x 1k at hdim 128 (419 against 448 TFLOPS; docs/tuning.md).
-# - Causal bands: shift_causal_runs, which the packed kernels run on every sequence's own geometry (runs_per_sequence,
-#   csrc/schedule/seq_runs.h), each sequence of up to short_keys() keys in LANES_ORDER's orders: so every sequence
-#   gets the orders of its dense call under `auto` (dash_attn._launch._with_varlen_schedule).
+# Varlen calls run a pack in one launch of the packed kernels or per run of equal lengths: a sequence must get the
+# same walk and orders whatever it is packed with. The pick is a function of the mask alone (with the kernel's head
+# dim, which fixes the tiles, and, per sequence, varlen_short_keys(), that fixes the bits). Read through
+# varlen_invariant_schedule().
+# - Causal bands: shift_causal_runs, which the packed kernels run on every sequence's own geometry
+#   (runs_per_sequence, csrc/schedule/seq_runs.h), each sequence of up to short_keys() keys in LANES_ORDER's orders:
+#   so every sequence gets the orders of its dense call under `auto` (dash_attn._launch._with_varlen_schedule).
+# - Full masks: shift_runs, on every sequence's own geometry too; its walk depends on the tile shape alone, so a
+#   sequence gets the bits of a dense shift_runs call (dense `auto` runs descending_lanes up to short_keys() keys).
 # - Windows: descending.
 INVARIANT_VARLEN_SCHEDULES = {"full": "shift_runs", "causal": "shift_causal_runs", "window": "descending"}
 
@@ -82,6 +82,13 @@ def short_keys(mask: str, kernel_head_dim: int, gqa_ratio: int = 1) -> int:
     return SHORT_SEQLEN_K.get((mask, kernel_head_dim), 0)
 
 
+def varlen_short_keys(mask: str, kernel_head_dim: int, gqa_ratio: int = 1) -> int:
+    """Keys up to which a varlen call's sequences run LANES_ORDER's orders under deterministic `auto` (the packed
+    kernels' short_k): short_keys() on causal masks, 0 elsewhere (full masks run shift_runs at every length; the
+    kernels read the bound on causal masks only, csrc/schedule/seq_runs.h)."""
+    return short_keys(mask, kernel_head_dim, gqa_ratio) if mask == "causal" else 0
+
+
 def invariant_schedule(mask: str, kernel_head_dim: int, seqlen_k: int, gqa_ratio: int = 1) -> str:
     """Deterministic `auto`'s pick for a dense call (mask name, the head dim of the kernel that runs, keys,
     nheads // nheads_k)."""
@@ -90,7 +97,7 @@ def invariant_schedule(mask: str, kernel_head_dim: int, seqlen_k: int, gqa_ratio
 
 def varlen_invariant_schedule(mask: str) -> str:
     """Deterministic `auto`'s pick for a varlen call (mask name): its bits depend on the mask and the head dim alone
-    (and, where it runs every sequence on its own geometry, on the sequence's own keys through short_keys())."""
+    (and, where it runs every sequence on its own geometry, on the sequence's own keys through varlen_short_keys())."""
     return INVARIANT_VARLEN_SCHEDULES[mask]
 
 

@@ -338,8 +338,9 @@ def test_length_classes_differ_by_less_than_twice():
 @pytest.mark.parametrize("deterministic", [True, False], ids=["det", "nondet"])
 @pytest.mark.parametrize("mask", [0, 1])
 def test_a_pack_of_mixed_lengths_runs_one_launch_per_class(packed_stand_in, mask, deterministic):
-    """A planned call (no seqused) whose lengths span several length classes: on a full mask one launch per class,
-    each given its members' rows, together equal to the reference; on a causal mask one launch."""
+    """A planned call (no seqused) whose lengths span several length classes: on a full mask one launch per class
+    (non-deterministic), each given its members' rows, together equal to the reference; on a causal mask, and under
+    deterministic `auto` (every sequence on its own geometry) on a full one, one launch."""
     lens = [40, 9, 64, 17, 33, 0]
     q, k, v, dout = _inputs(lens, lens)
     cu_q = cu_k = cu(lens)
@@ -353,7 +354,7 @@ def test_a_pack_of_mixed_lengths_runs_one_launch_per_class(packed_stand_in, mask
     for got, want in zip(grads, ref):
         torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-9)
     launches = packed_stand_in.varlen_bwd.launches
-    if mask == 1:
+    if mask == 1 or deterministic:
         assert len(launches) == 1
     else:
         assert [launch[0] for launch in launches] == [[40, 0, 64, 0, 33, 0], [0, 0, 0, 17, 0, 0], [0, 9, 0, 0, 0, 0]]

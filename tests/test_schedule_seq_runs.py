@@ -55,6 +55,19 @@ def test_every_sequence_takes_the_kind_it_takes_alone():
 
 
 @pytest.mark.parametrize("hdim", sorted(TILES))
+@pytest.mark.parametrize("pack", PACKS, ids=lambda p: "+".join(f"{q}x{k}" for q, k in zip(*p)))
+@pytest.mark.parametrize("short_k", [0, 1000])
+def test_full_mask_sequences_run_as_alone(short_k, pack, hdim):
+    """Full masks: shift_runs on every sequence (short_k is read on causal masks only), each sequence exactly as
+    alone, deadlock-free dealt and claimed, on every CTA count."""
+    bm, bn = TILES[hdim]
+    packed = _sched.PackedProblem(_sched.Problem(1, 8, 2, 1, 1, bm, bn, _sched.MASK_FULL), *pack, short_k)
+    lens_q, lens_k = pack
+    assert all(kind == _sched.SHIFT_RUNS for kind, q, k in zip(packed.kinds, lens_q, lens_k) if q > 0 and k > 0)
+    assert _sched.verify_packed(packed, *CTA_RANGE) == []
+
+
+@pytest.mark.parametrize("hdim", sorted(TILES))
 @pytest.mark.parametrize("heads", [(2, 2), (8, 2)], ids=lambda h: f"h{h[0]}:{h[1]}")
 @pytest.mark.parametrize("short_k", [700, 1500, 2**31 - 1])
 def test_short_sequences_run_descending(short_k, heads, hdim):
@@ -90,9 +103,9 @@ def test_long_packs_launch_in_pack_order():
     assert _sched.verify_packed(_pack(lens, lens, 128, 2, 1), 132, 133) == []
 
 
-def test_the_table_requires_a_causal_mask():
-    with pytest.raises(ValueError, match="causal"):
-        _sched.PackedProblem(_sched.Problem(1, 2, 2, 1, 1, 64, 128, _sched.MASK_FULL), [100], [100])
+def test_the_table_requires_a_causal_or_full_mask():
+    with pytest.raises(ValueError, match="causal or full"):
+        _sched.PackedProblem(_sched.Problem(1, 2, 2, 1, 1, 64, 128, _sched.MASK_WINDOW, 16, 0), [100], [100])
     with pytest.raises(ValueError, match="one length per sequence"):
         _sched.PackedProblem(_sched.Problem(1, 2, 2, 1, 1, 64, 128, _sched.MASK_CAUSAL), [100], [100, 3])
 

@@ -42,8 +42,8 @@ def test_deterministic_auto_gives_causal_sequences_their_dense_pick(hdim, gqa):
     short = short_keys("causal", hdim, gqa)
     assert _launch._with_varlen_schedule(_args(MaskKind.CAUSAL), *_tensors(hdim, 4 * gqa, 4))[1] == short
     assert short == ANY_LENGTH or invariant_schedule("causal", hdim, short + 1, gqa) == "shift_causal_runs"
-    for mask in (MaskKind.FULL, MaskKind.WINDOW):
-        assert _launch._with_varlen_schedule(_args(mask), *_tensors(hdim, 4 * gqa, 4))[1] == 0
+    assert _launch._with_varlen_schedule(_args(MaskKind.FULL), *_tensors(hdim, 4 * gqa, 4))[1] == 0
+    assert _launch._with_varlen_schedule(_args(MaskKind.WINDOW), *_tensors(hdim, 4 * gqa, 4))[1] == 0
     args = _args(MaskKind.CAUSAL, schedule="shift_causal_runs")
     for seqlen_k in (1, 1000, 1024, 1025, 4096, 4097, 20000):
         want = invariant_schedule("causal", hdim, seqlen_k, gqa)
@@ -53,7 +53,8 @@ def test_deterministic_auto_gives_causal_sequences_their_dense_pick(hdim, gqa):
 
 def test_causal_packs_run_per_sequence():
     assert runs_per_sequence("causal", varlen_invariant_schedule("causal"))
-    assert not runs_per_sequence("full", "shift_runs") and not runs_per_sequence("window", "descending")
+    assert runs_per_sequence("full", varlen_invariant_schedule("full"))
+    assert not runs_per_sequence("window", "descending")
     assert not runs_per_sequence("causal", "descending") and not runs_per_sequence("causal", AUTO)
 
 

@@ -312,7 +312,7 @@ constexpr float kNoKeyScore = 1e30f;
 //   split_counters int32 (split_ctas)  pieces finished per tail unit (schedule/tail_split.h, bwd_epilogue.h)
 //   unit_counter uint64  next unclaimed unit (ScheduleKind::kDynamic)
 //   dq_claims  int32 (batch, nheads, num_m_blocks)  visits loaded per Q tile (kDynamic: elects each tile's first add)
-//   seq_table  SeqEntry (batch + 1), int32 (batch)  packed causal calls under shift_causal_runs (schedule/seq_runs.h)
+//   seq_table  SeqEntry (batch + 1), int32 (batch)  packed calls scheduled per sequence (seq_table_call)
 // Index of a Q tile in the per-tile regions (dq_accum tiles, semaphores): the preprocess, the dQ writer and the
 // postprocess all address a tile through it.
 __host__ __device__ inline int64_t q_tile_index(int32_t batch, int32_t head, int32_t nheads, int32_t num_m_blocks,
@@ -345,8 +345,8 @@ struct BwdWorkspaceLayout {
   bool has_seq_table = false;
 };
 
-// Packed causal calls under shift_causal_runs schedule every sequence on its own geometry (schedule/seq_runs.h), from
-// a table the backward builds on the device.
+// Packed calls under shift_causal_runs (causal) or shift_runs (full) schedule every sequence on its own geometry
+// (schedule/seq_runs.h), from a table the backward builds on the device.
 inline bool seq_table_call(const BwdParams& params) {
   return params.packed.cu_seqlens_q != nullptr && sched::runs_per_sequence(params.schedule, params.shape.mask);
 }

@@ -46,7 +46,7 @@ struct BwdWorkspaceViews {
   unsigned long long* unit_counter;  // ScheduleKind::kDynamic's claims (all calls; zeroed by the preprocess)
   int32_t* dq_claims;
   float* sink_partials;  // each Q tile's share of d sink (calls with learnable sinks)
-  sched::SeqEntry* seq_table;  // packed causal calls under shift_causal_runs (seq_table_call), else null
+  sched::SeqEntry* seq_table;  // packed calls scheduled per sequence (seq_table_call), else null
 };
 
 // The schedule's view of this launch: the kernel's tile sizes and mask, the persistent grid size and, where each

@@ -1,4 +1,4 @@
-// The sequence table of a packed causal call under shift_causal_runs (schedule/seq_runs.h), built on the device from
+// The sequence table of a packed call scheduled per sequence (schedule/seq_runs.h), built on the device from
 // the cu_seqlens/seqused the kernels read, so that a captured call whose lengths the host never saw schedules the
 // lengths it replays. One CTA: each sequence's rows in use (clamped as every packed kernel clamps them) and the
 // schedule its geometry resolves to; the launch order (longest first up to kSortedSeqsMax sequences, by rank); the
@@ -16,7 +16,7 @@ constexpr int kSeqTableThreads = sched::SeqCausalRuns::kSortedSeqsMax;
 struct SeqTableParams {
   PackedSeqs packed;
   sched::Problem problem;  // the main kernel's tiling, heads and mask; batch = sequences
-  int32_t short_k;         // sequences of up to this many keys run Descending (SeqCausalRuns::entry_for)
+  int32_t short_k;         // causal: sequences of up to this many keys run Descending (SeqCausalRuns::entry_for)
   sched::SeqEntry* table;  // seq_table_bytes(batch)
 };
 

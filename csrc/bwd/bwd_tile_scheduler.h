@@ -55,10 +55,10 @@ struct ScheduleRef {
     return Fixed::kMask != MaskKind::kWindow;
   }
   // Kernels that may get a sequence table (problem.seqs) and schedule each sequence on its own geometry
-  // (schedule/seq_runs.h): the packed causal ones, the only kernels launch_bwd gives one (seq_table_call).
+  // (schedule/seq_runs.h): the packed causal and full ones, the only kernels launch_bwd gives one (seq_table_call).
   template <class Fixed>
   static constexpr bool takes_seq_table() {
-    return Fixed::kPacked && Fixed::kMask == MaskKind::kCausal;
+    return Fixed::kPacked && Fixed::kMask != MaskKind::kWindow;
   }
   // The sequence table's schedule, whose units the kernels claim at run time (seq_runs.h): item k is tile k mod 2 of
   // the unit of launch index k / 2.

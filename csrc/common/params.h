@@ -165,7 +165,7 @@ struct BwdParams {
   void* workspace = nullptr;       // dash_bwd_workspace_bytes(params) bytes, any content (kernels zero what they need)
   size_t workspace_bytes = 0;
   PackedSeqs packed;  // SeqLayout::kPacked calls only
-  // Packed causal calls under shift_causal_runs: sequences of up to this many keys run Descending (seq_runs.h).
+  // Packed causal calls scheduled per sequence (seq_runs.h): sequences of up to this many keys run Descending.
   int32_t seq_short_k = 0;
   // Shortest chunk, in steps, of shift's split last wave (schedule/tail_split.h); 0: never split. Users keep the
   // default; the benchmark varies it to measure the split (dash_bench --tail-chunks).

@@ -23,8 +23,8 @@ class PackedProblem {
     if (lens_q.size() != lens_k.size() || lens_q.empty()) {
       throw std::invalid_argument("lens_q and lens_k must hold one length per sequence (at least one)");
     }
-    if (p.mask != MaskKind::kCausal) throw std::invalid_argument("sequences are scheduled on their own geometry "
-                                                                 "under a causal mask only");
+    if (p.mask == MaskKind::kWindow) throw std::invalid_argument("sequences are scheduled on their own geometry "
+                                                                 "under a causal or full mask only");
     p_.batch = static_cast<int32_t>(lens_q.size());
     p_.seqlen_q = *std::max_element(lens_q.begin(), lens_q.end());
     p_.seqlen_k = *std::max_element(lens_k.begin(), lens_k.end());
@@ -83,6 +83,7 @@ inline std::vector<std::string> verify_packed(const PackedProblem& pack, int32_t
   };
   const Problem base = pack.launch(1);
   const int32_t B = base.batch;
+  const ScheduleKind kind = per_sequence_kind(base.mask);
   // Each sequence alone, under the schedule its entry resolved to: its visits and its KV tiles' step counts.
   std::vector<std::vector<Key>> alone_visits(B);
   std::vector<std::vector<int32_t>> alone_steps(B);
@@ -101,11 +102,11 @@ inline std::vector<std::string> verify_packed(const PackedProblem& pack, int32_t
   }
   for (int32_t ctas = cta_lo; ctas <= cta_hi && errors.size() < max_errors; ++ctas) {
     const Problem p = pack.launch(ctas);
-    if (resolve_schedule(ScheduleKind::kShiftCausalRuns, p) != ScheduleKind::kSeqCausalRuns) {
-      fail(ctas, "shift_causal_runs does not resolve to the per-sequence schedule");
+    if (resolve_schedule(kind, p) != ScheduleKind::kSeqCausalRuns) {
+      fail(ctas, "the mask's runs schedule does not resolve to the per-sequence schedule");
       return errors;
     }
-    const Enumeration e = enumerate(ScheduleKind::kShiftCausalRuns, p, true);
+    const Enumeration e = enumerate(kind, p, true);
     std::vector<std::vector<Key>> seen(B);
     std::vector<std::vector<int32_t>> runs_of(B);
     for (int32_t b = 0; b < B; ++b) {
@@ -159,12 +160,12 @@ inline std::vector<std::string> verify_packed(const PackedProblem& pack, int32_t
         }
       }
     }
-    const SimResult sim = simulate(ScheduleKind::kShiftCausalRuns, p, SimOptions{});
+    const SimResult sim = simulate(kind, p, SimOptions{});
     if (sim.deadlock) fail(ctas, "deadlock after " + std::to_string(sim.visits_done) + " visits");
     // What the kernels run: the units claimed in launch order (seq_runs.h).
     SimOptions claimed;
     claimed.dispatch = Dispatch::kGreedy;
-    const SimResult run = simulate(ScheduleKind::kShiftCausalRuns, p, claimed);
+    const SimResult run = simulate(kind, p, claimed);
     if (run.deadlock) fail(ctas, "claimed units: deadlock after " + std::to_string(run.visits_done) + " visits");
   }
   return errors;

@@ -216,7 +216,7 @@ PYBIND11_MODULE(_sched, m) {
   }
   m.attr("SCHEDULE_TABLE") = py::tuple(table);
   m.attr("AUTO") = static_cast<int32_t>(ScheduleKind::kAuto);
-  // Resolved only (never requested): shift_causal_runs on a PackedProblem (schedule/seq_runs.h).
+  // Resolved only (never requested): shift_causal_runs / shift_runs on a PackedProblem (schedule/seq_runs.h).
   m.attr("SEQ_CAUSAL_RUNS") = static_cast<int32_t>(ScheduleKind::kSeqCausalRuns);
   m.attr("DEFAULT_TAIL_CHUNK_MIN") = kDefaultTailChunkMin;
   m.attr("MASK_FULL") = static_cast<int32_t>(MaskKind::kFull);
@@ -273,10 +273,10 @@ PYBIND11_MODULE(_sched, m) {
         "that misses takes max(c + miss_latency, f * miss) (see simulate.h). live_m: per batch entry, the Q tiles "
         "inside its sequence, for a varlen pack run as a batch of its longest sequence (empty: dense).");
   py::class_<host::PackedProblem>(m, "PackedProblem",
-                                  "A varlen pack whose sequences are scheduled each on its own geometry (causal masks, "
-                                  "shift_causal_runs; schedule/seq_runs.h): the launch's tiling and heads from "
-                                  "`problem`, one length per sequence; sequences of up to `short_k` keys run "
-                                  "descending.")
+                                  "A varlen pack whose sequences are scheduled each on its own geometry (causal masks "
+                                  "shift_causal_runs, full masks shift_runs; schedule/seq_runs.h): the launch's "
+                                  "tiling and heads from `problem`, one length per sequence; on causal masks "
+                                  "sequences of up to `short_k` keys run descending.")
       .def(py::init<const Problem&, const std::vector<int32_t>&, const std::vector<int32_t>&, int32_t>(),
            py::arg("problem"), py::arg("lens_q"), py::arg("lens_k"), py::arg("short_k") = 0)
       .def_property_readonly("units", &host::PackedProblem::units)
@@ -284,8 +284,8 @@ PYBIND11_MODULE(_sched, m) {
         std::vector<int32_t> kinds;
         for (int32_t b = 0; b < pk.launch(1).batch; ++b) kinds.push_back(static_cast<int32_t>(pk.table()[b].kind));
         return kinds;
-      }, "Per sequence, the schedule id it runs: descending up to short_k keys, else what its own geometry resolves "
-         "shift_causal_runs to.");
+      }, "Per sequence, the schedule id it runs: descending up to short_k keys (causal masks), else what its own "
+         "geometry resolves the mask's runs schedule to.");
   m.def("enumerate_packed", &enumerate_packed_py, py::arg("kind"), py::arg("pack"), py::arg("num_ctas"));
   m.def("simulate_packed", &simulate_packed_py, py::arg("kind"), py::arg("pack"), py::arg("num_ctas"),
         py::arg("c") = 1.0, py::arg("r") = 0.5, py::arg("deterministic") = true, py::arg("dispatch") = 0,

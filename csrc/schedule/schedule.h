@@ -93,6 +93,7 @@ DASH_HD inline ScheduleKind resolve_schedule(ScheduleKind kind, const Problem& p
       if (ShiftCausalRuns::applies(p)) return ScheduleKind::kShiftCausalRuns;
       [[fallthrough]];
     case ScheduleKind::kShiftRuns:
+      if (p.mask == MaskKind::kFull && SeqCausalRuns::applies(p)) return ScheduleKind::kSeqCausalRuns;
       return ShiftRuns::applies(p) ? ScheduleKind::kShiftRuns : ScheduleKind::kDescending;
     case ScheduleKind::kDescendingLanes:  // otherwise descending: the same bits
       return DescendingLanes::applies(p) ? kind : ScheduleKind::kDescending;

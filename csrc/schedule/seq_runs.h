@@ -1,13 +1,17 @@
-// shift_causal_runs on packed sequences: every sequence scheduled on its own geometry.
+// shift_causal_runs (causal masks) and shift_runs (full masks) on packed sequences: every sequence scheduled on its
+// own geometry.
 //
 // The packed kernels otherwise run a pack as a batch of its longest sequence, so a schedule whose walk or positions
 // depend on the tile counts (shift_causal_runs pairs tile u with tile N-1-u) would give a sequence other bits beside a
 // longer one. Here each sequence gets exactly the items, walks and accumulation positions it gets alone: those of
-// what shift_causal_runs resolves to on its own lengths (ShiftCausalRuns; ShiftRuns where every tile pair is live;
-// Descending where it has no Q rows), so its bits equal a dense call's of that sequence under shift_causal_runs,
-// whatever it is packed with and wherever it sits in the pack. A launch may also give a key count `short_k` up to
-// which a sequence runs Descending instead: deterministic `auto` passes the bound up to which its dense pick is
-// descending_lanes (descending's orders), so that each sequence gets its dense call's orders under `auto` too.
+// what the mask's runs schedule resolves to on its own lengths (causal: ShiftCausalRuns; ShiftRuns where every tile
+// pair is live; Descending where it has no Q rows. Full: ShiftRuns), so its bits equal a dense call's of that
+// sequence under that schedule, whatever it is packed with and wherever it sits in the pack. On causal masks a launch
+// may also give a key count `short_k` up to which a sequence runs Descending instead: deterministic `auto` passes the
+// bound up to which its dense pick is descending_lanes (descending's orders), so that each sequence gets its dense
+// call's orders under `auto` too. Full masks ignore it: ShiftRuns' walk depends on the tile shape alone, so there the
+// table changes which CTA runs a tile and when, not the bits (the batch of the longest gives the same), and the
+// full-mask kernels carry ShiftRuns' visits alone (a second walk in the producer made the hdim-64 consumers spill).
 //
 // Layout: the sequences one after another, longest first (up to kSortedSeqsMax sequences, else in pack order), so
 // that the last waves hold the shortest units; per sequence its KV heads one after another, per head the pair units
@@ -43,9 +47,15 @@ namespace dash::sched {
 
 DASH_HD inline ScheduleKind resolve_schedule(ScheduleKind kind, const Problem& p);  // schedule.h
 
-// The packed launches that schedule every sequence on its own geometry: shift_causal_runs under a causal mask.
+// The packed launches that schedule every sequence on its own geometry: shift_causal_runs under a causal mask,
+// shift_runs under a full one.
 DASH_HD inline bool runs_per_sequence(ScheduleKind kind, MaskKind mask) {
-  return kind == ScheduleKind::kShiftCausalRuns && mask == MaskKind::kCausal;
+  return (kind == ScheduleKind::kShiftCausalRuns && mask == MaskKind::kCausal) ||
+         (kind == ScheduleKind::kShiftRuns && mask == MaskKind::kFull);
+}
+// The schedule each sequence of such a launch runs on its own lengths (resolved per sequence).
+DASH_HD inline ScheduleKind per_sequence_kind(MaskKind mask) {
+  return mask == MaskKind::kCausal ? ScheduleKind::kShiftCausalRuns : ScheduleKind::kShiftRuns;
 }
 
 struct SeqCausalRuns {
@@ -89,11 +99,11 @@ struct SeqCausalRuns {
     s.seqs = nullptr;
     return s;
   }
-  // A sequence's entry before the scan fills first_unit: Descending up to short_k keys, else what shift_causal_runs
-  // resolves to on its lengths.
+  // A sequence's entry before the scan fills first_unit: on causal masks Descending up to short_k keys, else what
+  // the mask's per-sequence schedule resolves to on its lengths.
   DASH_HD static SeqEntry entry_for(const Problem& p, int32_t len_q, int32_t len_k, int32_t short_k) {
-    if (len_k <= short_k) return SeqEntry{0, len_q, len_k, ScheduleKind::kDescending};
-    return SeqEntry{0, len_q, len_k, resolve_schedule(ScheduleKind::kShiftCausalRuns, alone(p, len_q, len_k))};
+    if (p.mask == MaskKind::kCausal && len_k <= short_k) return SeqEntry{0, len_q, len_k, ScheduleKind::kDescending};
+    return SeqEntry{0, len_q, len_k, resolve_schedule(per_sequence_kind(p.mask), alone(p, len_q, len_k))};
   }
   // Units of one KV head of a sequence with N KV tiles: pairs and the middle tile, or one per tile.
   DASH_HD static int32_t units_per_head(int32_t N, ScheduleKind kind) {
@@ -103,7 +113,7 @@ struct SeqCausalRuns {
     return p.nheads_k * units_per_head(num_n_blocks(alone(p, e.len_q, e.len_k)), e.kind);
   }
 
-  DASH_HD static bool applies(const Problem& p) { return p.seqs != nullptr && p.mask == MaskKind::kCausal; }
+  DASH_HD static bool applies(const Problem& p) { return p.seqs != nullptr && p.mask != MaskKind::kWindow; }
 
   DASH_HD static int32_t total_units(const Problem& p) { return first_unit(p, p.batch); }
   DASH_HD static int64_t num_items(const Problem& p, int32_t cta) {
@@ -162,8 +172,9 @@ struct SeqCausalRuns {
   DASH_HD static Visit visit(const Problem& p, const KvTile& t, int32_t step) {
     const SeqEntry e = entry(p, t.batch);
     const Problem s = alone(p, e.len_q, e.len_k);
+    // Full masks: every entry with visits is ShiftRuns (a Descending one, without Q rows, has none).
+    if (p.mask == MaskKind::kFull || e.kind == ScheduleKind::kShiftRuns) return ShiftRuns::visit(s, t, step);
     if (e.kind == ScheduleKind::kShiftCausalRuns) return ShiftCausalRuns::visit(s, t, step);
-    if (e.kind == ScheduleKind::kShiftRuns) return ShiftRuns::visit(s, t, step);
     return Descending::visit(s, t, step);
   }
   // Adds into accumulator `run` of Q tile m of sequence b (what the postprocess waits for).

@@ -187,7 +187,7 @@ struct BwdConfig<64> {
   }
   // The packed causal kernel keeps the fallback: with the stats WGMMAs' selection registers it spilled 196/288 bytes
   // (48/88 with shared memory).
-  static constexpr bool kPackedCausalGemmStats = false;
+  static constexpr bool kPackedCausalGemmStats = true;
   // Soft-capped and packed causal kernels.
   static constexpr RowStats gemm_init_fallback(MaskKind) { return RowStats::kSharedMemory; }
   static constexpr OperandPartition operand_partition(MaskKind, RowStats) { return OperandPartition::kPerWarpGroup; }

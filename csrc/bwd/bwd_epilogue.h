@@ -64,30 +64,88 @@ struct DkDvStore {
     cute::copy(tma, tSs, tSg);
   }
 
-  // The warpgroup's stmatrix stores become visible to its TMA thread, which stores and waits until the tiles have
-  // been read (they may then be written again).
-  template <class Issue>
-  CUTLASS_DEVICE void hand_off(int tid, uint32_t wg_barrier, Issue&& issue_all) const {
-    cutlass::arch::fence_view_async_shared();  // generic-proxy stores read next by TMA (async proxy)
-    cutlass::arch::NamedBarrier::sync(128, wg_barrier);
-    if (tid % 128 == 0) {
-      issue_all(tid / 128);
-      tma_store_arrive();
-      tma_store_wait<0>();
+  // One staged tile of dK or dV: where it lies in shared memory and the tensor it goes to.
+  struct Staged {
+    typename T::TmaStoreKV const& tma;
+    Element* base;
+    void* out;
+    int64_t row_stride, head_stride;
+  };
+
+  // Packed sequences: the first row of `tile`'s sequence in the tensors and the tile's rows inside the sequence
+  // (looked up where the accumulators are no longer needed: see hand_off).
+  CUTLASS_DEVICE void tile_rows(KvTileRef tile, int32_t& first_k, int& rows) const {
+    asm volatile("" : "+r"(tile.batch));  // keeps the loads behind what the caller did before
+    int32_t len_k;
+    clamped_rows(p.packed.cu_seqlens_k, p.packed.seqused_k, tile.batch, p.packed.total_k, first_k, len_k);
+    rows = len_k - tile.n_block * T::kBlockN;
+  }
+
+  // Rows [0, rows) of a (rows, kHeadDim) block at `out`, 16 bytes at a time from src(row, column), by kThreads
+  // threads (t: this one's index among them).
+  template <int kThreads, class Src>
+  CUTLASS_DEVICE static void store_rows(Element* out, int64_t row_stride, int t, int rows, Src&& src) {
+    constexpr int kVec = 16 / sizeof(Element);
+    constexpr int kRowVecs = T::kHeadDim / kVec;
+    static_assert(kThreads % kRowVecs == 0, "a pass of the threads stores whole rows");
+    const int col = (t % kRowVecs) * kVec;
+#pragma unroll 1
+    for (int r = t / kRowVecs; r < rows; r += kThreads / kRowVecs) {
+      *reinterpret_cast<uint4*>(out + r * row_stride + col) = src(r, col);
+    }
+  }
+
+  // The first element of row `row` of `tile` in the tensor at `out` (packed sequences: first_k, the sequence's first
+  // row).
+  CUTLASS_DEVICE static Element* tile_row(void* out, int64_t row_stride, int64_t head_stride, const KvTileRef& tile,
+                                          int32_t first_k, int row) {
+    return static_cast<Element*>(out) + (int64_t(first_k) + tile.n_block * T::kBlockN + row) * row_stride +
+           tile.head_k * head_stride;
+  }
+
+  // The warpgroup's stmatrix stores of its tiles of `staged` become visible to their readers, which store them: its
+  // TMA thread, which waits until the tiles have been read (they may then be written again), or, for a packed tile
+  // that reaches past its sequence's end, the whole warpgroup, row by row up to that end (a TMA box would also write
+  // the next sequence's first rows, another CTA's; TMA clips a batched tile at seqlen_k itself).
+  template <class... Tiles>
+  CUTLASS_DEVICE void hand_off(int tid, uint32_t wg_barrier, KvTileRef tile, Tiles const&... staged) const {
+    const int wg = tid / 128;
+    int32_t first_k = 0, rows = T::kBlockN;  // the tile's first row in the tensor, its rows inside the sequence
+    // The sequence is looked up here, behind the staging stores: looked up with the accumulators live, or with the
+    // tile stored from registers, it made the consumers spill in the step loop.
+    if constexpr (T::kPacked) tile_rows(tile, first_k, rows);
+    if (rows >= T::kBlockN) {
+      cutlass::arch::fence_view_async_shared();  // generic-proxy stores read next by TMA (async proxy)
+      cutlass::arch::NamedBarrier::sync(128, wg_barrier);
+      if (tid % 128 == 0) {
+        (issue(staged.tma, staged.base, tile, wg, first_k), ...);
+        tma_store_arrive();
+        tma_store_wait<0>();
+      }
+    } else {
+      cutlass::arch::NamedBarrier::sync(128, wg_barrier);
+      const int wg_rows = min(rows - wg * T::kStageRows, T::kStageRows);
+      auto copy = [&](Staged const& st) {
+        Tensor sWG = make_tensor(make_smem_ptr(st.base + wg * cute::cosize_v<typename T::SmemLayoutStageWG>),
+                                 typename T::SmemLayoutStageWG{});
+        store_rows<128>(tile_row(st.out, st.row_stride, st.head_stride, tile, first_k, wg * T::kStageRows),
+                        st.row_stride, tid % 128, wg_rows,
+                        [&](int r, int c) { return *reinterpret_cast<uint4 const*>(&sWG(r, c)); });
+      };
+      (copy(staged), ...);
     }
     cutlass::arch::NamedBarrier::sync(128, wg_barrier);
   }
 
   // kZeros stores zeros without reading `acc`: a read of accumulator registers that a WGMMA may (as far as ptxas can
   // tell) still be writing would make ptxas serialise the kernel's WGMMAs.
+  // entry: the tile's batch entry (packed sequences: the sequence's first row; see BwdKernelParams::dk_batch);
+  // seqlen_k: its sequence's keys.
   template <bool kZeros, class Frag, class ThrMma>
   CUTLASS_DEVICE void store_one(Frag const& acc, ThrMma const& thr, void* base, int64_t row_stride,
-                                int64_t head_stride, int64_t batch_stride, const KvTileRef& tile, float scale) const {
-    // The tile's sequence: the batch entry, or the packed rows of sequence tile.batch.
-    const SeqRows rows = seq_rows<T::kLayout>(p.packed, tile.batch, 0, get<0>(p.shape_k));
-    const int64_t first = T::kPacked ? int64_t(rows.first_k) * row_stride : tile.batch * batch_stride;
-    const int seqlen_k = rows.len_k;
-    Element* ptr = static_cast<Element*>(base) + first + tile.head_k * head_stride +
+                                int64_t head_stride, int64_t batch_stride, const KvTileRef& tile, int32_t entry,
+                                int seqlen_k, float scale) const {
+    Element* ptr = static_cast<Element*>(base) + entry * batch_stride + tile.head_k * head_stride +
                    int64_t(tile.n_block) * T::kBlockN * row_stride;
     Tensor g = make_tensor(make_gmem_ptr(ptr), make_shape(typename T::BN{}, typename T::HD{}),
                            make_stride(row_stride, _1{}));
@@ -107,17 +165,6 @@ struct DkDvStore {
 
   template <class FragK, class FragV, class ThrMma>
   CUTLASS_DEVICE void operator()(const KvTileRef& tile, FragK const& dk, FragV const& dv, ThrMma const& thr) const {
-    // Packed sequences: the tile reaching past its sequence's end goes out from registers, bounded by the sequence.
-    [[maybe_unused]] int32_t first_k = 0;
-    if constexpr (T::kPacked) {
-      const SeqRows rows = seq_rows<SeqLayout::kPacked>(p.packed, tile.batch, 0, 0);
-      if ((tile.n_block + 1) * T::kBlockN > rows.len_k) {
-        store_one<false>(dk, thr, p.dk, p.dk_row, p.dk_head, p.dk_batch, tile, p.scale);
-        store_one<false>(dv, thr, p.dv, p.dv_row, p.dv_head, p.dv_batch, tile, 1.0f);
-        return;
-      }
-      first_k = rows.first_k;
-    }
     if constexpr (T::kStagedEpilogue) {
       // The staging addresses depend on the thread only, so the compiler would compute them once before the tile
       // loop and keep them live through it (ptxas then spilled inside the loop); an opaque copy of the thread index
@@ -132,21 +179,21 @@ struct DkDvStore {
         Element* base_v = base_k + kStageElems;
         stage(dk, thr, base_k, p.scale, tid);
         stage(dv, thr, base_v, 1.0f, tid);
-        hand_off(tid, wg_barrier, [&](int wg) {
-          issue(p.tma_dk, base_k, tile, wg, first_k);
-          issue(p.tma_dv, base_v, tile, wg, first_k);
-        });
+        hand_off(tid, wg_barrier, tile, Staged{p.tma_dk, base_k, p.dk, p.dk_row, p.dk_head},
+                 Staged{p.tma_dv, base_v, p.dv, p.dv_row, p.dv_head});
       } else {
         stage(dk, thr, base_k, p.scale, tid);
-        hand_off(tid, wg_barrier, [&](int wg) { issue(p.tma_dk, base_k, tile, wg, first_k); });
+        hand_off(tid, wg_barrier, tile, Staged{p.tma_dk, base_k, p.dk, p.dk_row, p.dk_head});
         stage(dv, thr, base_k, 1.0f, tid);
-        hand_off(tid, wg_barrier, [&](int wg) { issue(p.tma_dv, base_k, tile, wg, first_k); });
+        hand_off(tid, wg_barrier, tile, Staged{p.tma_dv, base_k, p.dv, p.dv_row, p.dv_head});
       }
       // The next tile's first dS^T store may write into the other warpgroup's staging tile.
       cutlass::arch::NamedBarrier::sync(T::kNumMmaThreads, uint32_t(ConsumerBarrier::kBoth));
     } else {
-      store_one<false>(dk, thr, p.dk, p.dk_row, p.dk_head, p.dk_batch, tile, p.scale);
-      store_one<false>(dv, thr, p.dv, p.dv_row, p.dv_head, p.dv_batch, tile, 1.0f);
+      const SeqRows seq = seq_rows<T::kLayout>(p.packed, tile.batch, 0, get<0>(p.shape_k));
+      const int32_t entry = T::kPacked ? seq.first_k : tile.batch;
+      store_one<false>(dk, thr, p.dk, p.dk_row, p.dk_head, p.dk_batch, tile, entry, seq.len_k, p.scale);
+      store_one<false>(dv, thr, p.dv, p.dv_row, p.dv_head, p.dv_batch, tile, entry, seq.len_k, 1.0f);
     }
   }
 
@@ -225,13 +272,21 @@ struct DkDvStore {
     }
   }
 
-  // A KV tile that no query row sees: dK = dV = 0.
+  // A KV tile that no query row sees (its record `rec`): dK = dV = 0. Packed sequences: the producer passes the
+  // sequence's first row and keys in the record (looked up here, in the step loop, they made the consumers spill).
   template <class ThrMma>
-  CUTLASS_DEVICE void store_zeros(const KvTileRef& tile, ThrMma const& thr) const {
+  CUTLASS_DEVICE void store_zeros(VisitRecordOf<T> const& rec, ThrMma const& thr) const {
+    const KvTileRef tile{rec.batch, rec.head_k, rec.n_block};
+    int32_t entry = rec.batch;
+    int seqlen_k = get<0>(p.shape_k);
+    if constexpr (T::kPacked) {
+      entry = rec.seq_first_k;
+      seqlen_k = rec.seq_len_k;
+    }
     // Only the layout of this fragment is used.
     auto shape_only = partition_fragment_C(thr, Shape<typename T::BN, typename T::HD>{});
-    store_one<true>(shape_only, thr, p.dk, p.dk_row, p.dk_head, p.dk_batch, tile, p.scale);
-    store_one<true>(shape_only, thr, p.dv, p.dv_row, p.dv_head, p.dv_batch, tile, 1.0f);
+    store_one<true>(shape_only, thr, p.dk, p.dk_row, p.dk_head, p.dk_batch, tile, entry, seqlen_k, p.scale);
+    store_one<true>(shape_only, thr, p.dv, p.dv_row, p.dv_head, p.dv_batch, tile, entry, seqlen_k, 1.0f);
   }
 };
 

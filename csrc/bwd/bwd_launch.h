@@ -135,6 +135,12 @@ void launch_bwd_main(const BwdParams& params, const BwdWorkspaceLayout& ws, cons
   p.dv = params.dv;
   set_strides(p.dk_row, p.dk_head, p.dk_batch, params.dk_stride);
   set_strides(p.dv_row, p.dv_head, p.dv_batch, params.dv_stride);
+  // Packed sequences are addressed as the TMA tensors address them: one batch entry per row, a sequence's entry its
+  // first row (the epilogue's register stores, bwd_epilogue.h).
+  if constexpr (T::kPacked) {
+    p.dk_batch = p.dk_row;
+    p.dv_batch = p.dv_row;
+  }
   // Mask and sequence layout.
   p.window_left = s.window_left;
   p.window_right = s.window_right;

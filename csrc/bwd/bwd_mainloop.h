@@ -241,7 +241,7 @@ CUTLASS_DEVICE void issue_dq_dk(MmaDq& mma_dq, MmaDk& mma_dk, OpDk& op_dk, FdS& 
 // Hand the partial dQ to the writer warp through staging buffer dq_count (mod kDqBuffers), once the writer has read
 // it; returns the next dq_count.
 template <class T, class DqAcc>
-CUTLASS_DEVICE uint32_t hand_off_dq(BwdSharedStorage<T>& ss, DqAcc& tdQrdQ, VisitRecord const& srec, int tid,
+CUTLASS_DEVICE uint32_t hand_off_dq(BwdSharedStorage<T>& ss, DqAcc& tdQrdQ, VisitRecordOf<T> const& srec, int tid,
                                     uint32_t dq_count) {
   const RingPos dqpos = ring_pos<T::kDqBuffers>(dq_count);
   const int dq_buf = dqpos.index;
@@ -380,13 +380,13 @@ CUTLASS_DEVICE void consumer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<
     if constexpr (!T::kLseAhead) wait_barrier(ss.q_full[stage], qpos.phase, WaitSite::kQFull);
     // Only the fields a step needs are held in registers (the consumers have none to spare); the record stays in
     // shared memory until the stage is released, and the rest is read from there when needed.
-    const VisitRecord& srec = ss.rec[stage];
+    const VisitRecordOf<T>& srec = ss.rec[stage];
     const int32_t flags = srec.flags;
     if (flags & VisitRecord::kEnd) break;
     if (flags & VisitRecord::kEmptyTile) {
-      const KvTileRef tile{srec.batch, srec.head_k, srec.n_block};
+      // The stage is released after the stores, which read the tile's sequence from its record.
+      store_dkdv.store_zeros(srec, thr_dv);
       reinterpret_cast<Barrier&>(ss.q_empty[stage]).arrive();
-      store_dkdv.store_zeros(tile, thr_dv);
       shuffle_lse_ahead(q_count + 1);
       continue;
     }

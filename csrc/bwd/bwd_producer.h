@@ -58,12 +58,12 @@ CUTLASS_DEVICE void producer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<
   };
 
   // Leader only: claims the next stage and publishes its record; the caller then issues the stage's loads (if any).
-  auto next_stage = [&](const VisitRecord& rec, uint32_t tx_bytes) {
+  auto next_stage = [&](const auto& rec, uint32_t tx_bytes) {
     const RingPos pos = ring_pos<T::kStages>(state >> 1);
     const int stage = pos.index;
     state += 2;
     wait_barrier(ss.q_empty[stage], pos.phase ^ 1, WaitSite::kQEmpty);
-    ss.rec[stage] = rec;  // published by the arrive below (mbarrier arrive has release semantics)
+    ss.rec[stage] = VisitRecordOf<T>{rec};  // published by the arrive below (mbarrier arrive has release semantics)
     reinterpret_cast<TxBarrier&>(ss.q_full[stage]).arrive_and_expect_tx(tx_bytes);
     return stage;
   };
@@ -97,6 +97,7 @@ CUTLASS_DEVICE void producer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<
       // chains. A KV tile left without visits stores the zero dK/dV of a tile no query sees inside the sequence, and
       // nothing past its end.
       bool skip_tile = false;
+      [[maybe_unused]] int32_t len_k = 0;  // packed sequences: the sequence's keys
       if constexpr (T::kPacked) {
         const SeqRows rows = seq_rows<SeqLayout::kPacked>(p.packed, tile.batch, 0, 0);
         const int32_t live_m = (rows.len_q + T::kBlockM - 1) / T::kBlockM;
@@ -121,6 +122,7 @@ CUTLASS_DEVICE void producer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<
         set_word(kLiveM, live_m);
         set_word(kFirstLive, first_live);
         set_word(kLastLive, last_live);
+        len_k = rows.len_k;
         if (last_live < 0) {
           skip_tile = tile.n_block * T::kBlockN >= rows.len_k;
           nv = 0;
@@ -137,7 +139,12 @@ CUTLASS_DEVICE void producer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<
       const int32_t row_k = T::kPacked ? static_cast<int32_t>(word(kRowK)) : 0;
       if (lane_id() == 0 && !skip_tile) {
         if (nv == 0) {
-          next_stage(VisitRecord{tile.batch, tile.head_k, tile.n_block, 0, 0, 0, VisitRecord::kEmptyTile}, 0);
+          const VisitRecord rec{tile.batch, tile.head_k, tile.n_block, 0, 0, 0, VisitRecord::kEmptyTile};
+          if constexpr (T::kPacked) {
+            next_stage(PackedVisitRecord{rec, row_k, len_k}, 0);
+          } else {
+            next_stage(rec, 0);
+          }
         } else {
           wait_barrier(ss.kv_empty, (state & 1) ^ 1, WaitSite::kKvEmpty);
           reinterpret_cast<TxBarrier&>(ss.kv_full).arrive_and_expect_tx(2 * T::kKBytes);

@@ -22,6 +22,16 @@ struct VisitRecord {
   int32_t flags;
 };
 
+// The record of packed-sequence kernels. kEmptyTile: the sequence's first row in the k-side tensors and its keys, for
+// the zeros the consumers store (looked up there, in the step loop, they made the consumers spill); 0 elsewhere. The
+// 16-byte alignment is ptxas' register allocation's: with the record 36 bytes long the hdim 64 causal consumers
+// spilled in the step loop.
+struct alignas(16) PackedVisitRecord : VisitRecord {
+  int32_t seq_first_k = 0, seq_len_k = 0;
+};
+template <class T>
+using VisitRecordOf = std::conditional_t<T::kPacked, PackedVisitRecord, VisitRecord>;
+
 // The P^T staging buffer, present only when the dV GEMM reads P^T from shared memory. A base class, so that when it is
 // absent it takes no room (a member would take a byte, and the 1024-byte alignment of the next buffer a kilobyte).
 template <class T, bool kPresent = !T::kDvFromRegs>
@@ -58,8 +68,8 @@ struct BwdSharedStorage : BwdStatSlot<T>, BwdPtSlot<T> {
   alignas(1024) cute::array_aligned<float, T::kDqElems, 1024> dq[T::kDqBuffers];
   alignas(128) float lse[T::kStages][T::kSmemStatRows];
   alignas(128) float dsum[T::kStages][T::kSmemStatRows];
-  VisitRecord rec[T::kStages];  // travels with the Q/dO stage
-  VisitRecord dq_rec[T::kDqBuffers];  // travels with the staged partial dQ
+  VisitRecordOf<T> rec[T::kStages];  // travels with the Q/dO stage
+  VisitRecordOf<T> dq_rec[T::kDqBuffers];  // travels with the staged partial dQ
   alignas(8) uint64_t q_full[T::kStages];
   alignas(8) uint64_t q_empty[T::kStages];
   alignas(8) uint64_t kv_full;
@@ -89,6 +99,7 @@ struct BwdKernelParams {
   int32_t* semaphores;
   void* dk;
   void* dv;
+  // Element strides. Packed sequences: the batch stride is the row stride (a sequence's batch entry is its first row).
   int64_t dk_row, dk_head, dk_batch;
   int64_t dv_row, dv_head, dv_batch;
   // MaskKind::kWindow only (-1: that side unbounded). After the fields every kernel reads, whose offsets then do not

@@ -188,8 +188,9 @@ def test_varlen_causal_runs_are_per_sequence(hdim, dtype):
 @pytest.mark.parametrize("hdim", [64, 128])
 def test_varlen_named_invariant_schedules_whatever_the_bands(hdim, schedule):
     """A named invariant schedule on a causal pack whose bands the longest sequences' batch cannot reach (diagonals 100,
-    0 and 128): each sequence's bits equal its own call's, in any order. At hdim 64 in bf16 the packed kernels run
-    such a pack (with the bounds _seq_bands plans), as they run each sequence alone (the packed-only rule)."""
+    0 and 128): each sequence's bits equal its own call's, in any order, whichever path runs it (the per-run batched
+    path, or, where the packed kernel reads the row statistics other than the batched one, the packed kernels with the
+    bounds _seq_bands plans: the packed-only rule)."""
     if hdim not in supported_head_dims():
         pytest.skip(f"hdim {hdim} not built")
     gen = torch.Generator(device="cuda").manual_seed(SEED + 4)

@@ -185,10 +185,11 @@ struct BwdConfig<64> {
   static constexpr RowStats row_stats(MaskKind mask) {
     return mask == MaskKind::kWindow ? RowStats::kSharedMemory : RowStats::kGemmInit;
   }
-  // The packed causal kernel keeps the fallback: with the stats WGMMAs' selection registers it spilled 196/288 bytes
-  // (48/88 with shared memory).
+  // The packed causal kernel reads them as the batched one does, so a varlen call's bits match a dense one's: since
+  // its epilogue keeps the sequence lookups out of the step loop (bwd_epilogue.h) it spills no more than the batched
+  // kernel, and nothing in the unmasked step body.
   static constexpr bool kPackedCausalGemmStats = true;
-  // Soft-capped and packed causal kernels.
+  // Soft-capped kernels.
   static constexpr RowStats gemm_init_fallback(MaskKind) { return RowStats::kSharedMemory; }
   static constexpr OperandPartition operand_partition(MaskKind, RowStats) { return OperandPartition::kPerWarpGroup; }
   // dV after dS: fewer spills and faster at full; at causal it pays off only with two step bodies (masked_steps).

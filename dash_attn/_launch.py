@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
-from typing import Optional, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 
@@ -62,13 +62,18 @@ def _resolve_schedule_for(args: OpArgs, device: torch.device, batch: int, seqlen
     return SCHEDULE_IDS[schedule]
 
 
-def _with_varlen_schedule(args: OpArgs, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Tuple[OpArgs, int]:
+def _with_varlen_schedule(args: OpArgs, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                          lengths: Optional[Tuple[List[int], List[int]]] = None) -> Tuple[OpArgs, int]:
     """A varlen call's arguments and short_k. Deterministic `auto` takes the varlen invariant pick for the mask, the
     same for the packed kernels and for runs of equal lengths, so that neither the path nor the neighbours change the
     bits. On causal masks a sequence of up to short_k keys runs LANES_ORDER's orders, as its dense call under `auto`
     does (schedules_table.varlen_short_keys): the packed kernels take short_k, runs of equal lengths run
-    LANES_SCHEDULE there (_run_schedule). Otherwise short_k is 0."""
-    if not (args.schedule == AUTO and args.deterministic):
+    LANES_SCHEDULE there (_run_schedule). Otherwise short_k is 0.
+    The non-deterministic `auto` takes the same pick on causal packs of unequal lengths (lengths: the sequences' q and
+    k lengths, where the host has them): the cost model's pick for a batch of the longest sequence runs every
+    sequence's tiles in the longest one's pattern, and ran such packs 1.04-1.98x slower than the deterministic pick
+    (benchmarks/RESULTS.md, "Varlen"); its runs of equal lengths launched as a batch keep `auto`."""
+    if args.schedule != AUTO or not (args.deterministic or _unequal_causal_pack(args, lengths)):
         return args, 0
     mask_name = MaskKind(args.mask).name.lower()
     pick = varlen_invariant_schedule(mask_name)
@@ -76,6 +81,10 @@ def _with_varlen_schedule(args: OpArgs, q: torch.Tensor, k: torch.Tensor, v: tor
         return args._replace(schedule=pick), 0
     return args._replace(schedule=pick), varlen_short_keys(mask_name, _kernel_head_dim(q, v),
                                                            q.shape[-2] // k.shape[-2])
+
+
+def _unequal_causal_pack(args: OpArgs, lengths: Optional[Tuple[List[int], List[int]]]) -> bool:
+    return args.mask == MaskKind.CAUSAL and lengths is not None and len(set(zip(*lengths))) > 1
 
 
 def _run_schedule(args: OpArgs, seqlen_k: int, short_k: int) -> OpArgs:

@@ -227,7 +227,8 @@ def _varlen_bwd_cuda(ext, dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, c
                      dsink=None):
     """dsink (with a sink): float32 (nheads,), the sum of the launches' sink gradients in the order they run."""
     lens_q, lens_k = _used_lengths(cq, None), _used_lengths(ck, None)
-    args, short_k = _with_varlen_schedule(args, q, k, v)
+    call_args = args
+    args, short_k = _with_varlen_schedule(args, q, k, v, (lens_q, lens_k))
     packed = _packed_launch(ext, q, k, v, cq, ck, (lens_q, lens_k), *args.mask_args, bwd_args=args)
     if packed is not None:
         launches = _packed_bwd_launches(lens_q, lens_k, args)
@@ -249,7 +250,8 @@ def _varlen_bwd_cuda(ext, dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, c
         q_b = _batched(q, sq, count, seqlen_q)
         k_b, v_b = _batched(k, sk, count, seqlen_k), _batched(v, sk, count, seqlen_k)
         lse_b = lse[:, sq].unflatten(1, (count, seqlen_q)).transpose(0, 1).contiguous()
-        run_args = _run_schedule(args, seqlen_k, short_k).for_lengths(seqlen_q, seqlen_k)
+        run_args = (_run_schedule(args, seqlen_k, short_k) if args.deterministic else call_args).for_lengths(
+            seqlen_q, seqlen_k)
         _run_bwd(ext, _batched(dout, sq, count, seqlen_q), q_b, k_b, v_b, _batched(out, sq, count, seqlen_q), lse_b,
                  _batched(dq, sq, count, seqlen_q), _batched(dk, sk, count, seqlen_k),
                  _batched(dv, sk, count, seqlen_k), run_args, sink, sink_grad.part)

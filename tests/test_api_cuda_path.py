@@ -7,7 +7,7 @@ import types
 import pytest
 import torch
 
-from dash_attn import _varlen, interface, validation
+from dash_attn import _varlen, interface, schedules_table, validation
 
 from api_common import cu, op_args, qkv, varlen_inputs
 
@@ -366,3 +366,20 @@ def test_host_copies_of_cu_seqlens_are_reused_until_the_tensors_change():
     assert interface._host_lists(other, cu_k, None, None)[0] is not first[0]
     used = torch.tensor([2, 0, 6], dtype=torch.int32)
     assert interface._host_lists(other, cu_k, used, None) == [[0, 3, 3, 9], [0, 5, 7, 12], [2, 0, 6], None]
+
+
+@pytest.mark.parametrize("lens, expected", [((300, 900, 300), "shift_causal_runs"), ((600, 600, 600), "auto")],
+                         ids=["unequal", "equal"])
+def test_nondeterministic_auto_runs_unequal_causal_packs_per_sequence(fake_cuda, monkeypatch, lens, expected):
+    """Non-deterministic `auto` on a causal pack of unequal lengths takes the deterministic pick (every sequence on its
+    own geometry, short_k included); a pack of equal lengths keeps `auto`, which the cost model resolves."""
+    monkeypatch.setitem(sys.modules, "dash_attn.schedule", None)
+    monkeypatch.setattr(_varlen, "_runs_beat_packed", lambda *args: False)
+    q, k, v, cu_q, cu_k, _, _ = varlen_inputs(lens, lens, headdim=64, dtype=torch.bfloat16)
+    out, lse = torch.empty_like(q), torch.empty(q.shape[1], q.shape[0])
+    interface._varlen_bwd_cuda(fake_cuda, torch.randn_like(q), q, k, v, out, lse, cu_q, cu_k, cu_q.tolist(),
+                               cu_k.tolist(), op_args(mask=1, window=(-1, 0), deterministic=False, schedule="auto"))
+    ((name, args),) = fake_cuda.calls
+    schedule = expected if expected != "auto" else interface.FALLBACK_SCHEDULE
+    short_k = schedules_table.varlen_short_keys("causal", 64) if expected != "auto" else 0
+    assert name == "varlen_bwd" and args[-6:-3] == (False, interface.SCHEDULE_IDS[schedule], short_k)

@@ -54,8 +54,7 @@ struct DkDvStore {
   // first_k: the sequence's first row (packed sequences; the tensor is then one batch entry of all rows).
   CUTLASS_DEVICE void issue(typename T::TmaStoreKV const& tma, Element* base, const KvTileRef& tile, int wg,
                             int32_t first_k) const {
-    Tensor sWG = make_tensor(make_smem_ptr(base + wg * cute::cosize_v<typename T::SmemLayoutStageWG>),
-                             typename T::SmemLayoutStageWG{});
+    Tensor sWG = staged_tile(base, wg);
     Tensor mOut = tma.get_tma_tensor(p.shape_k);
     Tensor gOut = local_tile(sequence_of<T::kLayout>(mOut, tile.head_k, tile.batch, first_k),
                              Shape<typename T::StageRows, typename T::HD>{},
@@ -81,26 +80,28 @@ struct DkDvStore {
     rows = len_k - tile.n_block * T::kBlockN;
   }
 
-  // Rows [0, rows) of a (rows, kHeadDim) block at `out`, 16 bytes at a time from src(row, column), by kThreads
-  // threads (t: this one's index among them).
-  template <int kThreads, class Src>
-  CUTLASS_DEVICE static void store_rows(Element* out, int64_t row_stride, int t, int rows, Src&& src) {
-    constexpr int kVec = 16 / sizeof(Element);
-    constexpr int kRowVecs = T::kHeadDim / kVec;
-    static_assert(kThreads % kRowVecs == 0, "a pass of the threads stores whole rows");
-    const int col = (t % kRowVecs) * kVec;
-#pragma unroll 1
-    for (int r = t / kRowVecs; r < rows; r += kThreads / kRowVecs) {
-      *reinterpret_cast<uint4*>(out + r * row_stride + col) = src(r, col);
-    }
+  // Warpgroup wg's staged tile at `base` (the TMA store's source).
+  CUTLASS_DEVICE static auto staged_tile(Element* base, int wg) {
+    return make_tensor(make_smem_ptr(base + wg * cute::cosize_v<typename T::SmemLayoutStageWG>),
+                       typename T::SmemLayoutStageWG{});
   }
 
-  // The first element of row `row` of `tile` in the tensor at `out` (packed sequences: first_k, the sequence's first
-  // row).
-  CUTLASS_DEVICE static Element* tile_row(void* out, int64_t row_stride, int64_t head_stride, const KvTileRef& tile,
-                                          int32_t first_k, int row) {
-    return static_cast<Element*>(out) + (int64_t(first_k) + tile.n_block * T::kBlockN + row) * row_stride +
-           tile.head_k * head_stride;
+  // Rows [0, rows) of warpgroup wg's tile of `s`, copied to the tensor by the warpgroup, 16 bytes per thread at a time
+  // (t: the thread's index in the warpgroup; first_k: the sequence's first row).
+  CUTLASS_DEVICE static void copy_rows(Staged const& s, const KvTileRef& tile, int wg, int t, int32_t first_k,
+                                       int rows) {
+    constexpr int kVec = 16 / sizeof(Element);
+    constexpr int kRowVecs = T::kHeadDim / kVec;
+    static_assert(128 % kRowVecs == 0, "a pass of the warpgroup stores whole rows");
+    Tensor sWG = staged_tile(s.base, wg);
+    Element* out = static_cast<Element*>(s.out) +
+                   (int64_t(first_k) + tile.n_block * T::kBlockN + wg * T::kStageRows) * s.row_stride +
+                   tile.head_k * s.head_stride;
+    const int col = (t % kRowVecs) * kVec;
+#pragma unroll 1
+    for (int r = t / kRowVecs; r < rows; r += 128 / kRowVecs) {
+      *reinterpret_cast<uint4*>(out + r * s.row_stride + col) = *reinterpret_cast<uint4 const*>(&sWG(r, col));
+    }
   }
 
   // The warpgroup's stmatrix stores of its tiles of `staged` become visible to their readers, which store them: its
@@ -125,14 +126,7 @@ struct DkDvStore {
     } else {
       cutlass::arch::NamedBarrier::sync(128, wg_barrier);
       const int wg_rows = min(rows - wg * T::kStageRows, T::kStageRows);
-      auto copy = [&](Staged const& st) {
-        Tensor sWG = make_tensor(make_smem_ptr(st.base + wg * cute::cosize_v<typename T::SmemLayoutStageWG>),
-                                 typename T::SmemLayoutStageWG{});
-        store_rows<128>(tile_row(st.out, st.row_stride, st.head_stride, tile, first_k, wg * T::kStageRows),
-                        st.row_stride, tid % 128, wg_rows,
-                        [&](int r, int c) { return *reinterpret_cast<uint4 const*>(&sWG(r, c)); });
-      };
-      (copy(staged), ...);
+      (copy_rows(staged, tile, wg, tid % 128, first_k, wg_rows), ...);
     }
     cutlass::arch::NamedBarrier::sync(128, wg_barrier);
   }

@@ -338,9 +338,10 @@ def test_length_classes_differ_by_less_than_twice():
 @pytest.mark.parametrize("deterministic", [True, False], ids=["det", "nondet"])
 @pytest.mark.parametrize("mask", [0, 1])
 def test_a_pack_of_mixed_lengths_runs_one_launch_per_class(packed_stand_in, mask, deterministic):
-    """A planned call (no seqused) whose lengths span several length classes: on a full mask one launch per class
-    (non-deterministic), each given its members' rows, together equal to the reference; on a causal mask, and under
-    deterministic `auto` (every sequence on its own geometry) on a full one, one launch."""
+    """A planned call (no seqused) whose lengths span several length classes: on a full mask under a schedule that
+    runs a batch's geometry (`shift`, non-deterministic) one launch per class, each given its members' rows, together
+    equal to the reference; on a causal mask, and under `auto` (every sequence on its own geometry, which the
+    non-deterministic `auto` takes on packs of unequal lengths too) on a full one, one launch."""
     lens = [40, 9, 64, 17, 33, 0]
     q, k, v, dout = _inputs(lens, lens)
     cu_q = cu_k = cu(lens)
@@ -348,7 +349,7 @@ def test_a_pack_of_mixed_lengths_runs_one_launch_per_class(packed_stand_in, mask
     out, lse = attention_ref_varlen(q, k, v, cu_q, cu_k, 0.125, mask == 1, (-1, -1), return_lse=True,
                                     compute_dtype=torch.float64)
     grads = interface._varlen_bwd_impl(dout, q, k, v, out, lse, cu_q, cu_k, None, None, max(lens), max(lens), 0.125,
-                                       mask, *window, 0.0, deterministic, "auto", 0)
+                                       mask, *window, 0.0, deterministic, "auto" if deterministic else "shift", 0)
     ref = attention_bwd_ref_varlen(dout, q, k, v, out, lse, cu_q, cu_k, 0.125, mask == 1, (-1, -1),
                                    compute_dtype=torch.float64)
     for got, want in zip(grads, ref):

@@ -69,12 +69,12 @@ def _with_varlen_schedule(args: OpArgs, q: torch.Tensor, k: torch.Tensor, v: tor
     bits. On causal masks a sequence of up to short_k keys runs LANES_ORDER's orders, as its dense call under `auto`
     does (schedules_table.varlen_short_keys): the packed kernels take short_k, runs of equal lengths run
     LANES_SCHEDULE there (_run_schedule). Otherwise short_k is 0.
-    The non-deterministic `auto` takes the same pick on full and causal packs of unequal lengths (lengths: the
+    The non-deterministic `auto` takes the same pick on packs of unequal lengths (_unequal_pack; lengths: the
     sequences' q and k lengths, where the host has them): the cost model's pick for a batch of the longest sequence
     runs every sequence's tiles in the longest one's pattern, and ran such packs 1.04-1.98x (causal) and 1.2-1.4x
     (full) slower than the deterministic pick (benchmarks/RESULTS.md, "Varlen"); its runs of equal lengths launched as
     a batch keep `auto`."""
-    if args.schedule != AUTO or not (args.deterministic or _unequal_pack(args, lengths)):
+    if args.schedule != AUTO or not (args.deterministic or _unequal_pack(args, q, k, v, lengths)):
         return args, 0
     mask_name = MaskKind(args.mask).name.lower()
     pick = varlen_invariant_schedule(mask_name)
@@ -84,9 +84,16 @@ def _with_varlen_schedule(args: OpArgs, q: torch.Tensor, k: torch.Tensor, v: tor
                                                            q.shape[-2] // k.shape[-2])
 
 
-def _unequal_pack(args: OpArgs, lengths: Optional[Tuple[List[int], List[int]]]) -> bool:
-    return (args.mask in (MaskKind.FULL, MaskKind.CAUSAL) and lengths is not None
-            and len(set(zip(*lengths))) > 1)
+def _unequal_pack(args: OpArgs, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                  lengths: Optional[Tuple[List[int], List[int]]]) -> bool:
+    """Whether the non-deterministic `auto` takes the deterministic pick: a causal or full pack of unequal lengths, full
+    ones not where `auto` runs LANES_SCHEDULE for the GQA ratio (GQA 4 at hdim 128: there the model's pick ran even
+    with shift_runs or up to 3.5% ahead, benchmarks/RESULTS.md "Varlen")."""
+    if lengths is None or len(set(zip(*lengths))) < 2:
+        return False
+    if args.mask == MaskKind.CAUSAL:
+        return True
+    return args.mask == MaskKind.FULL and not gqa_runs_lanes("full", _kernel_head_dim(q, v), q.shape[-2] // k.shape[-2])
 
 
 def _run_schedule(args: OpArgs, seqlen_k: int, short_k: int) -> OpArgs:

@@ -368,24 +368,26 @@ def test_host_copies_of_cu_seqlens_are_reused_until_the_tensors_change():
     assert interface._host_lists(other, cu_k, used, None) == [[0, 3, 3, 9], [0, 5, 7, 12], [2, 0, 6], None]
 
 
-@pytest.mark.parametrize("mask, lens, expected", [
-    ("causal", (300, 900, 300), "shift_causal_runs"), ("causal", (600, 600, 600), "auto"),
-    ("full", (300, 900, 300), "shift_runs"), ("full", (600, 600, 600), "auto"), ("window", (300, 900, 300), "auto")],
-    ids=["causal-unequal", "causal-equal", "full-unequal", "full-equal", "window-unequal"])
-def test_nondeterministic_auto_runs_unequal_packs_per_sequence(fake_cuda, monkeypatch, mask, lens, expected):
+@pytest.mark.parametrize("mask, lens, headdim, expected", [
+    ("causal", (300, 900, 300), 64, "shift_causal_runs"), ("causal", (600, 600, 600), 64, "auto"),
+    ("full", (300, 900, 300), 64, "shift_runs"), ("full", (600, 600, 600), 64, "auto"),
+    ("window", (300, 900, 300), 64, "auto"), ("full", (300, 900, 300), 128, "descending_lanes")],
+    ids=["causal-unequal", "causal-equal", "full-unequal", "full-equal", "window-unequal", "full-unequal-gqa4-lanes"])
+def test_nondeterministic_auto_runs_unequal_packs_per_sequence(fake_cuda, monkeypatch, mask, lens, headdim, expected):
     """Non-deterministic `auto` on a full or causal pack of unequal lengths takes the deterministic pick (every sequence
-    on its own geometry, short_k included on causal masks); a pack of equal lengths, or a window, keeps `auto`, which
-    the cost model resolves."""
+    on its own geometry, short_k included on causal masks); a pack of equal lengths, a window, or a full mask where
+    `auto` runs descending_lanes for the GQA ratio (GQA 4 at hdim 128) keeps `auto`, which the model resolves."""
     monkeypatch.setitem(sys.modules, "dash_attn.schedule", None)
     monkeypatch.setattr(_varlen, "_runs_beat_packed", lambda *args: False)
-    q, k, v, cu_q, cu_k, _, _ = varlen_inputs(lens, lens, headdim=64, dtype=torch.bfloat16)
+    nheads = 8 if expected == "descending_lanes" else 4
+    q, k, v, cu_q, cu_k, _, _ = varlen_inputs(lens, lens, nheads=nheads, headdim=headdim, dtype=torch.bfloat16)
     out, lse = torch.empty_like(q), torch.empty(q.shape[1], q.shape[0])
     mask_id, window = {"full": (0, (-1, -1)), "causal": (1, (-1, 0)), "window": (2, (64, 0))}[mask]
     args = op_args(mask=mask_id, window=window, deterministic=False, schedule="auto")
     interface._varlen_bwd_cuda(fake_cuda, torch.randn_like(q), q, k, v, out, lse, cu_q, cu_k, cu_q.tolist(),
                                cu_k.tolist(), args)
     schedule = expected if expected != "auto" else interface.FALLBACK_SCHEDULE
-    short_k = schedules_table.varlen_short_keys("causal", 64) if expected == "shift_causal_runs" else 0
+    short_k = schedules_table.varlen_short_keys("causal", headdim) if expected == "shift_causal_runs" else 0
     assert fake_cuda.calls  # full masks launch once per length class (dash_attn/_seq_bands.py)
     for name, launch in fake_cuda.calls:
         assert name == "varlen_bwd" and launch[-6:-3] == (False, interface.SCHEDULE_IDS[schedule], short_k)

@@ -9,7 +9,7 @@ from typing import List, Optional, Tuple
 
 import torch
 
-from . import validation
+from . import _kv_heads, validation
 from ._args import MaskKind, OpArgs
 from ._ext import (_bwd_tile_shape, _check_cuda, _device_guard, _held_head_dim, _kernel_head_dim, _l2_bytes, _num_sms,
                    _supported_head_dims)
@@ -158,8 +158,17 @@ def bwd_cuda(dout, q, k, v, out, lse, args: OpArgs, sink=None, dsink=None) -> Tu
 
 def _launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, args: OpArgs, sink=None, dsink=None) -> None:
     """CUDA backward into preallocated dq/dk/dv (and dsink, float32 (nheads,), with a sink); "auto" is resolved here,
-    before the launch."""
-    _run_bwd(_check_cuda(q, v, args.softcap), dout, q, k, v, out, lse, dq, dk, dv, args, sink, dsink)
+    before the launch. GQA with few KV heads runs as MHA (dash_attn/_kv_heads.py)."""
+    ext = _check_cuda(q, v, args.softcap)
+    expanded = _kv_heads.expand(q, k, v)
+    if expanded is None:
+        _run_bwd(ext, dout, q, k, v, out, lse, dq, dk, dv, args, sink, dsink)
+        return
+    k_x, v_x = expanded
+    dk_x, dv_x = torch.empty_like(k_x), torch.empty_like(v_x)
+    _run_bwd(ext, dout, q, k_x, v_x, out, lse, dq, dk_x, dv_x, args, sink, dsink)
+    _kv_heads.sum_groups(dk_x, dk)
+    _kv_heads.sum_groups(dv_x, dv)
 
 
 def _run_bwd(ext, dout, q, k, v, out, lse, dq, dk, dv, args: OpArgs, sink=None, dsink=None) -> None:

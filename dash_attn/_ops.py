@@ -8,6 +8,7 @@ from typing import Optional, Tuple
 import torch
 from torch.utils import _python_dispatch
 
+from . import _kv_heads
 from ._args import OpArgs, _reference_dtype
 from ._launch import _lse_shape, _out_like, bwd_cuda, fwd_cuda
 from ._varlen import (_check_varlen, _runs_unplanned, _unplanned_bounds, _varlen_bwd_cuda, _varlen_bwd_unplanned,
@@ -169,7 +170,13 @@ def varlen_fwd_launch(ext, host, q, k, v, seqs, max_seqlen_q, max_seqlen_k, args
 
 def varlen_bwd_launch(ext, host, dout, q, k, v, out, lse, seqs, max_seqlen_q, max_seqlen_k, args: OpArgs, sink=None,
                       dsink=None):
-    """The CUDA varlen backward on checked arguments, as varlen_fwd_launch; dsink: float32 (nheads,) with a sink."""
+    """The CUDA varlen backward on checked arguments, as varlen_fwd_launch; dsink: float32 (nheads,) with a sink. GQA
+    with few KV heads runs as MHA (dash_attn/_kv_heads.py)."""
+    expanded = _kv_heads.expand(q, k, v)
+    if expanded is not None:
+        dq, dk_x, dv_x = varlen_bwd_launch(ext, host, dout, q, *expanded, out, lse, seqs, max_seqlen_q, max_seqlen_k,
+                                           args, sink, dsink)
+        return dq, _kv_heads.sum_groups(dk_x, torch.empty_like(k)), _kv_heads.sum_groups(dv_x, torch.empty_like(v))
     if _runs_unplanned(ext, host, seqs[2], seqs[3]):
         bounds = _unplanned_bounds(host, max_seqlen_q, max_seqlen_k)
         return _varlen_bwd_unplanned(ext, dout, q, k, v, out, lse, seqs, bounds, args,

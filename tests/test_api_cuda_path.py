@@ -391,3 +391,33 @@ def test_nondeterministic_auto_runs_unequal_packs_per_sequence(fake_cuda, monkey
     assert fake_cuda.calls  # full masks launch once per length class (dash_attn/_seq_bands.py)
     for name, launch in fake_cuda.calls:
         assert name == "varlen_bwd" and launch[-6:-3] == (False, interface.SCHEDULE_IDS[schedule], short_k)
+
+
+@pytest.mark.parametrize("nheads_k, launched_kv_heads", [(1, 8), (2, 2)])
+def test_one_kv_head_runs_the_backward_as_mha(fake_cuda, monkeypatch, nheads_k, launched_kv_heads):
+    """GQA with one KV head (dash_attn/_kv_heads.py): the kernel gets K and V repeated per query head and the deterministic
+    `auto` pick of MHA; dK and dV are the sums of each KV head's query heads, in float32, query head 0 first."""
+    q, k, v = qkv(seqlen_q=10, seqlen_k=12, nheads=8, nheads_k=nheads_k, headdim=64, dtype=torch.bfloat16)
+    out, lse = torch.empty_like(q), torch.empty(2, 8, 10)
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+    def bwd(dout, q, k_in, v_in, out, lse, dq, dk_in, dv_in, *rest):
+        fake_cuda.calls.append(("bwd", (k_in, v_in, rest)))
+        heads = torch.arange(k_in.shape[2], dtype=torch.float32).view(1, 1, -1, 1)
+        dk_in.copy_(k_in + heads / 64)
+        dv_in.copy_(v_in - heads / 32)
+
+    monkeypatch.setattr(fake_cuda, "bwd", bwd)
+    interface._launch_bwd(out, q, k, v, out, lse, dq, dk, dv, op_args(schedule="auto"))
+    ((_, (k_in, v_in, rest)),) = fake_cuda.calls
+    assert k_in.shape[2] == v_in.shape[2] == launched_kv_heads
+    group = launched_kv_heads // nheads_k
+    heads = torch.arange(launched_kv_heads, dtype=torch.float32).view(1, 1, -1, 1)
+    for got, x, step in ((dk, k, 1 / 64), (dv, v, -1 / 32)):
+        per_head = (x.float().repeat_interleave(group, 2) + heads * step).to(x.dtype).unflatten(2, (nheads_k, group))
+        want = per_head[..., 0, :].float()
+        for member in range(1, group):
+            want += per_head[..., member, :].float()
+        assert torch.equal(got, want.to(got.dtype))
+    mha = interface.SCHEDULE_IDS[schedules_table.invariant_schedule("full", 64, 12, 8 // launched_kv_heads)]
+    assert rest[6] == mha

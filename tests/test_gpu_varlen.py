@@ -112,6 +112,15 @@ def test_varlen_windows_and_dtypes(window, dtype):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("packing", ["odd", "empty", "runs"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("deterministic", [True, False], ids=["det", "nondet"])
+def test_varlen_one_kv_head(packing, causal, deterministic):
+    """GQA 8:1, which runs as MHA with dK and dV summed over the query heads (dash_attn/_kv_heads.py)."""
+    check_varlen(packing, 8, 1, main_head_dim(), torch.bfloat16, causal, deterministic=deterministic)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_varlen_with_cu_seqlens_on_the_host(causal):
     check_varlen("runs", 4, 2, main_head_dim(), torch.bfloat16, causal, cu_device="cpu")

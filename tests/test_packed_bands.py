@@ -359,3 +359,32 @@ def test_a_pack_of_mixed_lengths_runs_one_launch_per_class(packed_stand_in, mask
         assert len(launches) == 1
     else:
         assert [launch[0] for launch in launches] == [[40, 0, 64, 0, 33, 0], [0, 0, 0, 17, 0, 0], [0, 9, 0, 0, 0, 0]]
+
+
+@pytest.mark.parametrize("deterministic", [True, False], ids=["det", "nondet"])
+@pytest.mark.parametrize("mask", [0, 1])
+def test_one_kv_head_runs_as_mha_and_matches_the_reference(packed_stand_in, mask, deterministic):
+    """GQA with one KV head (dash_attn/_kv_heads.py): the kernel sees a KV head per query head, and the summed dK and
+    dV equal the reference's."""
+    lens = [40, 9, 64, 17]
+    q, k, v, dout = _inputs(lens, lens, nheads=4, nheads_k=1)
+    cu_q = cu_k = cu(lens)
+    window = (-1, 0) if mask == 1 else (-1, -1)
+    out, lse = attention_ref_varlen(q, k, v, cu_q, cu_k, 0.125, mask == 1, (-1, -1), return_lse=True,
+                                    compute_dtype=torch.float64)
+    seen = []
+    stand_in = packed_stand_in.varlen_bwd
+
+    def recording(dout, q, k, *rest):
+        seen.append((q.shape[1], k.shape[1]))
+        return stand_in(dout, q, k, *rest)
+
+    packed_stand_in.varlen_bwd = recording
+    grads = interface._varlen_bwd_impl(dout, q, k, v, out, lse, cu_q, cu_k, None, None, max(lens), max(lens), 0.125,
+                                       mask, *window, 0.0, deterministic, "auto", 0)
+    ref = attention_bwd_ref_varlen(dout, q, k, v, out, lse, cu_q, cu_k, 0.125, mask == 1, (-1, -1),
+                                   compute_dtype=torch.float64)
+    assert seen and all(heads == (4, 4) for heads in seen)
+    for got, want in zip(grads, ref):
+        assert got.shape == want.shape
+        torch.testing.assert_close(got, want, rtol=1e-9, atol=1e-9)

@@ -393,11 +393,13 @@ def test_nondeterministic_auto_runs_unequal_packs_per_sequence(fake_cuda, monkey
         assert name == "varlen_bwd" and launch[-6:-3] == (False, interface.SCHEDULE_IDS[schedule], short_k)
 
 
+@pytest.mark.parametrize("v_dim", [64, 32], ids=["dv=d", "dv<d"])
 @pytest.mark.parametrize("nheads_k, launched_kv_heads", [(1, 8), (2, 2)])
-def test_one_kv_head_runs_the_backward_as_mha(fake_cuda, monkeypatch, nheads_k, launched_kv_heads):
+def test_one_kv_head_runs_the_backward_as_mha(fake_cuda, monkeypatch, nheads_k, launched_kv_heads, v_dim):
     """GQA with one KV head (dash_attn/_kv_heads.py): the kernel gets K and V repeated per query head and the deterministic
     `auto` pick of MHA; dK and dV are the sums of each KV head's query heads, in float32, query head 0 first."""
     q, k, v = qkv(seqlen_q=10, seqlen_k=12, nheads=8, nheads_k=nheads_k, headdim=64, dtype=torch.bfloat16)
+    v = v[..., :v_dim].contiguous()
     out, lse = torch.empty_like(q), torch.empty(2, 8, 10)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 

@@ -72,8 +72,8 @@ def _with_varlen_schedule(args: OpArgs, q: torch.Tensor, k: torch.Tensor, v: tor
     The non-deterministic `auto` takes the same pick on packs of unequal lengths (_unequal_pack; lengths: the
     sequences' q and k lengths, where the host has them): the cost model's pick for a batch of the longest sequence
     runs every sequence's tiles in the longest one's pattern, and ran such packs 1.04-1.98x (causal) and 1.2-1.4x
-    (full) slower than the deterministic pick (benchmarks/RESULTS.md, "Varlen"); its runs of equal lengths launched as
-    a batch keep `auto`."""
+    (full) slower than the deterministic pick (docs/tuning.md, `_launch._with_varlen_schedule`); its runs of equal
+    lengths launched as a batch keep `auto`."""
     if args.schedule != AUTO or not (args.deterministic or _unequal_pack(args, q, k, v, lengths)):
         return args, 0
     mask_name = MaskKind(args.mask).name.lower()
@@ -87,8 +87,8 @@ def _with_varlen_schedule(args: OpArgs, q: torch.Tensor, k: torch.Tensor, v: tor
 def _unequal_pack(args: OpArgs, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                   lengths: Optional[Tuple[List[int], List[int]]]) -> bool:
     """Whether the non-deterministic `auto` takes the deterministic pick: a causal or full pack of unequal lengths, full
-    ones not where `auto` runs LANES_SCHEDULE for the GQA ratio (GQA 4 at hdim 128: there the model's pick ran even
-    with shift_runs or up to 3.5% ahead, benchmarks/RESULTS.md "Varlen")."""
+    ones not where `auto` runs LANES_SCHEDULE for the GQA ratio (GQA 4 at hdim 128: there that pick ran even with
+    shift_runs or up to 3.5% ahead, benchmarks/RESULTS.md "Varlen")."""
     if lengths is None or len(set(zip(*lengths))) < 2:
         return False
     if args.mask == MaskKind.CAUSAL:

@@ -13,9 +13,8 @@ from . import _sched
 __all__ = ["AUTO", "MASK_IDS", "SCHEDULE_IDS", "DETERMINISTIC_SCHEDULES", "NONDETERMINISTIC_SCHEDULES", "SCHEDULES",
            "DYNAMIC", "INVARIANT_SCHEDULES", "INVARIANT_VARLEN_SCHEDULES", "LANES_SCHEDULE", "SHORT_SEQLEN_K",
            "LANES_GQA_RATIO", "LANES_ORDER", "ANY_LENGTH", "gqa_runs_lanes", "short_keys", "varlen_short_keys",
-           "invariant_schedule",
-           "varlen_invariant_schedule", "runs_per_sequence", "invariant_picks", "FALLBACK_SCHEDULE", "MEASURED_RANKING",
-           "SHORT_NAMES"]
+           "invariant_schedule", "varlen_invariant_schedule", "runs_per_sequence", "invariant_picks",
+           "FALLBACK_SCHEDULE", "MEASURED_RANKING", "SHORT_NAMES"]
 
 _TABLE = sorted(_sched.SCHEDULE_TABLE, key=lambda entry: entry[1])  # (name, id, deterministic), in id order
 

@@ -74,26 +74,26 @@ def _with_varlen_schedule(args: OpArgs, q: torch.Tensor, k: torch.Tensor, v: tor
     runs every sequence's tiles in the longest one's pattern, and ran such packs 1.04-1.98x (causal) and 1.2-1.4x
     (full) slower than the deterministic pick (docs/tuning.md, `_launch._with_varlen_schedule`); its runs of equal
     lengths launched as a batch keep `auto`."""
-    if args.schedule != AUTO or not (args.deterministic or _unequal_pack(args, q, k, v, lengths)):
+    if args.schedule != AUTO:
         return args, 0
     mask_name = MaskKind(args.mask).name.lower()
+    kernel_dim, gqa_ratio = _kernel_head_dim(q, v), q.shape[-2] // k.shape[-2]
+    if not (args.deterministic or _unequal_pack(mask_name, kernel_dim, gqa_ratio, lengths)):
+        return args, 0
     pick = varlen_invariant_schedule(mask_name)
     if not runs_per_sequence(mask_name, pick):
         return args._replace(schedule=pick), 0
-    return args._replace(schedule=pick), varlen_short_keys(mask_name, _kernel_head_dim(q, v),
-                                                           q.shape[-2] // k.shape[-2])
+    return args._replace(schedule=pick), varlen_short_keys(mask_name, kernel_dim, gqa_ratio)
 
 
-def _unequal_pack(args: OpArgs, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+def _unequal_pack(mask_name: str, kernel_dim: int, gqa_ratio: int,
                   lengths: Optional[Tuple[List[int], List[int]]]) -> bool:
     """Whether the non-deterministic `auto` takes the deterministic pick: a causal or full pack of unequal lengths, full
     ones not where `auto` runs LANES_SCHEDULE for the GQA ratio (GQA 4 at hdim 128: there that pick ran even with
     shift_runs or up to 3.5% ahead, benchmarks/RESULTS.md "Varlen")."""
-    if lengths is None or len(set(zip(*lengths))) < 2:
+    if mask_name == "full" and gqa_runs_lanes(mask_name, kernel_dim, gqa_ratio):
         return False
-    if args.mask == MaskKind.CAUSAL:
-        return True
-    return args.mask == MaskKind.FULL and not gqa_runs_lanes("full", _kernel_head_dim(q, v), q.shape[-2] // k.shape[-2])
+    return mask_name in ("full", "causal") and lengths is not None and len(set(zip(*lengths))) > 1
 
 
 def _run_schedule(args: OpArgs, seqlen_k: int, short_k: int) -> OpArgs:

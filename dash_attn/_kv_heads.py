@@ -9,7 +9,8 @@ the GQA kernels).
 
 Bits: the rule reads the head counts alone (kv_heads_expanded), never the batch, the lengths or the SM count, so a
 sequence's gradients keep the invariance of the MHA kernels (dense or packed, any neighbours). Each query head's dK
-and dV are rounded to the input dtype once, then summed in float32 in query-head order and rounded again.
+and dV are rounded to the input dtype once, then summed in float32 in a fixed order (sum_groups) and rounded again:
+FA3 adds the query heads' float32 partials and rounds once, so these sums carry up to one more rounding per head.
 """
 from __future__ import annotations
 
@@ -33,15 +34,24 @@ def expand(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Optional[Tuple[
     if not kv_heads_expanded(nheads, nheads_k):
         return None
     group = nheads // nheads_k
-    return k.repeat_interleave(group, dim=-2), v.repeat_interleave(group, dim=-2)
+    return tuple(x.unsqueeze(-2).expand(*x.shape[:-1], group, x.shape[-1]).flatten(-3, -2) for x in (k, v))
 
 
-def sum_groups(grad: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-    """out (KV heads on dim -2) = the sum of grad's query heads of each KV head, in float32 (or grad's dtype where
-    wider), query head 0 first."""
-    group = grad.shape[-2] // out.shape[-2]
-    grouped = grad.unflatten(-2, (out.shape[-2], group))
-    total = grouped[..., 0, :].to(torch.promote_types(grad.dtype, torch.float32), copy=True)
-    for member in range(1, group):
-        total.add_(grouped[..., member, :])
-    return out.copy_(total)
+def grads_buffer(k_x: torch.Tensor) -> torch.Tensor:
+    """dK ([0]) and dV ([1]) of the expanded heads in one buffer, which sum_groups reduces in one pass."""
+    return k_x.new_empty((2,) + tuple(k_x.shape))
+
+
+def sum_groups(grads: torch.Tensor, *outs: torch.Tensor) -> None:
+    """outs[i] (KV heads on dim -2) = the sum of grads[i]'s query heads of each KV head, in float32 (or grads' dtype
+    where wider), in a fixed pairwise order (the heads of the second half added to those of the first, elementwise,
+    until one is left), so that the bits depend on the values alone."""
+    group = grads.shape[-2] // outs[0].shape[-2]
+    acc = grads.unflatten(-2, (outs[0].shape[-2], group)).to(torch.promote_types(grads.dtype, torch.float32))
+    count = group
+    while count > 1:
+        half = count // 2
+        acc[..., :half, :].add_(acc[..., count - half:count, :])
+        count -= half
+    for index, out in enumerate(outs):
+        out.copy_(acc[index, ..., 0, :])

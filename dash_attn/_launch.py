@@ -164,11 +164,9 @@ def _launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, args: OpArgs, sink=None, ds
     if expanded is None:
         _run_bwd(ext, dout, q, k, v, out, lse, dq, dk, dv, args, sink, dsink)
         return
-    k_x, v_x = expanded
-    dk_x, dv_x = torch.empty_like(k_x), torch.empty_like(v_x)
-    _run_bwd(ext, dout, q, k_x, v_x, out, lse, dq, dk_x, dv_x, args, sink, dsink)
-    _kv_heads.sum_groups(dk_x, dk)
-    _kv_heads.sum_groups(dv_x, dv)
+    grads = _kv_heads.grads_buffer(expanded[0])
+    _run_bwd(ext, dout, q, *expanded, out, lse, dq, grads[0], grads[1], args, sink, dsink)
+    _kv_heads.sum_groups(grads, dk, dv)
 
 
 def _run_bwd(ext, dout, q, k, v, out, lse, dq, dk, dv, args: OpArgs, sink=None, dsink=None) -> None:

@@ -176,7 +176,9 @@ def varlen_bwd_launch(ext, host, dout, q, k, v, out, lse, seqs, max_seqlen_q, ma
     if expanded is not None:
         dq, dk_x, dv_x = varlen_bwd_launch(ext, host, dout, q, *expanded, out, lse, seqs, max_seqlen_q, max_seqlen_k,
                                            args, sink, dsink)
-        return dq, _kv_heads.sum_groups(dk_x, torch.empty_like(k)), _kv_heads.sum_groups(dv_x, torch.empty_like(v))
+        dk, dv = torch.empty_like(k), torch.empty_like(v)
+        _kv_heads.sum_groups(torch.stack((dk_x, dv_x)), dk, dv)
+        return dq, dk, dv
     if _runs_unplanned(ext, host, seqs[2], seqs[3]):
         bounds = _unplanned_bounds(host, max_seqlen_q, max_seqlen_k)
         return _varlen_bwd_unplanned(ext, dout, q, k, v, out, lse, seqs, bounds, args,

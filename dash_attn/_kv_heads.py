@@ -37,9 +37,26 @@ def expand(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Optional[Tuple[
     return tuple(x.unsqueeze(-2).expand(*x.shape[:-1], group, x.shape[-1]).flatten(-3, -2) for x in (k, v))
 
 
-def grads_buffer(k_x: torch.Tensor) -> torch.Tensor:
-    """dK ([0]) and dV ([1]) of the expanded heads in one buffer, which sum_groups reduces in one pass."""
-    return k_x.new_empty((2,) + tuple(k_x.shape))
+def grads_like(k_x: torch.Tensor, v_x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
+    """dK and dV of the expanded heads, and, where K and V have one head dim, the buffer whose two halves they are
+    (sum_kv then reduces both in one pass)."""
+    if k_x.shape != v_x.shape:
+        return torch.empty_like(k_x), torch.empty_like(v_x), None
+    both = k_x.new_empty((2,) + tuple(k_x.shape))
+    return both[0], both[1], both
+
+
+def sum_kv(dk_x: torch.Tensor, dv_x: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor,
+           both: Optional[torch.Tensor] = None) -> None:
+    """dk, dv = sum_groups of dk_x, dv_x; both: grads_like's buffer of the two, if any (else they are stacked into one
+    where their shapes agree)."""
+    if both is None and dk_x.shape == dv_x.shape:
+        both = torch.stack((dk_x, dv_x))
+    if both is not None:
+        sum_groups(both, dk, dv)
+    else:
+        sum_groups(dk_x.unsqueeze(0), dk)
+        sum_groups(dv_x.unsqueeze(0), dv)
 
 
 def sum_groups(grads: torch.Tensor, *outs: torch.Tensor) -> None:

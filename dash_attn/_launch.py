@@ -164,9 +164,9 @@ def _launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, args: OpArgs, sink=None, ds
     if expanded is None:
         _run_bwd(ext, dout, q, k, v, out, lse, dq, dk, dv, args, sink, dsink)
         return
-    grads = _kv_heads.grads_buffer(expanded[0])
-    _run_bwd(ext, dout, q, *expanded, out, lse, dq, grads[0], grads[1], args, sink, dsink)
-    _kv_heads.sum_groups(grads, dk, dv)
+    dk_x, dv_x, both = _kv_heads.grads_like(*expanded)
+    _run_bwd(ext, dout, q, *expanded, out, lse, dq, dk_x, dv_x, args, sink, dsink)
+    _kv_heads.sum_kv(dk_x, dv_x, dk, dv, both)
 
 
 def _run_bwd(ext, dout, q, k, v, out, lse, dq, dk, dv, args: OpArgs, sink=None, dsink=None) -> None:

@@ -153,25 +153,22 @@ def _runs_beat_packed(q, k, cq, ck, mask, window_left, window_right):
 def _packed_launch(ext, q, k, v, cq, ck, lens, mask, window_left, window_right, bwd_args=None):
     """(longest q sequence, longest k sequence) when the packed-sequence kernels run this call, else None. lens: the
     (q, k) lengths of cq and ck (_used_lengths). bwd_args: a backward's arguments. Its schedule
-    may run every sequence on its own geometry (schedules_table.runs_per_sequence), which takes any band. Where its
-    deterministic packed kernel reads the row statistics other than the batched one (packed_matches_batched), the
-    packed kernels run it whenever they can, whatever the bands (as several launches where no one band holds every
-    sequence: _packed_bwd_launches), so that its bits do not follow the neighbours through the path."""
+    may run every sequence on its own geometry (schedules_table.runs_per_sequence), which takes any band. The choice
+    between the packed kernels and the per-run batched path may follow the other sequences: both give a sequence the
+    same bits under one schedule, as their kernels read the row statistics alike (csrc/bwd/bwd_config.h,
+    reads_gemm_stats)."""
     if not ext.packed_built():
         return None
     if q.shape[-1] != v.shape[-1] or q.shape[-1] not in _supported_head_dims():
         return None
     mask_name = MaskKind(mask).name.lower()
-    dtype_name = validation.DTYPE_KERNEL_NAMES.get(q.dtype)  # None for dtypes without kernels
-    packed_only = (bwd_args is not None and bwd_args.deterministic and dtype_name is not None and
-                   not ext.packed_matches_batched(q.shape[-1], dtype_name, mask))
-    if not packed_only and _runs_beat_packed(q, k, cq, ck, mask, window_left, window_right):
+    if _runs_beat_packed(q, k, cq, ck, mask, window_left, window_right):
         return None
     lens_q, lens_k = lens
     max_q, max_k = max(lens_q), max(lens_k)
     if max_q == 0 or max_k == 0:
         return None
-    any_band = packed_only or (bwd_args is not None and runs_per_sequence(mask_name, bwd_args.schedule))
+    any_band = bwd_args is not None and runs_per_sequence(mask_name, bwd_args.schedule)
     if not any_band and not _bands_inside(lens_q, lens_k, mask, window_left, window_right):
         return None
     return max_q, max_k

@@ -79,9 +79,6 @@ class FakeExtension(types.SimpleNamespace):
     def bwd_tile_shape(self, headdim, mask):
         return (64, 128)
 
-    def packed_matches_batched(self, headdim, dtype, mask):
-        return True  # the stand-in's packed and batched kernels read the row statistics alike
-
     def num_sms(self, index):
         return 132
 

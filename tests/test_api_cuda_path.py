@@ -155,43 +155,24 @@ def test_varlen_packed_kernels_take_host_bound_and_varied_calls(fake_cuda, lens)
     assert interface._packed_launch(fake_cuda, q, k, v, cu, cu, (lens, lens), 2, 100, 7) == (max(lens), max(lens))
 
 
-def test_deterministic_backward_keeps_the_packed_kernels_where_their_bits_differ(fake_cuda, monkeypatch):
-    # Where the packed kernel reads the row statistics other than the batched one (packed_matches_batched: causal,
-    # bf16, hdim 64), a deterministic backward runs the packed kernels even where the per-run batched path would win,
-    # so that a sequence's bits do not follow the other sequences through the path; the forward and the
-    # non-deterministic backward keep the per-run path there.
+def test_deterministic_backward_takes_the_per_run_path_as_the_forward_does(fake_cuda, monkeypatch):
+    # The packed and batched kernels read the row statistics alike (csrc/bwd/bwd_config.h, reads_gemm_stats), so a
+    # deterministic backward may take the per-run batched path where it wins, as the forward and the non-deterministic
+    # backward do; and under a schedule whose batch of the longest sequences cannot reach every band (descending:
+    # diagonals 100, 0 and 128), it runs per run rather than on the packed kernels.
     lens = [512] * 4
     q, k, v, _, _, _, _ = varlen_inputs(lens, lens, headdim=64, dtype=torch.bfloat16)
     cu = [0] + torch.tensor(lens).cumsum(0).tolist()
-    monkeypatch.setattr(_varlen, "_runs_beat_packed", lambda *args: True)
     det, nondet = op_args(mask=1, window=(-1, 0), schedule="shift_causal_runs"), op_args(mask=1, deterministic=False)
-
-    def launch(bwd_args):
-        return interface._packed_launch(fake_cuda, q, k, v, cu, cu, (lens, lens), 1, -1, 0, bwd_args=bwd_args)
-
-    monkeypatch.setattr(fake_cuda, "packed_matches_batched", lambda headdim, dtype, mask: False)
-    assert launch(det) == (512, 512) and launch(None) is None and launch(nondet) is None
-    monkeypatch.setattr(fake_cuda, "packed_matches_batched", lambda headdim, dtype, mask: True)
-    assert launch(det) is None
-
-
-def test_deterministic_backward_keeps_the_packed_kernels_whatever_the_bands(fake_cuda, monkeypatch):
-    # The same under a schedule whose batch of the longest sequences cannot reach every sequence's band (descending:
-    # diagonals 100, 0 and 128): the packed kernels run it with the bounds or launches _seq_bands plans, not the
-    # per-run path.
+    monkeypatch.setattr(_varlen, "_runs_beat_packed", lambda *args: True)
+    for bwd_args in (det, nondet, None):
+        assert interface._packed_launch(fake_cuda, q, k, v, cu, cu, (lens, lens), 1, -1, 0, bwd_args=bwd_args) is None
+    monkeypatch.setattr(_varlen, "_runs_beat_packed", lambda *args: False)
     lens_q, lens_k = [100, 700, 129], [200, 700, 257]
     q, k, v, cu_q, cu_k, _, _ = varlen_inputs(lens_q, lens_k, headdim=64, dtype=torch.bfloat16)
-    det = op_args(mask=1, window=(-1, 0), schedule="descending")
-
-    def launch(bwd_args):
-        return interface._packed_launch(fake_cuda, q, k, v, cu_q.tolist(), cu_k.tolist(), (lens_q, lens_k), 1, -1, 0,
-                                        bwd_args=bwd_args)
-
-    monkeypatch.setattr(fake_cuda, "packed_matches_batched", lambda headdim, dtype, mask: False)
-    assert launch(det) == (700, 700) and launch(None) is None
-    assert _varlen._packed_bwd_launches(lens_q, lens_k, det) == [(None, 700, 828)]
-    monkeypatch.setattr(fake_cuda, "packed_matches_batched", lambda headdim, dtype, mask: True)
-    assert launch(det) is None
+    descending = op_args(mask=1, window=(-1, 0), schedule="descending")
+    assert interface._packed_launch(fake_cuda, q, k, v, cu_q.tolist(), cu_k.tolist(), (lens_q, lens_k), 1, -1, 0,
+                                    bwd_args=descending) is None
 
 
 @pytest.mark.parametrize("mask, window", [(0, (-1, -1)), (1, (-1, 0)), (2, (3, 1))], ids=["full", "causal", "window"])

@@ -9,8 +9,7 @@ import pytest
 import torch
 
 import dash_attn
-from dash_attn import validation
-from dash_attn.schedules_table import MASK_IDS, short_keys, varlen_invariant_schedule
+from dash_attn.schedules_table import short_keys, varlen_invariant_schedule
 from gpu_common import assert_grads_within, requires_softcap, supported_head_dims, tolerance  # noqa: F401
 
 pytestmark = pytest.mark.gpu
@@ -101,13 +100,6 @@ def _varlen_grads(seqs, order, causal, sm_margin=0, schedule="auto", window=(-1,
     return {i: tuple(g[int(c[n]):int(c[n + 1])] for g, c in zip(grads, bounds)) for n, i in enumerate(order)}
 
 
-def _dense_matches_varlen(hdim, dtype, mask):
-    """Where a dense call of a sequence gives its varlen call's bits (README): where the packed kernel reads the row
-    statistics as the batched one does (csrc/bwd/bwd_config.h, packed_matches_batched). mask: a mask name."""
-    from dash_attn import _C
-    return _C.packed_matches_batched(hdim, validation.DTYPE_KERNEL_NAMES[dtype], MASK_IDS[mask])
-
-
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("mask", ["full", "causal", "window"])
 @pytest.mark.parametrize("hdim", [64, 128, 256])
@@ -123,13 +115,12 @@ def test_varlen_invariant_to_packing(hdim, mask, dtype):
         got = _varlen_grads(seqs, order, causal, margin, window=window)[0]
         for name, a, b in zip("qkv", got, ref):
             assert torch.equal(a, b), f"d{name} of sequence 0 changed when packed as {order} (sm_margin {margin})"
-    if _dense_matches_varlen(hdim, dtype, mask):
-        # Causal masks and windows: the dense call under `auto` (test_varlen_auto_gives_causal_sequences_their_dense_
-        # bits; windows run descending either way); full masks: under the varlen pick (README).
-        schedule = varlen_invariant_schedule("full") if mask == "full" else "auto"
-        dense = _grads(*seqs[0], causal, window, 0.0, schedule=schedule)
-        for name, a, b in zip("qkv", ref, (g[0] for g in dense)):
-            assert torch.equal(a, b), f"d{name} of the varlen call differs from the dense call"
+    # Causal masks and windows: the dense call under `auto` (test_varlen_auto_gives_causal_sequences_their_dense_
+    # bits; windows run descending either way); full masks: under the varlen pick (README).
+    schedule = varlen_invariant_schedule("full") if mask == "full" else "auto"
+    dense = _grads(*seqs[0], causal, window, 0.0, schedule=schedule)
+    for name, a, b in zip("qkv", ref, (g[0] for g in dense)):
+        assert torch.equal(a, b), f"d{name} of the varlen call differs from the dense call"
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -139,7 +130,7 @@ def test_varlen_auto_gives_causal_sequences_their_dense_bits(hdim, dtype, path, 
     """Deterministic `auto` on causal packs: each sequence gets the orders of its dense call under `auto`
     (descending_lanes' up to schedules_table.short_keys keys, shift_causal_runs' above), on the packed kernels and on
     runs of equal lengths launched as batches alike, so its bits follow neither its neighbours nor the path; and
-    equal the dense call's where the packed kernel reads the row statistics as the batched one does."""
+    equal the dense call's."""
     if hdim not in supported_head_dims():
         pytest.skip(f"hdim {hdim} not built")
     from dash_attn import _varlen
@@ -155,11 +146,10 @@ def test_varlen_auto_gives_causal_sequences_their_dense_bits(hdim, dtype, path, 
         for i in order:
             for name, a, b in zip("qkv", got[i], ref[i]):
                 assert torch.equal(a, b), f"d{name} of sequence {i} changed when packed as {order} ({path})"
-    if _dense_matches_varlen(hdim, dtype, "causal"):
-        for i in range(len(lens)):
-            dense = _grads(*seqs[i], True, (-1, -1), 0.0)
-            for name, a, b in zip("qkv", ref[i], (g[0] for g in dense)):
-                assert torch.equal(a, b), f"d{name} of sequence {i} ({lens[i]} keys): varlen differs from dense"
+    for i in range(len(lens)):
+        dense = _grads(*seqs[i], True, (-1, -1), 0.0)
+        for name, a, b in zip("qkv", ref[i], (g[0] for g in dense)):
+            assert torch.equal(a, b), f"d{name} of sequence {i} ({lens[i]} keys): varlen differs from dense"
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -167,7 +157,7 @@ def test_varlen_auto_gives_causal_sequences_their_dense_bits(hdim, dtype, path, 
 def test_varlen_causal_runs_are_per_sequence(hdim, dtype):
     """schedule="shift_causal_runs" on causal packs: every sequence on its own geometry (csrc/schedule/seq_runs.h),
     so its bits do not depend on its neighbours, their order or sm_margin, and equal a dense call's of the sequence
-    under the same schedule (where the packed kernel reads the row statistics as the batched one does)."""
+    under the same schedule."""
     if hdim not in supported_head_dims():
         pytest.skip(f"hdim {hdim} not built")
     gen = torch.Generator(device="cuda").manual_seed(SEED + 2)
@@ -180,20 +170,17 @@ def test_varlen_causal_runs_are_per_sequence(hdim, dtype):
         for i in order:
             for name, a, b in zip("qkv", got[i], ref[i]):
                 assert torch.equal(a, b), f"d{name} of sequence {i} changed when packed as {order} (sm_margin {margin})"
-    if _dense_matches_varlen(hdim, dtype, "causal"):
-        for i in (0, 3, 5):
-            dense = _grads(*seqs[i], True, (-1, -1), 0.0, schedule="shift_causal_runs")
-            for name, a, b in zip("qkv", ref[i], (g[0] for g in dense)):
-                assert torch.equal(a, b), f"d{name} of sequence {i}: the varlen call differs from the dense call"
+    for i in (0, 3, 5):
+        dense = _grads(*seqs[i], True, (-1, -1), 0.0, schedule="shift_causal_runs")
+        for name, a, b in zip("qkv", ref[i], (g[0] for g in dense)):
+            assert torch.equal(a, b), f"d{name} of sequence {i}: the varlen call differs from the dense call"
 
 
 @pytest.mark.parametrize("schedule", ["descending", "ascending"])
 @pytest.mark.parametrize("hdim", [64, 128])
 def test_varlen_named_invariant_schedules_whatever_the_bands(hdim, schedule):
     """A named invariant schedule on a causal pack whose bands the longest sequences' batch cannot reach (diagonals 100,
-    0 and 128): each sequence's bits equal its own call's, in any order, whichever path runs it (the per-run batched
-    path, or, where the packed kernel reads the row statistics other than the batched one, the packed kernels with the
-    bounds _seq_bands plans: the packed-only rule)."""
+    0 and 128): each sequence's bits equal its own call's, in any order (the per-run batched path runs it)."""
     if hdim not in supported_head_dims():
         pytest.skip(f"hdim {hdim} not built")
     gen = torch.Generator(device="cuda").manual_seed(SEED + 4)

@@ -474,19 +474,6 @@ std::pair<int64_t, int64_t> bwd_tile_shape(int64_t headdim, int64_t mask) {
   return {block_m, block_n};
 }
 
-// Whether a varlen call of a sequence gives its dense call's bits under the same schedule (no soft-capping): the
-// packed and batched backward kernels of (head dim, dtype "bf16"/"fp16", mask id) read the row statistics alike.
-bool packed_matches_batched(int64_t headdim, const std::string& dtype, int64_t mask) {
-  TORCH_CHECK_VALUE(dtype == "bf16" || dtype == "fp16", "dash_attn: packed_matches_batched: dtype must be 'bf16' or "
-                    "'fp16', got '", dtype, "'");
-  const dash::DType type = dtype == "bf16" ? dash::DType::kBFloat16 : dash::DType::kFloat16;
-  const int r = dash_bwd_packed_matches_batched(static_cast<int32_t>(headdim), static_cast<int32_t>(type),
-                                                static_cast<int32_t>(mask));
-  TORCH_CHECK_VALUE(r >= 0, "dash_attn: packed_matches_batched: head dim ", num(headdim), " or mask ", num(mask),
-                    " has no kernel");
-  return r == 1;
-}
-
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -502,6 +489,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("packed_seqlens_ok", &packed_seqlens_ok, "cu_seqlens of a packed call checked on the GPU: int32 flag");
   m.def("poison_unless_ok", &poison_unless_ok, "results set to NaN on the GPU unless the flag says valid");
   m.def("bwd_tile_shape", &bwd_tile_shape);
-  m.def("packed_matches_batched", &packed_matches_batched);
   m.def("num_sms", &num_sms);
 }

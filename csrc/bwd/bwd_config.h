@@ -26,9 +26,6 @@ struct BwdTileConfig {
   int32_t stages;    // depth of the Q/dO/LSE/D pipeline
   int32_t dq_parts;  // semaphores per dQ tile (BwdConfig::kDqParts)
   bool gemm_stats;   // RowStats::kGemmInit on some mask: the workspace holds the statistics' bf16 parts
-  // Bit (mask * 2 + bf16): the packed kernel of that mask and dtype reads the row statistics as the batched one does
-  // (packed_matches_batched below).
-  uint32_t packed_matches_batched;
 };
 
 // (warpgroups along M, warpgroups along N) of one GEMM; the product is the number of consumer warpgroups.
@@ -129,9 +126,6 @@ struct BwdConfig<128> {
   // kGemmInit on every mask: the P and dS loops then read no per-column statistic at all, and with two step bodies
   // (masked_steps) the step is spill-free at causal; it is as fast or faster than the other kinds on each mask.
   static constexpr RowStats row_stats(MaskKind) { return RowStats::kGemmInit; }
-  // The packed causal kernel takes kGemmInit too: it spills no more than with the fallback (24/28 bytes either way),
-  // and it reads the statistics as the batched causal kernel does, so a varlen call's bits can match a dense one's.
-  static constexpr bool kPackedCausalGemmStats = true;
   // The statistics of the kernels that cannot take kGemmInit (soft-capped): each mask's fastest among the other
   // kinds (shuffled a step ahead at causal, shuffled at full, shared memory at windows, where the shuffles spilled).
   static constexpr RowStats gemm_init_fallback(MaskKind mask) {
@@ -185,10 +179,6 @@ struct BwdConfig<64> {
   static constexpr RowStats row_stats(MaskKind mask) {
     return mask == MaskKind::kWindow ? RowStats::kSharedMemory : RowStats::kGemmInit;
   }
-  // The packed causal kernel reads them as the batched one does, so a varlen call's bits match a dense one's: since
-  // its epilogue keeps the sequence lookups out of the step loop (bwd_epilogue.h) it spills no more than the batched
-  // kernel, and nothing in the unmasked step body.
-  static constexpr bool kPackedCausalGemmStats = true;
   // Soft-capped kernels.
   static constexpr RowStats gemm_init_fallback(MaskKind) { return RowStats::kSharedMemory; }
   static constexpr OperandPartition operand_partition(MaskKind, RowStats) { return OperandPartition::kPerWarpGroup; }
@@ -224,7 +214,6 @@ struct BwdConfig<256> {
   static constexpr DkvOperandA kDkvA = DkvOperandA::kSharedMemory;  // P^T rows are shared across warpgroups
   // A warpgroup's S^T covers half the query columns, so the statistics cannot be shuffled within a warp's row.
   static constexpr RowStats row_stats(MaskKind) { return RowStats::kSharedMemory; }
-  static constexpr bool kPackedCausalGemmStats = false;  // no kGemmInit at all
   // Per warpgroup: as fast as per thread.
   static constexpr OperandPartition operand_partition(MaskKind, RowStats) { return OperandPartition::kPerWarpGroup; }
   static constexpr DvIssue dv_issue(MaskKind) { return DvIssue::kAfterP; }  // P^T goes through shared memory here
@@ -246,42 +235,31 @@ constexpr bool uses_gemm_stats() {
          Cfg::row_stats(MaskKind::kWindow) == RowStats::kGemmInit;
 }
 
-// Whether the kernel of (config, mask) in bf16 or fp16, soft-capped or not, batched or packed reads the row statistics
-// through the tensor cores (RowStats::kGemmInit) rather than the config's gemm_init_fallback. Soft-capped kernels take
-// the fallback (soft-capping applies tanh before LSE), and so do the packed-sequence causal ones where the config says
-// so (kPackedCausalGemmStats). So do the fp16 kernels: the GEMM-read statistics carry D in 16 significant bits
-// (GemmStatLines), and where dP - D cancels exactly (a query with a single key) the error that leaves in dS exceeds
-// fp16's output rounding (FA3's test bound there). BwdTraits::kGemmStats reads it.
+// Whether the kernel of (config, mask) in bf16 or fp16, soft-capped or not, reads the row statistics through the
+// tensor cores (RowStats::kGemmInit) rather than the config's gemm_init_fallback. Soft-capped kernels take the
+// fallback (soft-capping applies tanh before LSE). So do the fp16 kernels: the GEMM-read statistics carry D in 16
+// significant bits (GemmStatLines), and where dP - D cancels exactly (a query with a single key) the error that leaves
+// in dS exceeds fp16's output rounding (FA3's test bound there). BwdTraits::kGemmStats reads it. It does not ask
+// whether the kernel is the packed-sequence one: packed and batched kernels read the statistics alike, so a varlen
+// call of a sequence gives its dense call's bits under the same schedule (README, docs/schedules.md). The packed
+// kernels' epilogue keeps the sequence lookups out of the step loop (bwd_epilogue.h), so they spill no more than
+// the batched ones with it.
 template <class Cfg>
-constexpr bool reads_gemm_stats(MaskKind mask, bool bf16, bool softcap, bool packed) {
-  return Cfg::row_stats(mask) == RowStats::kGemmInit && !softcap &&
-         !(packed && mask == MaskKind::kCausal && !Cfg::kPackedCausalGemmStats) && bf16;
-}
-
-// Whether the packed-sequence kernel of (head dim, dtype, mask), without soft-capping, reads the row statistics as the
-// batched one does: then a varlen call of a sequence gives the bits of its dense call under the same schedule.
-template <class Cfg>
-constexpr bool packed_matches_batched(MaskKind mask, bool bf16) {
-  return reads_gemm_stats<Cfg>(mask, bf16, false, true) == reads_gemm_stats<Cfg>(mask, bf16, false, false);
+constexpr bool reads_gemm_stats(MaskKind mask, bool bf16, bool softcap) {
+  return Cfg::row_stats(mask) == RowStats::kGemmInit && !softcap && bf16;
 }
 
 // Run-time view of the same table, for the host (workspace sizing, dash_bwd_tile_shape).
 template <class Cfg>
 constexpr BwdTileConfig tile_config_of() {
-  uint32_t matches = 0;
-  for (int mask = 0; mask < 3; ++mask) {
-    for (int bf16 = 0; bf16 < 2; ++bf16) {
-      matches |= uint32_t{packed_matches_batched<Cfg>(static_cast<MaskKind>(mask), bf16 != 0)} << (mask * 2 + bf16);
-    }
-  }
-  return {Cfg::kBlockM, Cfg::kBlockN, Cfg::kStages, Cfg::kDqParts, uses_gemm_stats<Cfg>(), matches};
+  return {Cfg::kBlockM, Cfg::kBlockN, Cfg::kStages, Cfg::kDqParts, uses_gemm_stats<Cfg>()};
 }
 inline BwdTileConfig bwd_tile_config(int32_t headdim) {
   switch (headdim) {
     case 64: return tile_config_of<BwdConfig<64>>();
     case 128: return tile_config_of<BwdConfig<128>>();
     case 256: return tile_config_of<BwdConfig<256>>();
-    default: return {0, 0, 0, 0, false, 0};
+    default: return {0, 0, 0, 0, false};
   }
 }
 

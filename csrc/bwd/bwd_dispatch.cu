@@ -98,14 +98,6 @@ void dash_bwd_tile_shape(int32_t headdim, int32_t /*mask: same tiles for every m
   if (block_n != nullptr) *block_n = cfg.block_n;
 }
 
-int dash_bwd_packed_matches_batched(int32_t headdim, int32_t dtype, int32_t mask) {
-  if (mask < 0 || mask > 2 || (dtype != 0 && dtype != 1)) return -1;
-  const dash::bwd::BwdTileConfig cfg = dash::bwd::bwd_tile_config(dash::kernel_head_dim(headdim));
-  if (cfg.block_m == 0) return -1;
-  const int bf16 = static_cast<dash::DType>(dtype) == dash::DType::kBFloat16 ? 1 : 0;
-  return (cfg.packed_matches_batched >> (mask * 2 + bf16)) & 1;
-}
-
 int dash_bwd(const dash::BwdParams* params, void* stream) {
   return dash_bwd_stages(params, dash::BwdStage::kAll, stream);
 }

@@ -50,7 +50,7 @@ struct BwdTraits {
   static constexpr bool kDkFromRegs = Cfg::kDkvA == DkvOperandA::kRegisters;
   // Statistics through the tensor cores, or the config's gemm_init_fallback (bwd_config.h, reads_gemm_stats).
   static constexpr bool kGemmStats = reads_gemm_stats<Cfg>(kMask, std::is_same_v<Element, cutlass::bfloat16_t>,
-                                                           kSoftcap, kLayout_ == SeqLayout::kPacked);
+                                                           kSoftcap);
   static constexpr RowStats row_stats_kind() {
     if constexpr (Cfg::row_stats(kMask) == RowStats::kGemmInit && !kGemmStats) {
       return Cfg::gemm_init_fallback(kMask);

@@ -196,8 +196,4 @@ int dash_bwd(const dash::BwdParams* params, void* stream);
 int dash_bwd_stages(const dash::BwdParams* params, int32_t stages, void* stream);
 // Tile shape the backward kernel uses for (headdim, mask): lets the host plan/simulate exactly what runs.
 void dash_bwd_tile_shape(int32_t headdim, int32_t mask, int32_t* block_m, int32_t* block_n);
-// 1 where the packed-sequence backward kernel of (headdim, dtype: DType, mask), without soft-capping, reads the row
-// statistics as the batched one does (then a varlen call gives a dense call's bits under the same schedule), 0 where
-// not, -1 for values out of range.
-int dash_bwd_packed_matches_batched(int32_t headdim, int32_t dtype, int32_t mask);
 }

@@ -16,27 +16,9 @@ namespace dash::bwd {
 // per lane in a single register and read back with __shfl_sync where needed, instead of occupying seven registers
 // of every lane across the evaluation.
 template <class T>
-CUTLASS_DEVICE void producer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<T>& ss) {
-  Tensor mQ = p.tma_q.get_tma_tensor(p.shape_q);
-  Tensor mdO = p.tma_do.get_tma_tensor(p.shape_q);
-  Tensor mK = p.tma_k.get_tma_tensor(p.shape_k);
-  Tensor mV = p.tma_v.get_tma_tensor(p.shape_k);
-  Tensor sQ = make_tensor(make_smem_ptr(ss.q.data()), typename T::SmemLayoutQ{});
-  Tensor sdO = make_tensor(make_smem_ptr(ss.dout.data()), typename T::SmemLayoutQ{});
-  Tensor sK = make_tensor(make_smem_ptr(ss.k.data()), typename T::SmemLayoutK{});
-  Tensor sV = make_tensor(make_smem_ptr(ss.v.data()), typename T::SmemLayoutK{});
-  // Special registers read through volatile asm where they are used: nothing keeps them live across the loop.
-  auto lane_id = [] {
-    uint32_t l;
-    asm volatile("mov.u32 %0, %%laneid;\n" : "=r"(l));
-    return static_cast<int32_t>(l);
-  };
-  auto cta_index = [] {
-    uint32_t c;
-    asm volatile("mov.u32 %0, %%ctaid.x;\n" : "=r"(c));
-    return static_cast<int32_t>(c);
-  };
-
+struct ProducerWarp {
+  BwdKernelParams<T> const& p;
+  BwdSharedStorage<T>& ss;
   // Lane w holds word w of the loop state. Word kPipe is the leader's own: its pipeline position, bit 0 the parity
   // of the KV tiles loaded so far, the bits above the count of Q stages claimed (wrapping at 2^31, a multiple of
   // 2 * kStages, so stage and phase stay continuous). All words start at 0.
@@ -47,18 +29,33 @@ CUTLASS_DEVICE void producer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<
   enum Word : int { kPipe = 0, kItemLo, kItemHi, kStepLo, kStepEnd, kPiece, kBatch, kHeadK, kNBlock, kRowQ, kRowK,
                     kLiveM, kFirstLive, kLastLive };
   uint32_t state = 0;
-  auto word = [&](int w) { return __shfl_sync(0xffffffffu, state, w); };  // the whole warp, converged
-  auto set_word = [&](int w, uint32_t v) {  // v: the same on every lane
+
+  // Special registers read through volatile asm where they are used: nothing keeps them live across the loop.
+  CUTLASS_DEVICE static int32_t lane_id() {
+    uint32_t l;
+    asm volatile("mov.u32 %0, %%laneid;\n" : "=r"(l));
+    return static_cast<int32_t>(l);
+  }
+  CUTLASS_DEVICE static int32_t cta_index() {
+    uint32_t c;
+    asm volatile("mov.u32 %0, %%ctaid.x;\n" : "=r"(c));
+    return static_cast<int32_t>(c);
+  }
+  CUTLASS_DEVICE uint32_t word(int w) const { return __shfl_sync(0xffffffffu, state, w); }  // the whole warp, converged
+  CUTLASS_DEVICE void set_word(int w, uint32_t v) {  // v: the same on every lane
     if (lane_id() == w) state = v;
-  };
-  auto item_index = [&] { return static_cast<int64_t>((uint64_t(word(kItemHi)) << 32) | word(kItemLo)); };
-  auto current_tile = [&] {
+  }
+  CUTLASS_DEVICE int64_t item_index() const {
+    return static_cast<int64_t>((uint64_t(word(kItemHi)) << 32) | word(kItemLo));
+  }
+  CUTLASS_DEVICE KvTileRef current_tile() const {
     return KvTileRef{static_cast<int32_t>(word(kBatch)), static_cast<int32_t>(word(kHeadK)),
                      static_cast<int32_t>(word(kNBlock))};
-  };
+  }
 
   // Leader only: claims the next stage and publishes its record; the caller then issues the stage's loads (if any).
-  auto next_stage = [&](const auto& rec, uint32_t tx_bytes) {
+  template <class Record>
+  CUTLASS_DEVICE int next_stage(const Record& rec, uint32_t tx_bytes) {
     const RingPos pos = ring_pos<T::kStages>(state >> 1);
     const int stage = pos.index;
     state += 2;
@@ -66,107 +63,123 @@ CUTLASS_DEVICE void producer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<
     ss.rec[stage] = VisitRecordOf<T>{rec};  // published by the arrive below (mbarrier arrive has release semantics)
     reinterpret_cast<TxBarrier&>(ss.q_full[stage]).arrive_and_expect_tx(tx_bytes);
     return stage;
-  };
+  }
 
   // Claimed units: the next unclaimed unit (its launch index) of the call's counter, whichever CTA is free first; its
   // first item is the item index from here on (units of `items` items each).
-  auto claim_unit = [&](unsigned long long items) {
+  CUTLASS_DEVICE void claim_unit(unsigned long long items) {
     unsigned long long claimed = 0;
     if (lane_id() == 0) claimed = atomicAdd(p.unit_counter, 1ull);
     claimed = __shfl_sync(0xffffffffu, claimed, 0) * items;
     set_word(kItemLo, static_cast<uint32_t>(claimed));
     set_word(kItemHi, static_cast<uint32_t>(claimed >> 32));
-  };
+  }
 
-  for (;;) {
-    {
-      // ScheduleKind::kDynamic: a unit is one item. The sequence table's schedule: two, claimed at the first.
-      if constexpr (ScheduleRef::claims_units<T>()) {
-        if (p.sched.template dynamic<T>()) claim_unit(1);
-      }
-      if constexpr (ScheduleRef::takes_seq_table<T>()) {
-        if (p.sched.template claims_seq_units<T>() && (word(kItemLo) & 1) == 0) claim_unit(2);
-      }
-      const int64_t it = item_index();
-      if (it >= p.sched.template num_items<T>(cta_index())) break;
-      const KvTileRef tile = p.sched.template item<T>(cta_index(), it);
-      int32_t nv = p.sched.template num_visits<T>(tile);
-      // Packed sequences are scheduled as a batch of the longest one. A visit to a Q tile past the sequence's end
-      // is skipped; all visits to such a tile are, so the dQ chains of the other tiles keep their turns. Visits of
-      // a KV tile past the end to a Q tile inside still run (all keys masked, dQ += 0): they hold turns in those
-      // chains. A KV tile left without visits stores the zero dK/dV of a tile no query sees inside the sequence, and
-      // nothing past its end.
-      bool skip_tile = false;
-      [[maybe_unused]] int32_t len_k = 0;  // packed sequences: the sequence's keys
-      if constexpr (T::kPacked) {
-        const SeqRows rows = seq_rows<SeqLayout::kPacked>(p.packed, tile.batch, 0, 0);
-        const int32_t live_m = (rows.len_q + T::kBlockM - 1) / T::kBlockM;
-        int32_t first_live = -1, last_live = -1;
-        // A sequence-table tile is scheduled on its own sequence's geometry: all its visits have rows.
-        const bool own_geometry = p.sched.template claims_seq_units<T>();
-        if (own_geometry && nv > 0) {
-          first_live = 0;
-          last_live = nv - 1;
-        }
-        for (int32_t t0 = 0; !own_geometry && t0 < nv; t0 += 32) {
-          const int32_t step = t0 + lane_id();
-          const bool live = step < nv && p.sched.template visit<T>(cta_index(), it, tile, step).m_block < live_m;
-          const uint32_t mask = __ballot_sync(0xffffffffu, live);
-          if (mask != 0) {
-            if (first_live < 0) first_live = t0 + __ffs(mask) - 1;
-            last_live = t0 + 31 - __clz(mask);
-          }
-        }
-        set_word(kRowQ, rows.first_q);
-        set_word(kRowK, rows.first_k);
-        set_word(kLiveM, live_m);
-        set_word(kFirstLive, first_live);
-        set_word(kLastLive, last_live);
-        len_k = rows.len_k;
-        if (last_live < 0) {
-          skip_tile = tile.n_block * T::kBlockN >= rows.len_k;
-          nv = 0;
-        }
-      }
-      const sched::StepRange steps =
-          p.sched.template in_tail<T>(it) ? p.sched.tail_steps(cta_index(), it) : sched::StepRange{0, nv};
-      set_word(kStepLo, steps.lo);
-      set_word(kStepEnd, steps.hi);
-      set_word(kPiece, steps.lo > 0 || steps.hi < nv ? VisitRecord::kPiece : 0);
-      set_word(kBatch, tile.batch);
-      set_word(kHeadK, tile.head_k);
-      set_word(kNBlock, tile.n_block);
-      const int32_t row_k = T::kPacked ? static_cast<int32_t>(word(kRowK)) : 0;
-      if (lane_id() == 0 && !skip_tile) {
-        if (nv == 0) {
-          const VisitRecord rec{tile.batch, tile.head_k, tile.n_block, 0, 0, 0, VisitRecord::kEmptyTile};
-          if constexpr (T::kPacked) {
-            next_stage(PackedVisitRecord{rec, row_k, len_k}, 0);
-          } else {
-            next_stage(rec, 0);
-          }
-        } else {
-          wait_barrier(ss.kv_empty, (state & 1) ^ 1, WaitSite::kKvEmpty);
-          reinterpret_cast<TxBarrier&>(ss.kv_full).arrive_and_expect_tx(2 * T::kKBytes);
-          using KvTileShape = Shape<typename T::BN, typename T::HD>;
-          Tensor gK = local_tile(sequence_of<T::kLayout>(mK, tile.head_k, tile.batch, row_k), KvTileShape{},
-                                 make_coord(tile.n_block, _0{}));
-          Tensor gV = local_tile(sequence_of<T::kLayout>(mV, tile.head_k, tile.batch, row_k), KvTileShape{},
-                                 make_coord(tile.n_block, _0{}));
-          auto [tKgK, tKsK] =
-              tma_partition(p.tma_k, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
-          auto [tVgV, tVsV] =
-              tma_partition(p.tma_v, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sV), group_modes<0, 2>(gV));
-          // L2 hints: K/V are read by this CTA alone; Q, dO and the dQ accumulator (bwd_dq_writer.h) by every CTA
-          // of the head, so they should outlive K/V in L2.
-          copy(p.tma_k.with(ss.kv_full, 0, TMA::CacheHintSm90::EVICT_FIRST), tKgK, tKsK);
-          copy(p.tma_v.with(ss.kv_full, 0, TMA::CacheHintSm90::EVICT_FIRST), tVgV, tVsV);
-          state ^= 1;
-        }
-      }
-      __syncwarp();
+  // The next item: its tile's words set and its K/V loaded (or an empty tile's record sent); false at the end of the
+  // work.
+  CUTLASS_DEVICE bool start_item() {
+    // ScheduleKind::kDynamic: a unit is one item. The sequence table's schedule: two, claimed at the first.
+    if constexpr (ScheduleRef::claims_units<T>()) {
+      if (p.sched.template dynamic<T>()) claim_unit(1);
     }
+    if constexpr (ScheduleRef::takes_seq_table<T>()) {
+      if (p.sched.template claims_seq_units<T>() && (word(kItemLo) & 1) == 0) claim_unit(2);
+    }
+    const int64_t it = item_index();
+    if (it >= p.sched.template num_items<T>(cta_index())) return false;
+    const KvTileRef tile = p.sched.template item<T>(cta_index(), it);
+    int32_t nv = p.sched.template num_visits<T>(tile);
+    // Packed sequences are scheduled as a batch of the longest one. A visit to a Q tile past the sequence's end
+    // is skipped; all visits to such a tile are, so the dQ chains of the other tiles keep their turns. Visits of
+    // a KV tile past the end to a Q tile inside still run (all keys masked, dQ += 0): they hold turns in those
+    // chains. A KV tile left without visits stores the zero dK/dV of a tile no query sees inside the sequence, and
+    // nothing past its end.
+    bool skip_tile = false;
+    [[maybe_unused]] int32_t len_k = 0;  // packed sequences: the sequence's keys
+    if constexpr (T::kPacked) {
+      const SeqRows rows = seq_rows<SeqLayout::kPacked>(p.packed, tile.batch, 0, 0);
+      const int32_t live_m = (rows.len_q + T::kBlockM - 1) / T::kBlockM;
+      int32_t first_live = -1, last_live = -1;
+      // A sequence-table tile is scheduled on its own sequence's geometry: all its visits have rows.
+      const bool own_geometry = p.sched.template claims_seq_units<T>();
+      if (own_geometry && nv > 0) {
+        first_live = 0;
+        last_live = nv - 1;
+      }
+      for (int32_t t0 = 0; !own_geometry && t0 < nv; t0 += 32) {
+        const int32_t step = t0 + lane_id();
+        const bool live = step < nv && p.sched.template visit<T>(cta_index(), it, tile, step).m_block < live_m;
+        const uint32_t mask = __ballot_sync(0xffffffffu, live);
+        if (mask != 0) {
+          if (first_live < 0) first_live = t0 + __ffs(mask) - 1;
+          last_live = t0 + 31 - __clz(mask);
+        }
+      }
+      set_word(kRowQ, rows.first_q);
+      set_word(kRowK, rows.first_k);
+      set_word(kLiveM, live_m);
+      set_word(kFirstLive, first_live);
+      set_word(kLastLive, last_live);
+      len_k = rows.len_k;
+      if (last_live < 0) {
+        skip_tile = tile.n_block * T::kBlockN >= rows.len_k;
+        nv = 0;
+      }
+    }
+    const sched::StepRange steps =
+        p.sched.template in_tail<T>(it) ? p.sched.tail_steps(cta_index(), it) : sched::StepRange{0, nv};
+    set_word(kStepLo, steps.lo);
+    set_word(kStepEnd, steps.hi);
+    set_word(kPiece, steps.lo > 0 || steps.hi < nv ? VisitRecord::kPiece : 0);
+    set_word(kBatch, tile.batch);
+    set_word(kHeadK, tile.head_k);
+    set_word(kNBlock, tile.n_block);
+    const int32_t row_k = T::kPacked ? static_cast<int32_t>(word(kRowK)) : 0;
+    if (lane_id() == 0 && !skip_tile) {
+      if (nv == 0) {
+        const VisitRecord rec{tile.batch, tile.head_k, tile.n_block, 0, 0, 0, VisitRecord::kEmptyTile};
+        if constexpr (T::kPacked) {
+          next_stage(PackedVisitRecord{rec, row_k, len_k}, 0);
+        } else {
+          next_stage(rec, 0);
+        }
+      } else {
+        load_kv(tile, row_k);
+      }
+    }
+    __syncwarp();
+    return true;
+  }
 
+  // Leader only: K and V of `tile` into their buffers, once the consumers are done with the previous tile's.
+  CUTLASS_DEVICE void load_kv(const KvTileRef& tile, int32_t row_k) {
+    Tensor mK = p.tma_k.get_tma_tensor(p.shape_k);
+    Tensor mV = p.tma_v.get_tma_tensor(p.shape_k);
+    Tensor sK = make_tensor(make_smem_ptr(ss.k.data()), typename T::SmemLayoutK{});
+    Tensor sV = make_tensor(make_smem_ptr(ss.v.data()), typename T::SmemLayoutK{});
+    wait_barrier(ss.kv_empty, (state & 1) ^ 1, WaitSite::kKvEmpty);
+    reinterpret_cast<TxBarrier&>(ss.kv_full).arrive_and_expect_tx(2 * T::kKBytes);
+    using KvTileShape = Shape<typename T::BN, typename T::HD>;
+    Tensor gK = local_tile(sequence_of<T::kLayout>(mK, tile.head_k, tile.batch, row_k), KvTileShape{},
+                           make_coord(tile.n_block, _0{}));
+    Tensor gV = local_tile(sequence_of<T::kLayout>(mV, tile.head_k, tile.batch, row_k), KvTileShape{},
+                           make_coord(tile.n_block, _0{}));
+    auto [tKgK, tKsK] = tma_partition(p.tma_k, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sK), group_modes<0, 2>(gK));
+    auto [tVgV, tVsV] = tma_partition(p.tma_v, Int<0>{}, Layout<_1>{}, group_modes<0, 2>(sV), group_modes<0, 2>(gV));
+    // L2 hints: K/V are read by this CTA alone; Q, dO and the dQ accumulator (bwd_dq_writer.h) by every CTA of the
+    // head, so they should outlive K/V in L2.
+    copy(p.tma_k.with(ss.kv_full, 0, TMA::CacheHintSm90::EVICT_FIRST), tKgK, tKsK);
+    copy(p.tma_v.with(ss.kv_full, 0, TMA::CacheHintSm90::EVICT_FIRST), tVgV, tVsV);
+    state ^= 1;
+  }
+
+  // The current item's visits, 32 evaluated at once by the lanes: each visit's record, and its Q, dO and statistics
+  // loaded into its stage by the leader.
+  CUTLASS_DEVICE void load_visits() {
+    Tensor mQ = p.tma_q.get_tma_tensor(p.shape_q);
+    Tensor mdO = p.tma_do.get_tma_tensor(p.shape_q);
+    Tensor sQ = make_tensor(make_smem_ptr(ss.q.data()), typename T::SmemLayoutQ{});
+    Tensor sdO = make_tensor(make_smem_ptr(ss.dout.data()), typename T::SmemLayoutQ{});
     for (int32_t t0 = static_cast<int32_t>(word(kStepLo)); t0 < static_cast<int32_t>(word(kStepEnd)); t0 += 32) {
       VisitRef mine{0, 0, 0};
       {
@@ -236,12 +249,23 @@ CUTLASS_DEVICE void producer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<
       }
       __syncwarp();
     }
+  }
 
+  CUTLASS_DEVICE void next_item() {
     const uint64_t next = static_cast<uint64_t>(item_index()) + 1;
     set_word(kItemLo, static_cast<uint32_t>(next));
     set_word(kItemHi, static_cast<uint32_t>(next >> 32));
   }
-  if (lane_id() == 0) next_stage(VisitRecord{0, 0, 0, 0, 0, 0, VisitRecord::kEnd}, 0);
+};
+
+template <class T>
+CUTLASS_DEVICE void producer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<T>& ss) {
+  ProducerWarp<T> warp{p, ss};
+  while (warp.start_item()) {
+    warp.load_visits();
+    warp.next_item();
+  }
+  if (ProducerWarp<T>::lane_id() == 0) warp.next_stage(VisitRecord{0, 0, 0, 0, 0, 0, VisitRecord::kEnd}, 0);
 }
 
 }  // namespace dash::bwd

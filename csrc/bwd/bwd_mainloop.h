@@ -259,6 +259,85 @@ CUTLASS_DEVICE uint32_t hand_off_dq(BwdSharedStorage<T>& ss, DqAcc& tdQrdQ, Visi
   return dq_count;
 }
 
+// The GEMM operands a consumer reads from shared memory: its fragments (GMMA descriptors) of K, Q, V and dO for S^T
+// and dP^T, of dO^T for dV, Q^T for dK, dS and K^T for dQ, and the P^T and dS^T buffers it writes.
+template <class T, class OpSdp, class OpDv, class OpDk, class OpDq>
+CUTLASS_DEVICE auto gemm_operands(BwdSharedStorage<T>& ss, OpSdp& op_sdp, OpDv& op_dv, OpDk& op_dk, OpDq& op_dq) {
+  Tensor sQ = make_tensor(make_smem_ptr(ss.q.data()), typename T::SmemLayoutQ{});
+  Tensor sdO = make_tensor(make_smem_ptr(ss.dout.data()), typename T::SmemLayoutQ{});
+  Tensor sK = make_tensor(make_smem_ptr(ss.k.data()), typename T::SmemLayoutK{});
+  Tensor sV = make_tensor(make_smem_ptr(ss.v.data()), typename T::SmemLayoutK{});
+  Tensor sPt = make_tensor(make_smem_ptr(ss.pt_data()), typename T::SmemLayoutPt{});
+  Tensor sdSt = make_tensor(make_smem_ptr(ss.dst.data()), typename T::SmemLayoutdSt{});
+  Tensor sQt = make_tensor(make_smem_ptr(ss.q.data()), typename T::SmemLayoutQt{});
+  Tensor sdOt = make_tensor(make_smem_ptr(ss.dout.data()), typename T::SmemLayoutQt{});
+  Tensor sKt = make_tensor(make_smem_ptr(ss.k.data()), typename T::SmemLayoutKt{});
+  Tensor sdS = make_tensor(make_smem_ptr(ss.dst.data()), typename T::SmemLayoutdS{});
+  Tensor tSrK = op_sdp.partition_fragment_A(sK);
+  Tensor tSrQ = op_sdp.partition_fragment_B(sQ);
+  Tensor tSrV = op_sdp.partition_fragment_A(sV);
+  Tensor tSrdO = op_sdp.partition_fragment_B(sdO);
+  Tensor tdVrdOt = op_dv.partition_fragment_B(sdOt);
+  Tensor tdKrQt = op_dk.partition_fragment_B(sQt);
+  Tensor tdQrdS = op_dq.partition_fragment_A(sdS);
+  Tensor tdQrKt = op_dq.partition_fragment_B(sKt);
+  struct Operands {
+    decltype(tSrK) tSrK;
+    decltype(tSrQ) tSrQ;
+    decltype(tSrV) tSrV;
+    decltype(tSrdO) tSrdO;
+    decltype(tdVrdOt) tdVrdOt;
+    decltype(tdKrQt) tdKrQt;
+    decltype(tdQrdS) tdQrdS;
+    decltype(tdQrKt) tdQrKt;
+    decltype(sPt) sPt;
+    decltype(sdSt) sdSt;
+  };
+  return Operands{tSrK, tSrQ, tSrV, tSrdO, tdVrdOt, tdKrQt, tdQrdS, tdQrKt, sPt, sdSt};
+}
+
+// The end of a step: wait for its dK GEMM and release the Q/dO stage; the tile's last step then stores dK/dV. Every
+// step waits for its dK GEMM, as the next step may reuse this stage (one stage) or its dS^T registers (dK from
+// registers; held into the next step, they would make the consumers spill).
+template <class T, class DkAcc, class DvAcc, class RdS, class ThrDv, class StoreDkDv>
+CUTLASS_DEVICE void end_step(BwdSharedStorage<T>& ss, int stage, VisitRecordOf<T> const& srec, int32_t flags,
+                             DkAcc& tdKrdK, DvAcc& tdVrdV, RdS& rdS, ThrDv const& thr_dv, StoreDkDv& store_dkdv) {
+  if (flags & VisitRecord::kLast) {
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(tdKrdK);
+    if constexpr (T::kDkFromRegs) warpgroup_fence_operand(rdS);
+    const KvTileRef tile{srec.batch, srec.head_k, srec.n_block};  // read before the stage is released
+    reinterpret_cast<Barrier&>(ss.q_empty[stage]).arrive();
+    // A piece of a split tile stores its partial sums; the last piece to finish stores the tile. Only the batched
+    // full-mask kernels split (ScheduleRef::splits_tail).
+    bool piece = false;
+    if constexpr (ScheduleRef::splits_tail<T>()) piece = (flags & VisitRecord::kPiece) != 0;
+    if (piece) {
+      store_dkdv.store_piece(tile, tdKrdK, tdVrdV, thr_dv);
+    } else {
+      store_dkdv(tile, tdKrdK, tdVrdV, thr_dv);
+    }
+  } else {
+    warpgroup_wait<0>();
+    warpgroup_fence_operand(tdKrdK);
+    if constexpr (T::kDkFromRegs) warpgroup_fence_operand(rdS);
+    reinterpret_cast<Barrier&>(ss.q_empty[stage]).arrive();
+  }
+}
+
+// After the end record: tell the dQ writer there is nothing more, through the buffer it reads next.
+template <class T>
+CUTLASS_DEVICE void finish_consumers(BwdSharedStorage<T>& ss, int tid, uint32_t dq_count) {
+  // Nothing is in flight here (the last step of every tile waits for its dK GEMM), but ptxas cannot tell: without
+  // this wait it inserts one itself on the exit path and then serialises every WGMMA of the kernel (C7518).
+  warpgroup_wait<0>();
+  const RingPos endpos = ring_pos<T::kDqBuffers>(dq_count);
+  const int end_buf = endpos.index;
+  wait_barrier(ss.dq_empty[end_buf], endpos.phase ^ 1, WaitSite::kDqEmpty);
+  if (tid == 0) ss.dq_rec[end_buf].flags = VisitRecord::kEnd;
+  reinterpret_cast<Barrier&>(ss.dq_full[end_buf]).arrive();
+}
+
 }  // namespace detail
 
 // ----------------------------------------------------------------------------------------------------------------
@@ -293,25 +372,8 @@ CUTLASS_DEVICE void consumer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<
   auto op_dk = mma_dk.get_slice(operand_tid);
   auto op_dq = mma_dq.get_slice(operand_tid);
 
-  Tensor sQ = make_tensor(make_smem_ptr(ss.q.data()), typename T::SmemLayoutQ{});
-  Tensor sdO = make_tensor(make_smem_ptr(ss.dout.data()), typename T::SmemLayoutQ{});
-  Tensor sK = make_tensor(make_smem_ptr(ss.k.data()), typename T::SmemLayoutK{});
-  Tensor sV = make_tensor(make_smem_ptr(ss.v.data()), typename T::SmemLayoutK{});
-  Tensor sPt = make_tensor(make_smem_ptr(ss.pt_data()), typename T::SmemLayoutPt{});
-  Tensor sdSt = make_tensor(make_smem_ptr(ss.dst.data()), typename T::SmemLayoutdSt{});
-  Tensor sQt = make_tensor(make_smem_ptr(ss.q.data()), typename T::SmemLayoutQt{});
-  Tensor sdOt = make_tensor(make_smem_ptr(ss.dout.data()), typename T::SmemLayoutQt{});
-  Tensor sKt = make_tensor(make_smem_ptr(ss.k.data()), typename T::SmemLayoutKt{});
-  Tensor sdS = make_tensor(make_smem_ptr(ss.dst.data()), typename T::SmemLayoutdS{});
-
-  Tensor tSrK = op_sdp.partition_fragment_A(sK);
-  Tensor tSrQ = op_sdp.partition_fragment_B(sQ);
-  Tensor tSrV = op_sdp.partition_fragment_A(sV);
-  Tensor tSrdO = op_sdp.partition_fragment_B(sdO);
-  Tensor tdVrdOt = op_dv.partition_fragment_B(sdOt);
-  Tensor tdKrQt = op_dk.partition_fragment_B(sQt);
-  Tensor tdQrdS = op_dq.partition_fragment_A(sdS);
-  Tensor tdQrKt = op_dq.partition_fragment_B(sKt);
+  auto [tSrK, tSrQ, tSrV, tSrdO, tdVrdOt, tdKrQt, tdQrdS, tdQrKt, sPt, sdSt] =
+      detail::gemm_operands<T>(ss, op_sdp, op_dv, op_dk, op_dq);
 
   // Coordinates (kv row n, query row m) of each S^T accumulator element.
   Tensor tScS_full = thr_sdp.partition_C(make_identity_tensor(Shape<BN, BM>{}));
@@ -320,11 +382,11 @@ CUTLASS_DEVICE void consumer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<
   auto r2s = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma_sdp);
   auto r2s_thr = r2s.get_thread_slice(tid);
   Tensor tPsPt = r2s_thr.partition_D(sPt);
-  auto ds_store_view = [&] {  // see BwdConfig::ds_store_address_swizzle
+  auto ds_store_view = [&dst = sdSt] {  // see BwdConfig::ds_store_address_swizzle
     if constexpr (T::Cfg::ds_store_address_swizzle(T::kMask)) {
-      return cute::as_position_independent_swizzle_tensor(sdSt);
+      return cute::as_position_independent_swizzle_tensor(dst);
     } else {
-      return sdSt;
+      return dst;
     }
   };
   Tensor tPsdSt = r2s_thr.partition_D(ds_store_view());
@@ -477,42 +539,11 @@ CUTLASS_DEVICE void consumer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<
       if (flags & VisitRecord::kLast) reinterpret_cast<Barrier&>(ss.kv_empty).arrive();
       dq_count = detail::hand_off_dq<T>(ss, tdQrdQ, srec, tid, dq_count);
 
-      // The end of the step: wait for its dK GEMM and release the Q/dO stage; the tile's last step then stores dK/dV.
-      // Every step waits for its dK GEMM, as the next step may reuse this stage (one stage) or its dS^T registers (dK
-      // from registers; held into the next step, they would make the consumers spill).
-      if (flags & VisitRecord::kLast) {
-        warpgroup_wait<0>();
-        warpgroup_fence_operand(tdKrdK);
-        if constexpr (T::kDkFromRegs) warpgroup_fence_operand(rdS);
-        const KvTileRef tile{srec.batch, srec.head_k, srec.n_block};  // read before the stage is released
-        reinterpret_cast<Barrier&>(ss.q_empty[stage]).arrive();
-        // A piece of a split tile stores its partial sums; the last piece to finish stores the tile. Only the
-        // batched full-mask kernels split (ScheduleRef::splits_tail).
-        bool piece = false;
-        if constexpr (ScheduleRef::splits_tail<T>()) piece = (flags & VisitRecord::kPiece) != 0;
-        if (piece) {
-          store_dkdv.store_piece(tile, tdKrdK, tdVrdV, thr_dv);
-        } else {
-          store_dkdv(tile, tdKrdK, tdVrdV, thr_dv);
-        }
-      } else {
-        warpgroup_wait<0>();
-        warpgroup_fence_operand(tdKrdK);
-        if constexpr (T::kDkFromRegs) warpgroup_fence_operand(rdS);
-        reinterpret_cast<Barrier&>(ss.q_empty[stage]).arrive();
-      }
+      detail::end_step<T>(ss, stage, srec, flags, tdKrdK, tdVrdV, rdS, thr_dv, store_dkdv);
     }
     shuffle_lse_ahead(q_count + 1);
   }
-  // Nothing is in flight here (the last step of every tile waits for its dK GEMM), but ptxas cannot tell: without
-  // this wait it inserts one itself on the exit path and then serialises every WGMMA of the kernel (C7518).
-  warpgroup_wait<0>();
-  // Tell the writer there is nothing more, through the buffer it reads next.
-  const RingPos endpos = ring_pos<T::kDqBuffers>(dq_count);
-  const int end_buf = endpos.index;
-  wait_barrier(ss.dq_empty[end_buf], endpos.phase ^ 1, WaitSite::kDqEmpty);
-  if (tid == 0) ss.dq_rec[end_buf].flags = VisitRecord::kEnd;
-  reinterpret_cast<Barrier&>(ss.dq_full[end_buf]).arrive();
+  detail::finish_consumers<T>(ss, tid, dq_count);
 }
 
 }  // namespace dash::bwd

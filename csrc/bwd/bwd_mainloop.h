@@ -19,8 +19,8 @@ namespace dash::bwd {
 // The stages of one consumer step, in the order consumer_loop runs them. All are force-inlined into the step body
 // (once per step body: see BwdConfig::masked_steps). The step counters stay consumer_loop's and go into the stages
 // by value: passed by reference, they are promoted to registers in another order, which reorders the loop's phis
-// and changes the register allocation. need_mask and the end of the step (stage release, dK/dV store) stay in the
-// loop too: in a function, need_mask came out as an int and the tile's n_block with another extension.
+// and changes the register allocation. need_mask stays in the loop too: in a function it came out as an int and the
+// tile's n_block with another extension (the window kernels then spill).
 namespace detail {
 
 // With few query columns per thread (hdim 128: 16) LSE goes to registers once per column; with many (hdim 64: 32)
@@ -259,6 +259,31 @@ CUTLASS_DEVICE uint32_t hand_off_dq(BwdSharedStorage<T>& ss, DqAcc& tdQrdQ, Visi
   return dq_count;
 }
 
+// RowStats::kShuffle*: the LSE of the thread's query columns into lse_cols, shuffled from the lanes that loaded it.
+// The empty asm keeps the compiler from sinking the shuffles back to their use.
+template <class T, class Cols, class Coords>
+CUTLASS_DEVICE void shuffle_lse(float (&lse_cols)[Cols::kCols], LaneStats<T::kBlockM> const& lanes,
+                                Coords const& tScS) {
+  if constexpr (T::kShuffleStats) {
+    Cols::fetch(lse_cols, lanes, tScS);
+    CUTLASS_PRAGMA_UNROLL
+    for (int c = 0; c < Cols::kCols; ++c) asm volatile("" : "+f"(lse_cols[c]));
+  }
+}
+
+// RowStats::kShuffleAhead: waits for the stage of step `count` and shuffles its LSE into lse_cols.
+template <class T, class Cols, class Coords>
+CUTLASS_DEVICE void shuffle_lse_ahead(BwdSharedStorage<T>& ss, int tid, uint32_t count,
+                                      float (&lse_cols)[Cols::kCols], Coords const& tScS) {
+  if constexpr (T::kLseAhead) {
+    const RingPos pos = ring_pos<T::kStages>(count);
+    wait_barrier(ss.q_full[pos.index], pos.phase, WaitSite::kQFull);
+    LaneStats<T::kBlockM> lanes;
+    lanes.load(ss.lse[pos.index], tid % 32);
+    shuffle_lse<T, Cols>(lse_cols, lanes, tScS);
+  }
+}
+
 // The GEMM operands a consumer reads from shared memory: its fragments (GMMA descriptors) of K, Q, V and dO for S^T
 // and dP^T, of dO^T for dV, Q^T for dK, dS and K^T for dQ, and the P^T and dS^T buffers it writes.
 template <class T, class OpSdp, class OpDv, class OpDk, class OpDq>
@@ -416,22 +441,10 @@ CUTLASS_DEVICE void consumer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<
   // kSharedMemory: loaded here after the S wait when it fits in registers (detail::lse_in_regs); unused (and dropped)
   // otherwise.
   float lse_cols[Cols::kCols];
-  auto shuffle_lse = [&](LaneStats<T::kBlockM> const& lanes) {
-    if constexpr (T::kShuffleStats) {
-      Cols::fetch(lse_cols, lanes, tScS);
-      CUTLASS_PRAGMA_UNROLL
-      for (int c = 0; c < Cols::kCols; ++c) asm volatile("" : "+f"(lse_cols[c]));
-    }
-  };
+  auto shuffle_lse = [&](LaneStats<T::kBlockM> const& lanes) { detail::shuffle_lse<T, Cols>(lse_cols, lanes, tScS); };
   // kShuffleAhead: the LSE of step `count` (its record may be the end, then the values go unused).
   auto shuffle_lse_ahead = [&](uint32_t count) {
-    if constexpr (T::kLseAhead) {
-      const RingPos pos = ring_pos<T::kStages>(count);
-      wait_barrier(ss.q_full[pos.index], pos.phase, WaitSite::kQFull);
-      LaneStats<T::kBlockM> lanes;
-      lanes.load(ss.lse[pos.index], tid % 32);
-      shuffle_lse(lanes);
-    }
+    detail::shuffle_lse_ahead<T, Cols>(ss, tid, count, lse_cols, tScS);
   };
   [[maybe_unused]] const GemmStats gemm_stats(tid % 32);
   shuffle_lse_ahead(0);

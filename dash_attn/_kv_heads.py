@@ -48,23 +48,36 @@ def grads_like(k_x: torch.Tensor, v_x: torch.Tensor) -> Tuple[torch.Tensor, torc
 
 def sum_kv(dk_x: torch.Tensor, dv_x: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor,
            both: Optional[torch.Tensor] = None) -> None:
-    """dk, dv = sum_groups of dk_x, dv_x; both: grads_like's buffer of the two, if any (else they are stacked into one
-    where their shapes agree)."""
-    if both is None and dk_x.shape == dv_x.shape:
-        both = torch.stack((dk_x, dv_x))
+    """dk, dv = sum_groups of dk_x, dv_x; both: grads_like's buffer of the two, if any. Where the two have one shape
+    they are widened into one float32 buffer (read once each, no stacked copy) and reduced in one pass."""
     if both is not None:
-        sum_groups(both, dk, dv)
+        sum_groups(_in_sum_dtype(both), dk, dv)
+    elif dk_x.shape == dv_x.shape:
+        acc = dk_x.new_empty((2,) + tuple(dk_x.shape), dtype=_sum_dtype(dk_x))
+        acc[0].copy_(dk_x)
+        acc[1].copy_(dv_x)
+        sum_groups(acc, dk, dv)
     else:
-        sum_groups(dk_x.unsqueeze(0), dk)
-        sum_groups(dv_x.unsqueeze(0), dv)
+        sum_groups(_in_sum_dtype(dk_x.unsqueeze(0)), dk)
+        sum_groups(_in_sum_dtype(dv_x.unsqueeze(0)), dv)
 
 
-def sum_groups(grads: torch.Tensor, *outs: torch.Tensor) -> None:
-    """outs[i] (KV heads on dim -2) = the sum of grads[i]'s query heads of each KV head, in float32 (or grads' dtype
-    where wider), in a fixed pairwise order (the heads of the second half added to those of the first, elementwise,
-    until one is left), so that the bits depend on the values alone."""
-    group = grads.shape[-2] // outs[0].shape[-2]
-    acc = grads.unflatten(-2, (outs[0].shape[-2], group)).to(torch.promote_types(grads.dtype, torch.float32))
+def _sum_dtype(grads: torch.Tensor) -> torch.dtype:
+    return torch.promote_types(grads.dtype, torch.float32)
+
+
+def _in_sum_dtype(grads: torch.Tensor) -> torch.Tensor:
+    """Scratch gradients in the sum's dtype (float32, or theirs where wider); sum_groups overwrites the result, which
+    is grads itself where the dtype already matches."""
+    return grads.to(_sum_dtype(grads))
+
+
+def sum_groups(acc: torch.Tensor, *outs: torch.Tensor) -> None:
+    """outs[i] (KV heads on dim -2) = the sum of acc[i]'s query heads of each KV head, in a fixed pairwise order (the
+    heads of the second half added to those of the first, elementwise, until one is left), so that the bits depend on
+    the values alone. acc: the expanded heads' gradients in the sum's dtype (_in_sum_dtype), overwritten."""
+    group = acc.shape[-2] // outs[0].shape[-2]
+    acc = acc.unflatten(-2, (outs[0].shape[-2], group))
     count = group
     while count > 1:
         half = count // 2

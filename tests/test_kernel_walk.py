@@ -1,0 +1,126 @@
+"""The backward producer's walk, as the batched kernels take it from csrc/bwd/bwd_tile_scheduler.h (ScheduleRef,
+compiled here for the host), equals the schedule engine's plan (dash_attn.schedule.plan, on which the invariance and
+deadlock proofs run): the same items, steps and visits on every CTA, for full, causal and window masks, shift's split
+tail included. The walk below mirrors bwd_producer.h's producer_loop: items in order, each over its step range (a
+piece of its tile in shift's split tail). Not here: units claimed at run time (dynamic, the packed kernels' sequence
+table)."""
+import pathlib
+import shutil
+import subprocess
+
+import numpy as np
+import pytest
+
+from dash_attn import schedule
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+COLUMNS = ("cta", "item", "step", "batch", "head", "head_k", "n_block", "m_block", "wait_target", "run")
+# The statically laid-out schedules each mask's kernels run (window kernels run descending_lanes as descending: the
+# same orders on another layout, so the plan's layout differs and it is left out there).
+SCHEDULES = {"full": ("shift", "shift_runs", "descending_lanes", "descending", "spt"),
+             "causal": ("shift_causal", "shift_causal_runs", "descending_lanes", "descending", "spt", "ascending"),
+             "window": ("descending", "spt", "ascending", "shift", "shift_runs")}
+WINDOWS = {"full": (-1, -1), "causal": (-1, 0), "window": (300, 40)}
+# batch, nheads, nheads_k, seqlen_q, seqlen_k: ragged tiles, GQA, seqlen_q != seqlen_k both ways.
+SHAPES = [(2, 4, 4, 1000, 1000), (3, 8, 2, 700, 900), (5, 3, 1, 333, 1500), (4, 8, 8, 4096, 512)]
+CTAS = [1, 7, 32, 132]
+
+WALK = r"""
+#include <cstdio>
+#include "bwd/bwd_tile_scheduler.h"
+using namespace dash;
+using namespace dash::bwd;
+template <MaskKind M, int BM, int BN>
+struct Batched {
+  static constexpr MaskKind kMask = M;
+  static constexpr int kBlockM = BM, kBlockN = BN;
+  static constexpr bool kPacked = false;
+};
+template <MaskKind M, int BM, int BN>
+void walk(sched::Problem p, ScheduleKind kind) {
+  using F = Batched<M, BM, BN>;
+  const ScheduleRef s(p, kind);
+  for (int32_t cta = 0; cta < p.num_ctas; ++cta) {
+    for (int64_t k = 0; k < s.template num_items<F>(cta); ++k) {
+      const KvTileRef t = s.template item<F>(cta, k);
+      const int32_t nv = s.template num_visits<F>(t);
+      const sched::StepRange r = s.template in_tail<F>(k) ? s.tail_steps(cta, k) : sched::StepRange{0, nv};
+      for (int32_t step = r.lo; step < r.hi; ++step) {
+        const VisitRef v = s.template visit<F>(cta, k, t, step);
+        std::printf("%d %lld %d %d %d %d %d %d %d %d\n", cta, (long long)k, step, t.batch, v.head, t.head_k,
+                    t.n_block, v.m_block, v.wait_target, v.run);
+      }
+    }
+  }
+}
+template <MaskKind M>
+bool walk_tiles(const sched::Problem& p, ScheduleKind kind) {
+  if (p.block_m == 64 && p.block_n == 128) return walk<M, 64, 128>(p, kind), true;
+  if (p.block_m == 128 && p.block_n == 128) return walk<M, 128, 128>(p, kind), true;
+  if (p.block_m == 64 && p.block_n == 64) return walk<M, 64, 64>(p, kind), true;
+  return false;
+}
+int main() {
+  int b, h, hk, sq, sk, bm, bn, c, kind, mask, left, right;
+  while (std::scanf("%d %d %d %d %d %d %d %d %d %d %d %d", &b, &h, &hk, &sq, &sk, &bm, &bn, &c, &kind, &mask, &left,
+                    &right) == 12) {
+    const sched::Problem p{b, h, hk, sq, sk, bm, bn, MaskKind(mask), left, right, c};
+    const bool known = mask == 0   ? walk_tiles<MaskKind::kFull>(p, ScheduleKind(kind))
+                       : mask == 1 ? walk_tiles<MaskKind::kCausal>(p, ScheduleKind(kind))
+                                   : walk_tiles<MaskKind::kWindow>(p, ScheduleKind(kind));
+    if (!known) return 2;
+    std::printf("end\n");
+  }
+  return 0;
+}
+"""
+
+
+@pytest.fixture(scope="module")
+def walker(tmp_path_factory):
+    if shutil.which("g++") is None:
+        pytest.skip("needs g++ to compile csrc/bwd/bwd_tile_scheduler.h for the host")
+    folder = tmp_path_factory.mktemp("walk")
+    (folder / "walk.cpp").write_text(WALK)
+    exe = folder / "walk"
+    subprocess.run(["g++", "-std=c++17", "-O1", f"-I{ROOT / 'csrc'}", str(folder / "walk.cpp"), "-o", str(exe)],
+                   check=True)
+    return exe
+
+
+def kernel_walks(exe, problems, mask):
+    """Per problem (batch, nheads, nheads_k, seqlen_q, seqlen_k, block_m, block_n, ctas, schedule name): the visits
+    the kernel's producer walks, one row per visit in COLUMNS' order."""
+    left, right = WINDOWS[mask]
+    tail = f"{schedule._mask_id(mask)} {left} {right}"
+    lines = [" ".join(str(x) for x in pr[:8]) + f" {schedule.SCHEDULE_IDS[pr[8]]} {tail}" for pr in problems]
+    out = subprocess.run([str(exe)], input="\n".join(lines) + "\n", check=True, capture_output=True, text=True).stdout
+    blocks = out.split("end\n")[:-1]
+    return [np.array([[int(x) for x in row.split()] for row in block.splitlines()], dtype=np.int64).reshape(-1, 10)
+            for block in blocks]
+
+
+def plan_rows(pr, mask):
+    b, h, hk, sq, sk, bm, bn, ctas, name = pr
+    window = WINDOWS[mask] if mask == "window" else None
+    visits = schedule.plan(name, mask, sq, sk, bm, bn, h, b, ctas, window, hk).visits
+    return np.stack([np.asarray(visits[c], dtype=np.int64) for c in COLUMNS], axis=1)
+
+
+def sorted_rows(rows):
+    return rows[np.lexsort((rows[:, 2], rows[:, 1], rows[:, 0]))]
+
+
+@pytest.mark.parametrize("mask", ["full", "causal", "window"])
+@pytest.mark.parametrize("hdim", [64, 128, 256])
+def test_kernel_walk_equals_the_engines_plan(walker, hdim, mask):
+    bm, bn = schedule.tile_shape(hdim, mask)
+    problems = [(*shape, bm, bn, ctas, name) for shape in SHAPES for ctas in CTAS for name in SCHEDULES[mask]]
+    split = 0  # problems where shift ran a tile in pieces on several CTAs (its split tail)
+    for pr, got in zip(problems, kernel_walks(walker, problems, mask)):
+        want = plan_rows(pr, mask)
+        assert got.shape == want.shape, pr
+        assert np.array_equal(sorted_rows(got), sorted_rows(want)), pr
+        tiles_on_ctas = np.unique(got[:, [0, 3, 5, 6]], axis=0)[:, 1:]
+        split += len(np.unique(tiles_on_ctas, axis=0)) < len(tiles_on_ctas)
+    assert (split > 0) == (mask == "full")

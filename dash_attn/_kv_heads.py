@@ -11,6 +11,8 @@ Bits: the rule reads the head counts alone (kv_heads_expanded), never the batch,
 sequence's gradients keep the invariance of the MHA kernels (dense or packed, any neighbours). Each query head's dK
 and dV are rounded to the input dtype once, then summed in float32 in a fixed order (sum_groups) and rounded again:
 FA3 adds the query heads' float32 partials and rounds once, so these sums carry up to one more rounding per head.
+On the GPU one kernel does the sum in that order in one pass (csrc/common/kv_head_sum.h): the torch ops read and
+write the shares several times over, which cost several percent of the backward.
 """
 from __future__ import annotations
 
@@ -46,10 +48,14 @@ def grads_like(k_x: torch.Tensor, v_x: torch.Tensor) -> Tuple[torch.Tensor, torc
     return both[0], both[1], both
 
 
-def sum_kv(dk_x: torch.Tensor, dv_x: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor,
+def sum_kv(ext, dk_x: torch.Tensor, dv_x: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor,
            both: Optional[torch.Tensor] = None) -> None:
-    """dk, dv = sum_groups of dk_x, dv_x; both: grads_like's buffer of the two, if any. Where the two have one shape
-    they are widened into one float32 buffer (read once each, no stacked copy) and reduced in one pass."""
+    """dk, dv = sum_groups of dk_x, dv_x; both: grads_like's buffer of the two, if any. ext: the CUDA extension, whose
+    kernel (csrc/common/kv_head_sum.h) sums both in one pass over the shares, with sum_groups' bits, wherever it takes
+    the call. Elsewhere, in torch ops: where the two have one shape they are widened into one float32 buffer (read
+    once each, no stacked copy) and reduced by elementwise adds."""
+    if ext.sum_kv_heads([dk_x, dv_x], [dk, dv], dk_x.shape[-2] // dk.shape[-2]):
+        return
     if both is not None:
         sum_groups(_in_sum_dtype(both), dk, dv)
     elif dk_x.shape == dv_x.shape:

@@ -392,8 +392,14 @@ def test_one_kv_head_runs_the_backward_as_mha(fake_cuda, monkeypatch, nheads_k, 
 
     monkeypatch.setattr(fake_cuda, "bwd", bwd)
     interface._launch_bwd(out, q, k, v, out, lse, dq, dk, dv, op_args(schedule="auto"))
-    ((_, (k_in, v_in, rest)),) = fake_cuda.calls
+    ((_, (k_in, v_in, rest)), *sums) = fake_cuda.calls
     assert k_in.shape[2] == v_in.shape[2] == launched_kv_heads
+    if launched_kv_heads > nheads_k:  # offered to the GPU's one-pass sum first (declined by the stand-in)
+        ((name, (ins, outs, group)),) = sums
+        assert name == "sum_kv_heads" and group == 8 and outs[0] is dk and outs[1] is dv
+        assert [x.shape[2] for x in ins] == [8, 8]
+    else:
+        assert not sums
     heads = torch.arange(launched_kv_heads, dtype=torch.float32).view(1, 1, -1, 1)
     for got, x, step in ((dk, k, 1 / 64), (dv, v, -1 / 32)):
         h = (x.float().repeat_interleave(launched_kv_heads // nheads_k, 2) + heads * step).to(x.dtype).float()

@@ -395,8 +395,8 @@ def test_one_kv_head_runs_the_backward_as_mha(fake_cuda, monkeypatch, nheads_k, 
     ((_, (k_in, v_in, rest)), *sums) = fake_cuda.calls
     assert k_in.shape[2] == v_in.shape[2] == launched_kv_heads
     if launched_kv_heads > nheads_k:  # offered to the GPU's one-pass sum first (declined by the stand-in)
-        ((name, (ins, outs, group)),) = sums
-        assert name == "sum_kv_heads" and group == 8 and outs[0] is dk and outs[1] is dv
+        ((name, (ins, outs, copies)),) = sums
+        assert name == "sum_kv_heads" and copies == 8 and outs[0] is dk and outs[1] is dv
         assert [x.shape[2] for x in ins] == [8, 8]
     else:
         assert not sums

@@ -1,5 +1,5 @@
 """The one-pass KV-head sum of a backward run as MHA (csrc/common/kv_head_sum.h, marker `gpu`): bitwise equal to
-dash_attn._kv_heads.sum_groups in torch ops, for every group size it takes, both dtypes, dense and strided outputs,
+dash_attn._kv_heads.sum_groups in torch ops, for every copy count it takes, both dtypes, dense and strided outputs,
 dK and dV of different head dims in one launch; calls it does not take are declined without a launch."""
 import pytest
 import torch
@@ -23,26 +23,26 @@ def torch_sum(x, heads_k):
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("group", [2, 3, 7, 8, 16, 24, 64])
-def test_kernel_sum_equals_sum_groups(dtype, group):
+@pytest.mark.parametrize("copies", [2, 3, 7, 8, 16, 24, 64])
+def test_kernel_sum_equals_sum_groups(dtype, copies):
     ext = interface._extension()
     heads_k = 2
-    dk_x = shares((3, 37, heads_k * group, 128), dtype, group)
-    dv_x = shares((3, 37, heads_k * group, 64), dtype, group + 1)
+    dk_x = shares((3, 37, heads_k * copies, 128), dtype, copies)
+    dv_x = shares((3, 37, heads_k * copies, 64), dtype, copies + 1)
     dk = torch.full((3, 37, heads_k, 128), float("nan"), device="cuda", dtype=dtype)
     dv = torch.full((3, 37, heads_k, 64), float("nan"), device="cuda", dtype=dtype)
-    assert ext.sum_kv_heads([dk_x, dv_x], [dk, dv], group)
+    assert ext.sum_kv_heads([dk_x, dv_x], [dk, dv], copies)
     assert torch.equal(dk, torch_sum(dk_x, heads_k)) and torch.equal(dv, torch_sum(dv_x, heads_k))
 
 
 def test_kernel_sum_into_strided_outputs():
     """Outputs that are views of wider tensors (a packed KV layout, varlen rows): written in place, nothing else."""
     ext = interface._extension()
-    group = 8
-    dk_x = shares((50, group, 64), torch.bfloat16, 1)
+    copies = 8
+    dk_x = shares((50, copies, 64), torch.bfloat16, 1)
     packed = torch.full((50, 2, 1, 64), float("nan"), device="cuda", dtype=torch.bfloat16)
     dk = packed[:, 0]
-    assert ext.sum_kv_heads([dk_x], [dk], group)
+    assert ext.sum_kv_heads([dk_x], [dk], copies)
     assert torch.equal(dk, torch_sum(dk_x, 1)) and packed[:, 1].isnan().all()
 
 
@@ -57,10 +57,10 @@ def test_kernel_declines_what_it_does_not_take():
 
 
 def test_sum_kv_falls_back_with_the_same_bits():
-    """A group size without a kernel takes the torch ops: the same function of the shares."""
+    """A copy count without a kernel takes the torch ops: the same function of the shares."""
     ext = interface._extension()
-    for group in (8, 17):
-        dk_x, dv_x = shares((5, 3 * group, 64), torch.float16, group), shares((5, 3 * group, 64), torch.float16, 9)
+    for copies in (8, 17):
+        dk_x, dv_x = shares((5, 3 * copies, 64), torch.float16, copies), shares((5, 3 * copies, 64), torch.float16, 9)
         dk, dv = dk_x.new_empty(5, 3, 64), dv_x.new_empty(5, 3, 64)
         _kv_heads.sum_kv(ext, dk_x, dv_x, dk, dv)
         assert torch.equal(dk, torch_sum(dk_x, 3)) and torch.equal(dv, torch_sum(dv_x, 3))

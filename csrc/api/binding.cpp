@@ -461,16 +461,16 @@ void poison_unless_ok(const at::Tensor& ok, const std::vector<at::Tensor>& resul
   TORCH_CHECK(err == 0, "dash_attn: result poisoning launch failed: ", cudaGetErrorString(cudaError_t(err)));
 }
 
-// Each KV head's dK/dV shares of a backward run as MHA (dash_attn/_kv_heads.py), summed in one pass: outs[i] (..., heads_k,
-// dim) = the sum of ins[i] (..., heads_k * group, dim) over each KV head's `group` heads, in sum_groups' order. Returns
-// false, launching nothing, where the kernel does not take the call (a group size without a kernel, an odd head
-// dim, a layout it cannot address); the caller then sums in torch ops, with the same bits.
-bool sum_kv_heads(const std::vector<at::Tensor>& ins, const std::vector<at::Tensor>& outs, int64_t group) {
+// Each KV head's dK/dV shares of a backward run on copies of the KV heads (dash_attn/_kv_heads.py), summed in one pass:
+// outs[i] (..., heads_k, dim) = the sum of ins[i] (..., heads_k * copies, dim) over each KV head's copies, in
+// sum_groups' order. Returns false, launching nothing, where the kernel does not take the call (a copy count without
+// a kernel, an odd head dim, a layout it cannot address); the caller then sums in torch ops, with the same bits.
+bool sum_kv_heads(const std::vector<at::Tensor>& ins, const std::vector<at::Tensor>& outs, int64_t copies) {
   TORCH_CHECK_VALUE(!ins.empty() && ins.size() == outs.size() && ins.size() <= size_t(dash::kMaxKvHeadSums),
                     "dash_attn: sum_kv_heads takes one to ", num(dash::kMaxKvHeadSums), " (in, out) pairs");
-  if (group < 2 || group > INT32_MAX || !dash_kv_head_sum_supported(static_cast<int32_t>(group))) return false;
+  if (copies < 2 || copies > INT32_MAX || !dash_kv_head_sum_supported(static_cast<int32_t>(copies))) return false;
   dash::KvHeadSums sums;
-  sums.group = static_cast<int32_t>(group);
+  sums.copies = static_cast<int32_t>(copies);
   sums.bfloat16 = ins[0].scalar_type() == at::kBFloat16;
   for (size_t i = 0; i < ins.size(); ++i) {
     const at::Tensor &in = ins[i], &out = outs[i];
@@ -481,16 +481,16 @@ bool sum_kv_heads(const std::vector<at::Tensor>& ins, const std::vector<at::Tens
                           in.scalar_type() == ins[0].scalar_type() && out.scalar_type() == in.scalar_type(),
                       "dash_attn: sum_kv_heads takes bfloat16 or float16 tensors of one dtype");
     const int64_t nd = in.dim();
-    TORCH_CHECK_VALUE(nd >= 2 && out.dim() == nd && in.size(-2) == out.size(-2) * group &&
+    TORCH_CHECK_VALUE(nd >= 2 && out.dim() == nd && in.size(-2) == out.size(-2) * copies &&
                           in.size(-1) == out.size(-1),
-                      "dash_attn: sum_kv_heads needs in (..., heads_k * group, dim) and out (..., heads_k, dim)");
+                      "dash_attn: sum_kv_heads needs in (..., heads_k * copies, dim) and out (..., heads_k, dim)");
     int64_t rows = 1;
     for (int64_t d = 0; d + 2 < nd; ++d) {
       TORCH_CHECK_VALUE(in.size(d) == out.size(d), "dash_attn: sum_kv_heads in and out differ in their leading dims");
       rows *= in.size(d);
     }
     // out's leading dims must merge into one row stride (dense within them); every pair of elements 4-byte aligned.
-    int64_t row_stride = nd > 2 ? out.stride(nd - 3) : 0;
+    const int64_t row_stride = nd > 2 ? out.stride(nd - 3) : 0;
     for (int64_t d = nd - 4; d >= 0; --d) {
       if (out.size(d) > 1 && out.stride(d) != out.stride(d + 1) * out.size(d + 1)) return false;
     }

@@ -29,8 +29,8 @@ struct Pair<__half> {
 
 // sum_groups' order on kCount shares: shares [count - half, count) added onto [0, half), half = count / 2, until one
 // share is left.
-template <int kCount, int kGroup>
-__device__ __forceinline__ void fold(float2 (&acc)[kGroup]) {
+template <int kCount, int kCopies>
+__device__ __forceinline__ void fold(float2 (&acc)[kCopies]) {
   if constexpr (kCount > 1) {
     constexpr int kHalf = kCount / 2;
 #pragma unroll
@@ -42,9 +42,9 @@ __device__ __forceinline__ void fold(float2 (&acc)[kGroup]) {
   }
 }
 
-// Thread t of the grid-stride loop owns two adjacent columns of one (row, KV head): it loads the group's shares of
+// Thread t of the grid-stride loop owns two adjacent columns of one (row, KV head): it loads the KV head's shares of
 // them (all loads in flight before the first add), folds them and stores the pair.
-template <class Element, int kGroup>
+template <class Element, int kCopies>
 __global__ void __launch_bounds__(kSumThreads) sum_kv_heads_kernel(const KvHeadSums s) {
   using P = Pair<Element>;
   static_assert(kMaxKvHeadSums == 2, "one selection per sum");
@@ -59,47 +59,49 @@ __global__ void __launch_bounds__(kSumThreads) sum_kv_heads_kernel(const KvHeadS
     const int64_t row = i / per_row;
     const int64_t rest = i - row * per_row;
     const int32_t head_k = static_cast<int32_t>(rest / pairs), pair = static_cast<int32_t>(rest - int64_t(head_k) * pairs);
-    const typename P::Type* share = in + (row * sum.heads_k + head_k) * kGroup * pairs + pair;
-    typename P::Type x[kGroup];
+    const typename P::Type* share = in + (row * sum.heads_k + head_k) * kCopies * pairs + pair;
+    typename P::Type x[kCopies];
 #pragma unroll
-    for (int j = 0; j < kGroup; ++j) x[j] = share[int64_t(j) * pairs];
-    float2 acc[kGroup];
+    for (int j = 0; j < kCopies; ++j) x[j] = share[int64_t(j) * pairs];
+    float2 acc[kCopies];
 #pragma unroll
-    for (int j = 0; j < kGroup; ++j) acc[j] = P::widen(x[j]);
-    fold<kGroup>(acc);
+    for (int j = 0; j < kCopies; ++j) acc[j] = P::widen(x[j]);
+    fold<kCopies>(acc);
     *reinterpret_cast<typename P::Type*>(out + row * sum.out_row_stride + head_k * sum.out_head_stride + 2 * pair) =
         P::narrow(acc[0]);
   }
 }
 
-// The group sizes with a kernel: every size up to 16 and the multiples of 8 up to 64 (query heads per KV head of
+// The copy counts with a kernel: every count up to 16 and the multiples of 8 up to 64 (the query heads per KV head of
 // the models one meets); the rest take sum_groups in torch ops, with the same bits.
-using Groups = std::integer_sequence<int, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 24, 32, 40, 48, 56, 64>;
+using CopyCounts = std::integer_sequence<int, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 24, 32, 40, 48, 56, 64>;
 
-template <int... kGroups>
-constexpr bool listed(int32_t group, std::integer_sequence<int, kGroups...>) {
-  return ((group == kGroups) || ...);
+template <int... kCopiesList>
+constexpr bool listed(int32_t copies, std::integer_sequence<int, kCopiesList...>) {
+  return ((copies == kCopiesList) || ...);
 }
 
-template <class Element, int... kGroups>
-void launch(const KvHeadSums& s, dim3 grid, cudaStream_t stream, std::integer_sequence<int, kGroups...>) {
-  ((s.group == kGroups ? (sum_kv_heads_kernel<Element, kGroups><<<grid, kSumThreads, 0, stream>>>(s), 0) : 0), ...);
+template <class Element, int... kCopiesList>
+void launch(const KvHeadSums& s, dim3 grid, cudaStream_t stream, std::integer_sequence<int, kCopiesList...>) {
+  ((s.copies == kCopiesList ? (sum_kv_heads_kernel<Element, kCopiesList><<<grid, kSumThreads, 0, stream>>>(s), 0)
+                            : 0),
+   ...);
 }
 
 }  // namespace
 }  // namespace dash
 
-extern "C" bool dash_kv_head_sum_supported(int32_t group) { return dash::listed(group, dash::Groups{}); }
+extern "C" bool dash_kv_head_sum_supported(int32_t copies) { return dash::listed(copies, dash::CopyCounts{}); }
 
 extern "C" int dash_sum_kv_heads(const dash::KvHeadSums* sums, int32_t num_sms, void* stream) {
-  if (sums->count <= 0 || !dash_kv_head_sum_supported(sums->group)) return static_cast<int>(cudaErrorInvalidValue);
+  if (sums->count <= 0 || !dash_kv_head_sum_supported(sums->copies)) return static_cast<int>(cudaErrorInvalidValue);
   // A few waves of CTAs: the loop strides over whatever is left.
   const dim3 grid(static_cast<unsigned>((num_sms > 0 ? num_sms : 1) * 8), static_cast<unsigned>(sums->count));
   const auto s = static_cast<cudaStream_t>(stream);
   if (sums->bfloat16) {
-    dash::launch<__nv_bfloat16>(*sums, grid, s, dash::Groups{});
+    dash::launch<__nv_bfloat16>(*sums, grid, s, dash::CopyCounts{});
   } else {
-    dash::launch<__half>(*sums, grid, s, dash::Groups{});
+    dash::launch<__half>(*sums, grid, s, dash::CopyCounts{});
   }
   return static_cast<int>(cudaGetLastError());
 }

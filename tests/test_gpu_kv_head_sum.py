@@ -5,6 +5,7 @@ import pytest
 import torch
 
 from dash_attn import _kv_heads, interface
+from gpu_common import main_head_dim
 
 pytestmark = pytest.mark.gpu
 
@@ -64,3 +65,16 @@ def test_sum_kv_falls_back_with_the_same_bits():
         dk, dv = dk_x.new_empty(5, 3, 64), dv_x.new_empty(5, 3, 64)
         _kv_heads.sum_kv(ext, dk_x, dv_x, dk, dv)
         assert torch.equal(dk, torch_sum(dk_x, 3)) and torch.equal(dv, torch_sum(dv_x, 3))
+
+
+@pytest.mark.parametrize("copies", [2, 4])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_backward_on_partial_copies(monkeypatch, copies, causal):
+    """GQA 8:2 run on `copies` copies of each KV head (kv_copies patched): dQ, dK, dV within the reference's
+    tolerance, and the same bits twice."""
+    from test_gpu_backward import check_backward, kernel_grads, make_inputs
+    monkeypatch.setattr(_kv_heads, "kv_copies", lambda nheads, nheads_k: copies)
+    check_backward(2, 257, 513, 8, 2, main_head_dim(), torch.bfloat16, causal, "auto", True)
+    q, k, v, dout = make_inputs(2, 257, 513, 8, 2, main_head_dim(), torch.bfloat16)
+    first, second = (kernel_grads(q, k, v, dout, causal, "auto", True) for _ in range(2))
+    assert all(torch.equal(a, b) for a, b in zip(first, second))

@@ -36,6 +36,17 @@ def test_kernel_sum_equals_sum_groups(dtype, copies):
     assert torch.equal(dk, torch_sum(dk_x, heads_k)) and torch.equal(dv, torch_sum(dv_x, heads_k))
 
 
+def test_kernel_sum_keeps_subnormals():
+    """bfloat16 shares in float32's subnormal range: added as torch adds them (the package's fast-math flush would
+    zero them)."""
+    ext = interface._extension()
+    dk_x = (shares((64, 8, 128), torch.float32, 4) * 2.0 ** -132).to(torch.bfloat16)
+    assert (dk_x != 0).float().mean() > 0.3 and ((dk_x != 0) & (dk_x.abs() < 2.0 ** -126)).any()
+    dk = torch.full((64, 1, 128), float("nan"), device="cuda", dtype=torch.bfloat16)
+    assert ext.sum_kv_heads([dk_x], [dk], 8)
+    assert torch.equal(dk, torch_sum(dk_x, 1)) and (dk != 0).any()
+
+
 def test_kernel_sum_into_strided_outputs():
     """Outputs that are views of wider tensors (a packed KV layout, varlen rows): written in place, nothing else."""
     ext = interface._extension()

@@ -27,6 +27,14 @@ struct Pair<__half> {
   __device__ static Type narrow(float2 x) { return __float22half2_rn(x); }
 };
 
+// a + b in IEEE single precision, subnormals kept: the package compiles with --use_fast_math, whose flush-to-zero
+// adds would part from torch's (sum_groups) on subnormal gradients. An explicit instruction is not rewritten.
+__device__ __forceinline__ float add_ieee(float a, float b) {
+  float r;
+  asm("add.rn.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
+  return r;
+}
+
 // sum_groups' order on kCount shares: shares [count - half, count) added onto [0, half), half = count / 2, until one
 // share is left.
 template <int kCount, int kCopies>
@@ -35,8 +43,8 @@ __device__ __forceinline__ void fold(float2 (&acc)[kCopies]) {
     constexpr int kHalf = kCount / 2;
 #pragma unroll
     for (int i = 0; i < kHalf; ++i) {
-      acc[i].x += acc[kCount - kHalf + i].x;
-      acc[i].y += acc[kCount - kHalf + i].y;
+      acc[i].x = add_ieee(acc[i].x, acc[kCount - kHalf + i].x);
+      acc[i].y = add_ieee(acc[i].y, acc[kCount - kHalf + i].y);
     }
     fold<kCount - kHalf>(acc);
   }

@@ -5,7 +5,7 @@ Why: the backward's units are (batch, KV head, KV tile), each walking all of its
 head (a tensor-parallel shard of a GQA model: 8 query heads and 1 KV head per GPU) there are fewer units than CTAs and
 each is several query heads long: from 4k keys both modes ran 1.3-2.7x slower than run as MHA, whose units are
 (batch, query head, KV tile). With two or four KV heads MHA gained only on causal masks at batch 1, so they keep the
-GQA kernels (docs/tuning.md has the figures).
+GQA kernels (docs/tuning.md has the figures). kv_copies can also split a group into fewer copies than query heads.
 
 Bits: the rule reads the head counts alone (kv_copies), never the batch, the lengths or the SM count, so a
 sequence's gradients keep the invariance of the MHA kernels (dense or packed, any neighbours). Each query head's dK

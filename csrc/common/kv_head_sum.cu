@@ -63,10 +63,12 @@ __global__ void __launch_bounds__(kSumThreads) sum_kv_heads_kernel(const KvHeadS
   const int64_t total = sum.rows * per_row;
   const auto* in = static_cast<const typename P::Type*>(sum.in);
   auto* out = static_cast<Element*>(sum.out);
-  for (int64_t i = int64_t(blockIdx.x) * kSumThreads + threadIdx.x; i < total; i += int64_t(gridDim.x) * kSumThreads) {
+  const int64_t stride = int64_t(gridDim.x) * kSumThreads;
+  for (int64_t i = int64_t(blockIdx.x) * kSumThreads + threadIdx.x; i < total; i += stride) {
     const int64_t row = i / per_row;
     const int64_t rest = i - row * per_row;
-    const int32_t head_k = static_cast<int32_t>(rest / pairs), pair = static_cast<int32_t>(rest - int64_t(head_k) * pairs);
+    const int32_t head_k = static_cast<int32_t>(rest / pairs);
+    const int32_t pair = static_cast<int32_t>(rest - int64_t(head_k) * pairs);
     const typename P::Type* share = in + (row * sum.heads_k + head_k) * kCopies * pairs + pair;
     typename P::Type x[kCopies];
 #pragma unroll
@@ -82,7 +84,8 @@ __global__ void __launch_bounds__(kSumThreads) sum_kv_heads_kernel(const KvHeadS
 
 // The copy counts with a kernel: every count up to 16 and the multiples of 8 up to 64 (the query heads per KV head of
 // the models one meets); the rest take sum_groups in torch ops, with the same bits.
-using CopyCounts = std::integer_sequence<int, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 24, 32, 40, 48, 56, 64>;
+using CopyCounts =
+    std::integer_sequence<int, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 24, 32, 40, 48, 56, 64>;
 
 template <int... kCopiesList>
 constexpr bool listed(int32_t copies, std::integer_sequence<int, kCopiesList...>) {

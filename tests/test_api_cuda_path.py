@@ -412,8 +412,8 @@ def test_one_kv_head_runs_the_backward_as_mha(fake_cuda, monkeypatch, nheads_k, 
 
 
 def test_kv_heads_run_on_partial_copies(fake_cuda, monkeypatch):
-    """A copy count below the group (dash_attn._kv_heads.kv_copies): copy c of KV head j is launched head j * copies + c,
-    serving query heads (j * copies + c) * g / copies onwards, and its dK share is summed into KV head j."""
+    """A copy count below the group (dash_attn._kv_heads.kv_copies): copy c of KV head j is launched head
+    j * copies + c, serving query heads (j * copies + c) * g / copies onwards; its dK share is summed into KV head j."""
     from dash_attn import _kv_heads
     monkeypatch.setattr(_kv_heads, "kv_copies", lambda nheads, nheads_k: 2)
     q, k, v = qkv(seqlen_q=10, seqlen_k=12, nheads=8, nheads_k=2, headdim=64, dtype=torch.bfloat16)

@@ -136,7 +136,7 @@ def cuda_extension():
                                                  layouts=["batched", "packed"] if packed else ["batched"])
     inst, prebuilt = _split_prebuilt(inst)
     sources = ["csrc/api/binding.cpp", "csrc/fwd/fwd_dispatch.cu", "csrc/bwd/bwd_dispatch.cu",
-               "csrc/common/seqlens_check.cu"] + inst
+               "csrc/common/seqlens_check.cu", "csrc/common/kv_head_sum.cu"] + inst
     nvcc_flags = (build_config.NVCC_FLAGS + build_config.TORCH_NVCC_FLAGS
                   + ["--threads", os.environ.get("NVCC_THREADS", "2")] + defines)
     if os.environ.get("DASH_ATTN_LINEINFO", "0") == "1":

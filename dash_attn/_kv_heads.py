@@ -5,12 +5,14 @@ Why: the backward's units are (batch, KV head, KV tile), each walking all of its
 head (a tensor-parallel shard of a GQA model: 8 query heads and 1 KV head per GPU) there are fewer units than CTAs and
 each is several query heads long: from 4k keys both modes ran 1.3-2.7x slower than run as MHA, whose units are
 (batch, query head, KV tile). With two or four KV heads MHA gained only on causal masks at batch 1, so they keep the
-GQA kernels (docs/tuning.md has the figures).
+GQA kernels (docs/tuning.md has the figures). kv_copies can also split a group into fewer copies than query heads.
 
-Bits: the rule reads the head counts alone (kv_heads_expanded), never the batch, the lengths or the SM count, so a
+Bits: the rule reads the head counts alone (kv_copies), never the batch, the lengths or the SM count, so a
 sequence's gradients keep the invariance of the MHA kernels (dense or packed, any neighbours). Each query head's dK
 and dV are rounded to the input dtype once, then summed in float32 in a fixed order (sum_groups) and rounded again:
 FA3 adds the query heads' float32 partials and rounds once, so these sums carry up to one more rounding per head.
+On the GPU one kernel does the sum in that order in one pass (csrc/common/kv_head_sum.h): the torch ops read and
+write the shares several times over, which cost several percent of the backward.
 """
 from __future__ import annotations
 
@@ -18,23 +20,24 @@ from typing import Optional, Tuple
 
 import torch
 
-# KV head counts up to which a GQA backward runs as MHA (kv_heads_expanded).
+# KV head counts up to which a GQA backward runs as MHA (kv_copies).
 EXPANDED_KV_HEADS = 1
 
 
-def kv_heads_expanded(nheads: int, nheads_k: int) -> bool:
-    """Whether a backward of nheads query heads on nheads_k KV heads runs as MHA (expand, sum_groups)."""
-    return nheads_k <= EXPANDED_KV_HEADS and nheads > nheads_k
+def kv_copies(nheads: int, nheads_k: int) -> int:
+    """Copies of each KV head that the backward of nheads query heads on nheads_k KV heads runs on, each serving
+    nheads // nheads_k // copies consecutive query heads: the group (MHA) up to EXPANDED_KV_HEADS KV heads, else 1
+    (the GQA kernels as they are). A function of the head counts alone (the module's docstring says why)."""
+    return nheads // nheads_k if nheads_k <= EXPANDED_KV_HEADS and nheads > nheads_k else 1
 
 
 def expand(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
-    """K and V with each KV head repeated for its query heads (heads on dim -2, query head h reads KV head h // g),
-    or None where kv_heads_expanded says no."""
-    nheads, nheads_k = q.shape[-2], k.shape[-2]
-    if not kv_heads_expanded(nheads, nheads_k):
+    """K and V with each KV head repeated kv_copies times (heads on dim -2; copy c of KV head j is head j * copies + c
+    and serves query heads (j * copies + c) * g / copies onwards, g the group), or None where kv_copies is 1."""
+    copies = kv_copies(q.shape[-2], k.shape[-2])
+    if copies == 1:
         return None
-    group = nheads // nheads_k
-    return tuple(x.unsqueeze(-2).expand(*x.shape[:-1], group, x.shape[-1]).flatten(-3, -2) for x in (k, v))
+    return tuple(x.unsqueeze(-2).expand(*x.shape[:-1], copies, x.shape[-1]).flatten(-3, -2) for x in (k, v))
 
 
 def grads_like(k_x: torch.Tensor, v_x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
@@ -46,10 +49,14 @@ def grads_like(k_x: torch.Tensor, v_x: torch.Tensor) -> Tuple[torch.Tensor, torc
     return both[0], both[1], both
 
 
-def sum_kv(dk_x: torch.Tensor, dv_x: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor,
+def sum_kv(ext, dk_x: torch.Tensor, dv_x: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor,
            both: Optional[torch.Tensor] = None) -> None:
-    """dk, dv = sum_groups of dk_x, dv_x; both: grads_like's buffer of the two, if any. Where the two have one shape
-    they are widened into one float32 buffer (read once each, no stacked copy) and reduced in one pass."""
+    """dk, dv = sum_groups of dk_x, dv_x; both: grads_like's buffer of the two, if any. ext: the CUDA extension, whose
+    kernel (csrc/common/kv_head_sum.h) sums both in one pass over the shares, with sum_groups' bits, wherever it takes
+    the call. Elsewhere, in torch ops: where the two have one shape they are widened into one float32 buffer (read
+    once each, no stacked copy) and reduced by elementwise adds."""
+    if ext.sum_kv_heads([dk_x, dv_x], [dk, dv], dk_x.shape[-2] // dk.shape[-2]):
+        return
     if both is not None:
         sum_groups(_in_sum_dtype(both), dk, dv)
     elif dk_x.shape == dv_x.shape:
@@ -73,7 +80,7 @@ def _in_sum_dtype(grads: torch.Tensor) -> torch.Tensor:
 
 
 def sum_groups(acc: torch.Tensor, *outs: torch.Tensor) -> None:
-    """outs[i] (KV heads on dim -2) = the sum of acc[i]'s query heads of each KV head, in a fixed pairwise order (the
+    """outs[i] (KV heads on dim -2) = the sum of acc[i]'s copies of each KV head, in a fixed pairwise order (the
     heads of the second half added to those of the first, elementwise, until one is left), so that the bits depend on
     the values alone. acc: the expanded heads' gradients in the sum's dtype (_in_sum_dtype), overwritten."""
     group = acc.shape[-2] // outs[0].shape[-2]

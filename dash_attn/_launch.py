@@ -166,7 +166,7 @@ def _launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, args: OpArgs, sink=None, ds
         return
     dk_x, dv_x, both = _kv_heads.grads_like(*expanded)
     _run_bwd(ext, dout, q, *expanded, out, lse, dq, dk_x, dv_x, args, sink, dsink)
-    _kv_heads.sum_kv(dk_x, dv_x, dk, dv, both)
+    _kv_heads.sum_kv(ext, dk_x, dv_x, dk, dv, both)
 
 
 def _run_bwd(ext, dout, q, k, v, out, lse, dq, dk, dv, args: OpArgs, sink=None, dsink=None) -> None:

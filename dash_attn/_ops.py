@@ -177,7 +177,7 @@ def varlen_bwd_launch(ext, host, dout, q, k, v, out, lse, seqs, max_seqlen_q, ma
         dq, dk_x, dv_x = varlen_bwd_launch(ext, host, dout, q, *expanded, out, lse, seqs, max_seqlen_q, max_seqlen_k,
                                            args, sink, dsink)
         dk, dv = torch.empty_like(k), torch.empty_like(v)
-        _kv_heads.sum_kv(dk_x, dv_x, dk, dv)
+        _kv_heads.sum_kv(ext, dk_x, dv_x, dk, dv)
         return dq, dk, dv
     if _runs_unplanned(ext, host, seqs[2], seqs[3]):
         bounds = _unplanned_bounds(host, max_seqlen_q, max_seqlen_k)

@@ -87,3 +87,8 @@ class FakeExtension(types.SimpleNamespace):
 
     def bwd(self, *args):
         self.calls.append(("bwd", args))
+
+    def sum_kv_heads(self, ins, outs, copies):
+        """The GPU's one-pass KV-head sum: declined here, so the torch ops (the same bits) run."""
+        self.calls.append(("sum_kv_heads", (ins, outs, copies)))
+        return False

@@ -392,8 +392,14 @@ def test_one_kv_head_runs_the_backward_as_mha(fake_cuda, monkeypatch, nheads_k, 
 
     monkeypatch.setattr(fake_cuda, "bwd", bwd)
     interface._launch_bwd(out, q, k, v, out, lse, dq, dk, dv, op_args(schedule="auto"))
-    ((_, (k_in, v_in, rest)),) = fake_cuda.calls
+    ((_, (k_in, v_in, rest)), *sums) = fake_cuda.calls
     assert k_in.shape[2] == v_in.shape[2] == launched_kv_heads
+    if launched_kv_heads > nheads_k:  # offered to the GPU's one-pass sum first (declined by the stand-in)
+        ((name, (ins, outs, copies)),) = sums
+        assert name == "sum_kv_heads" and copies == 8 and outs[0] is dk and outs[1] is dv
+        assert [x.shape[2] for x in ins] == [8, 8]
+    else:
+        assert not sums
     heads = torch.arange(launched_kv_heads, dtype=torch.float32).view(1, 1, -1, 1)
     for got, x, step in ((dk, k, 1 / 64), (dv, v, -1 / 32)):
         h = (x.float().repeat_interleave(launched_kv_heads // nheads_k, 2) + heads * step).to(x.dtype).float()
@@ -403,3 +409,26 @@ def test_one_kv_head_runs_the_backward_as_mha(fake_cuda, monkeypatch, nheads_k, 
         assert torch.equal(got, h.to(got.dtype))
     mha = interface.SCHEDULE_IDS[schedules_table.invariant_schedule("full", 64, 12, 8 // launched_kv_heads)]
     assert rest[6] == mha
+
+
+def test_kv_heads_run_on_partial_copies(fake_cuda, monkeypatch):
+    """A copy count below the group (dash_attn._kv_heads.kv_copies): copy c of KV head j is launched head
+    j * copies + c, serving query heads (j * copies + c) * g / copies onwards; its dK share is summed into KV head j."""
+    from dash_attn import _kv_heads
+    monkeypatch.setattr(_kv_heads, "kv_copies", lambda nheads, nheads_k: 2)
+    q, k, v = qkv(seqlen_q=10, seqlen_k=12, nheads=8, nheads_k=2, headdim=64, dtype=torch.bfloat16)
+    out, lse = torch.empty_like(q), torch.empty(2, 8, 10)
+    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+    def bwd(dout, q, k_in, v_in, out, lse, dq, dk_in, dv_in, *rest):
+        fake_cuda.calls.append(("bwd", (k_in, v_in)))
+        dk_in.copy_(k_in * torch.tensor([1, 2, 4, 8], dtype=k_in.dtype).view(1, 1, -1, 1))  # exact
+        dv_in.copy_(v_in)
+
+    monkeypatch.setattr(fake_cuda, "bwd", bwd)
+    interface._launch_bwd(out, q, k, v, out, lse, dq, dk, dv, op_args(schedule="auto"))
+    (_, (k_in, v_in)), (name, (_, _, copies)) = fake_cuda.calls
+    assert name == "sum_kv_heads" and copies == 2
+    assert torch.equal(k_in, k.repeat_interleave(2, 2)) and torch.equal(v_in, v.repeat_interleave(2, 2))
+    weights = torch.tensor([1 + 2, 4 + 8], dtype=torch.float32).view(1, 1, -1, 1)  # copies (1, 2) and (4, 8)
+    assert torch.equal(dk, (k.float() * weights).to(dk.dtype)) and torch.equal(dv, (v.float() * 2).to(dv.dtype))

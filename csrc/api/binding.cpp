@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "common/head_dims.h"
+#include "common/kv_head_sum.h"
 #include "common/params.h"
 #include "common/seqlens_check.h"
 
@@ -460,6 +461,61 @@ void poison_unless_ok(const at::Tensor& ok, const std::vector<at::Tensor>& resul
   TORCH_CHECK(err == 0, "dash_attn: result poisoning launch failed: ", cudaGetErrorString(cudaError_t(err)));
 }
 
+// Each KV head's dK/dV shares of a backward run on copies of the KV heads (dash_attn/_kv_heads.py), summed in one pass:
+// outs[i] (..., heads_k, dim) = the sum of ins[i] (..., heads_k * copies, dim) over each KV head's copies, in
+// sum_groups' order. Returns false, launching nothing, where the kernel does not take the call (a copy count without
+// a kernel, an odd head dim, a layout it cannot address); the caller then sums in torch ops, with the same bits.
+bool sum_kv_heads(const std::vector<at::Tensor>& ins, const std::vector<at::Tensor>& outs, int64_t copies) {
+  TORCH_CHECK_VALUE(!ins.empty() && ins.size() == outs.size() && ins.size() <= size_t(dash::kMaxKvHeadSums),
+                    "dash_attn: sum_kv_heads takes one to ", num(dash::kMaxKvHeadSums), " (in, out) pairs");
+  if (copies < 2 || copies > INT32_MAX || !dash_kv_head_sum_supported(static_cast<int32_t>(copies))) return false;
+  dash::KvHeadSums sums;
+  sums.copies = static_cast<int32_t>(copies);
+  sums.bfloat16 = ins[0].scalar_type() == at::kBFloat16;
+  for (size_t i = 0; i < ins.size(); ++i) {
+    const at::Tensor &in = ins[i], &out = outs[i];
+    TORCH_CHECK_VALUE(in.is_cuda() && out.is_cuda() && in.get_device() == ins[0].get_device() &&
+                          out.get_device() == ins[0].get_device(),
+                      "dash_attn: sum_kv_heads tensors must be on one CUDA device");
+    TORCH_CHECK_VALUE((in.scalar_type() == at::kBFloat16 || in.scalar_type() == at::kHalf) &&
+                          in.scalar_type() == ins[0].scalar_type() && out.scalar_type() == in.scalar_type(),
+                      "dash_attn: sum_kv_heads takes bfloat16 or float16 tensors of one dtype");
+    const int64_t nd = in.dim();
+    TORCH_CHECK_VALUE(nd >= 2 && out.dim() == nd && in.size(-2) == out.size(-2) * copies &&
+                          in.size(-1) == out.size(-1),
+                      "dash_attn: sum_kv_heads needs in (..., heads_k * copies, dim) and out (..., heads_k, dim)");
+    int64_t rows = 1;
+    for (int64_t d = 0; d + 2 < nd; ++d) {
+      TORCH_CHECK_VALUE(in.size(d) == out.size(d), "dash_attn: sum_kv_heads in and out differ in their leading dims");
+      rows *= in.size(d);
+    }
+    // out's leading dims must merge into one row stride (dense within them); every pair of elements 4-byte aligned.
+    const int64_t row_stride = nd > 2 ? out.stride(nd - 3) : 0;
+    for (int64_t d = nd - 4; d >= 0; --d) {
+      if (out.size(d) > 1 && out.stride(d) != out.stride(d + 1) * out.size(d + 1)) return false;
+    }
+    const int64_t dim = in.size(-1);
+    if (!in.is_contiguous() || out.stride(-1) != 1 || dim % 2 != 0 || row_stride % 2 != 0 ||
+        out.stride(-2) % 2 != 0 || reinterpret_cast<uintptr_t>(in.data_ptr()) % 4 != 0 ||
+        reinterpret_cast<uintptr_t>(out.data_ptr()) % 4 != 0 || dim > INT32_MAX || out.size(-2) > INT32_MAX) {
+      return false;
+    }
+    dash::KvHeadSum& sum = sums.sums[sums.count++];
+    sum.in = in.data_ptr();
+    sum.out = out.data_ptr();
+    sum.rows = rows;
+    sum.out_row_stride = row_stride;
+    sum.out_head_stride = out.stride(-2);
+    sum.heads_k = static_cast<int32_t>(out.size(-2));
+    sum.dim = static_cast<int32_t>(dim);
+  }
+  c10::cuda::CUDAGuard guard(ins[0].device());
+  const int err =
+      dash_sum_kv_heads(&sums, num_sms(ins[0].get_device()), at::cuda::getCurrentCUDAStream().stream());
+  TORCH_CHECK(err == 0, "dash_attn: KV-head sum launch failed: ", cudaGetErrorString(cudaError_t(err)));
+  return true;
+}
+
 std::vector<int64_t> supported_head_dims() {
   std::vector<int64_t> dims;
   for (int32_t h : dash::kBuiltHeadDims) {
@@ -488,6 +544,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("varlen_bwd", &varlen_bwd, "packed-sequence backward: writes dq, dk, dv in place");
   m.def("packed_seqlens_ok", &packed_seqlens_ok, "cu_seqlens of a packed call checked on the GPU: int32 flag");
   m.def("poison_unless_ok", &poison_unless_ok, "results set to NaN on the GPU unless the flag says valid");
+  m.def("sum_kv_heads", &sum_kv_heads, "dK/dV of a backward run as MHA summed per KV head; false: not launched");
   m.def("bwd_tile_shape", &bwd_tile_shape);
   m.def("num_sms", &num_sms);
 }

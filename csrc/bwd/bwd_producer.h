@@ -25,7 +25,8 @@ struct ProducerWarp {
   static_assert(T::kStages == 1 || T::kStages == 2, "the packed stage count needs 2 * kStages to divide 2^31");
   // Packed sequences (SeqLayout::kPacked) add the sequence's first rows, its number of Q tiles and the steps of the
   // current tile's first and last visit that have rows (the tile's kFirst and kLast).
-  // kStepLo and kStepEnd: the item's steps [lo, end) (item_steps), kPiece whether that is not all of the tile's.
+  // kStepEnd: the end of the item's steps. Items of the split tail (ItemPhase::kTail) also set kStepLo, their first
+  // step, and kPiece, whether [lo, end) is not all of the tile's; the whole waves' run every step from 0.
   enum Word : int { kPipe = 0, kItemLo, kItemHi, kStepLo, kStepEnd, kPiece, kBatch, kHeadK, kNBlock, kRowQ, kRowK,
                     kLiveM, kFirstLive, kLastLive };
   uint32_t state = 0;
@@ -75,8 +76,9 @@ struct ProducerWarp {
     set_word(kItemHi, static_cast<uint32_t>(claimed >> 32));
   }
 
-  // The next item: its tile's words set and its K/V loaded (or an empty tile's record sent); false at the end of the
-  // work.
+  // The next item of phase kPhase: its tile's words set and its K/V loaded (or an empty tile's record sent); false at
+  // the end of the phase's items.
+  template <ItemPhase kPhase>
   CUTLASS_DEVICE bool start_item() {
     // ScheduleKind::kDynamic: a unit is one item. The sequence table's schedule: two, claimed at the first.
     if constexpr (ScheduleRef::claims_units<T>()) {
@@ -86,8 +88,8 @@ struct ProducerWarp {
       if (p.sched.template claims_seq_units<T>() && (word(kItemLo) & 1) == 0) claim_unit(2);
     }
     const int64_t it = item_index();
-    if (it >= p.sched.template num_items<T>(cta_index())) return false;
-    const KvTileRef tile = p.sched.template item<T>(cta_index(), it);
+    if (it >= p.sched.template num_items<T, kPhase>(cta_index())) return false;
+    const KvTileRef tile = p.sched.template item<T, kPhase>(cta_index(), it);
     int32_t nv = p.sched.template num_visits<T>(tile);
     // Packed sequences are scheduled as a batch of the longest one. A visit to a Q tile past the sequence's end
     // is skipped; all visits to such a tile are, so the dQ chains of the other tiles keep their turns. Visits of
@@ -126,11 +128,14 @@ struct ProducerWarp {
         nv = 0;
       }
     }
-    const sched::StepRange steps =
-        p.sched.template in_tail<T>(it) ? p.sched.tail_steps(cta_index(), it) : sched::StepRange{0, nv};
-    set_word(kStepLo, steps.lo);
-    set_word(kStepEnd, steps.hi);
-    set_word(kPiece, steps.lo > 0 || steps.hi < nv ? VisitRecord::kPiece : 0);
+    if constexpr (kPhase == ItemPhase::kTail) {
+      const sched::StepRange steps = p.sched.tail_steps(cta_index(), it);
+      set_word(kStepLo, steps.lo);
+      set_word(kStepEnd, steps.hi);
+      set_word(kPiece, steps.lo > 0 || steps.hi < nv ? VisitRecord::kPiece : 0);
+    } else {
+      set_word(kStepEnd, nv);
+    }
     set_word(kBatch, tile.batch);
     set_word(kHeadK, tile.head_k);
     set_word(kNBlock, tile.n_block);
@@ -174,20 +179,23 @@ struct ProducerWarp {
   }
 
   // The current item's visits, 32 evaluated at once by the lanes: each visit's record, and its Q, dO and statistics
-  // loaded into its stage by the leader.
+  // loaded into its stage by the leader. The whole waves run every step of their tiles (from 0, no piece).
+  template <ItemPhase kPhase>
   CUTLASS_DEVICE void load_visits() {
+    constexpr bool kTail = kPhase == ItemPhase::kTail;
     Tensor mQ = p.tma_q.get_tma_tensor(p.shape_q);
     Tensor mdO = p.tma_do.get_tma_tensor(p.shape_q);
     Tensor sQ = make_tensor(make_smem_ptr(ss.q.data()), typename T::SmemLayoutQ{});
     Tensor sdO = make_tensor(make_smem_ptr(ss.dout.data()), typename T::SmemLayoutQ{});
-    for (int32_t t0 = static_cast<int32_t>(word(kStepLo)); t0 < static_cast<int32_t>(word(kStepEnd)); t0 += 32) {
+    for (int32_t t0 = kTail ? static_cast<int32_t>(word(kStepLo)) : 0; t0 < static_cast<int32_t>(word(kStepEnd));
+         t0 += 32) {
       VisitRef mine{0, 0, 0};
       {
         const int32_t step = t0 + lane_id();
         const int32_t end = static_cast<int32_t>(word(kStepEnd));
         const KvTileRef tile = current_tile();
         const int64_t it = item_index();
-        if (step < end) mine = p.sched.template visit<T>(cta_index(), it, tile, step);
+        if (step < end) mine = p.sched.template visit<T, kPhase>(cta_index(), it, tile, step);
       }
       const int32_t end = static_cast<int32_t>(word(kStepEnd));
 #pragma unroll 1
@@ -200,11 +208,12 @@ struct ProducerWarp {
         const KvTileRef tile = current_tile();
         const int32_t t = t0 + j;
         // Packed sequences: the tile's first and last visits with rows carry kFirst and kLast.
-        const int32_t first_t = static_cast<int32_t>(word(T::kPacked ? kFirstLive : kStepLo));
+        const int32_t first_t = T::kPacked ? static_cast<int32_t>(word(kFirstLive))
+                                           : kTail ? static_cast<int32_t>(word(kStepLo)) : 0;
         const int32_t last_t = T::kPacked ? static_cast<int32_t>(word(kLastLive)) : end - 1;
         const bool skip = T::kPacked && m_block >= static_cast<int32_t>(word(kLiveM));
         const int32_t row_q = T::kPacked ? static_cast<int32_t>(word(kRowQ)) : 0;
-        const int32_t piece = static_cast<int32_t>(word(kPiece));
+        const int32_t piece = kTail ? static_cast<int32_t>(word(kPiece)) : 0;
         // Every word() is a whole-warp shuffle: all of them above this point, where the warp is converged.
         if (lane_id() != 0 || skip) continue;
         const int32_t flags = (t == first_t ? VisitRecord::kFirst : 0) | (t == last_t ? VisitRecord::kLast : 0) | piece |
@@ -261,9 +270,15 @@ struct ProducerWarp {
 template <class T>
 CUTLASS_DEVICE void producer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<T>& ss) {
   ProducerWarp<T> warp{p, ss};
-  while (warp.start_item()) {
-    warp.load_visits();
+  while (warp.template start_item<ItemPhase::kWhole>()) {
+    warp.template load_visits<ItemPhase::kWhole>();
     warp.next_item();
+  }
+  if constexpr (ScheduleRef::splits_tail<T>()) {
+    while (warp.template start_item<ItemPhase::kTail>()) {
+      warp.template load_visits<ItemPhase::kTail>();
+      warp.next_item();
+    }
   }
   if (ProducerWarp<T>::lane_id() == 0) warp.next_stage(VisitRecord{0, 0, 0, 0, 0, 0, VisitRecord::kEnd}, 0);
 }

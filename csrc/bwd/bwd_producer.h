@@ -25,8 +25,8 @@ struct ProducerWarp {
   static_assert(T::kStages == 1 || T::kStages == 2, "the packed stage count needs 2 * kStages to divide 2^31");
   // Packed sequences (SeqLayout::kPacked) add the sequence's first rows, its number of Q tiles and the steps of the
   // current tile's first and last visit that have rows (the tile's kFirst and kLast).
-  // kStepEnd: the end of the item's steps. Items of the split tail (ItemPhase::kTail) also set kStepLo, their first
-  // step, and kPiece, whether [lo, end) is not all of the tile's; the whole waves' run every step from 0.
+  // kStepLo and kStepEnd: the item's steps [lo, end) (all of its tile's outside the split tail), kPiece whether that is
+  // not all of the tile's.
   enum Word : int { kPipe = 0, kItemLo, kItemHi, kStepLo, kStepEnd, kPiece, kBatch, kHeadK, kNBlock, kRowQ, kRowK,
                     kLiveM, kFirstLive, kLastLive };
   uint32_t state = 0;
@@ -128,14 +128,11 @@ struct ProducerWarp {
         nv = 0;
       }
     }
-    if constexpr (kPhase == ItemPhase::kTail) {
-      const sched::StepRange steps = p.sched.tail_steps(cta_index(), it);
-      set_word(kStepLo, steps.lo);
-      set_word(kStepEnd, steps.hi);
-      set_word(kPiece, steps.lo > 0 || steps.hi < nv ? VisitRecord::kPiece : 0);
-    } else {
-      set_word(kStepEnd, nv);
-    }
+    const sched::StepRange steps =
+        kPhase == ItemPhase::kTail ? p.sched.tail_steps(cta_index(), it) : sched::StepRange{0, nv};
+    set_word(kStepLo, steps.lo);
+    set_word(kStepEnd, steps.hi);
+    set_word(kPiece, steps.lo > 0 || steps.hi < nv ? VisitRecord::kPiece : 0);
     set_word(kBatch, tile.batch);
     set_word(kHeadK, tile.head_k);
     set_word(kNBlock, tile.n_block);
@@ -179,16 +176,14 @@ struct ProducerWarp {
   }
 
   // The current item's visits, 32 evaluated at once by the lanes: each visit's record, and its Q, dO and statistics
-  // loaded into its stage by the leader. The whole waves run every step of their tiles (from 0, no piece).
+  // loaded into its stage by the leader.
   template <ItemPhase kPhase>
   CUTLASS_DEVICE void load_visits() {
-    constexpr bool kTail = kPhase == ItemPhase::kTail;
     Tensor mQ = p.tma_q.get_tma_tensor(p.shape_q);
     Tensor mdO = p.tma_do.get_tma_tensor(p.shape_q);
     Tensor sQ = make_tensor(make_smem_ptr(ss.q.data()), typename T::SmemLayoutQ{});
     Tensor sdO = make_tensor(make_smem_ptr(ss.dout.data()), typename T::SmemLayoutQ{});
-    for (int32_t t0 = kTail ? static_cast<int32_t>(word(kStepLo)) : 0; t0 < static_cast<int32_t>(word(kStepEnd));
-         t0 += 32) {
+    for (int32_t t0 = static_cast<int32_t>(word(kStepLo)); t0 < static_cast<int32_t>(word(kStepEnd)); t0 += 32) {
       VisitRef mine{0, 0, 0};
       {
         const int32_t step = t0 + lane_id();
@@ -208,12 +203,11 @@ struct ProducerWarp {
         const KvTileRef tile = current_tile();
         const int32_t t = t0 + j;
         // Packed sequences: the tile's first and last visits with rows carry kFirst and kLast.
-        const int32_t first_t = T::kPacked ? static_cast<int32_t>(word(kFirstLive))
-                                           : kTail ? static_cast<int32_t>(word(kStepLo)) : 0;
+        const int32_t first_t = static_cast<int32_t>(word(T::kPacked ? kFirstLive : kStepLo));
         const int32_t last_t = T::kPacked ? static_cast<int32_t>(word(kLastLive)) : end - 1;
         const bool skip = T::kPacked && m_block >= static_cast<int32_t>(word(kLiveM));
         const int32_t row_q = T::kPacked ? static_cast<int32_t>(word(kRowQ)) : 0;
-        const int32_t piece = kTail ? static_cast<int32_t>(word(kPiece)) : 0;
+        const int32_t piece = static_cast<int32_t>(word(kPiece));
         // Every word() is a whole-warp shuffle: all of them above this point, where the warp is converged.
         if (lane_id() != 0 || skip) continue;
         const int32_t flags = (t == first_t ? VisitRecord::kFirst : 0) | (t == last_t ? VisitRecord::kLast : 0) | piece |

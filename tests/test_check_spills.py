@@ -32,13 +32,12 @@ def test_allowances_pass_up_to_their_budget_and_fail_above():
     assert result.returncode == 1 and "allowed: 76" in result.stdout
     assert run(BWD128.format(2), 40, 60, 60).returncode == 0
     assert run(BWD128.format(2), 40, 64, 64).returncode == 1
-    # hdim 64 full carries 140 bytes, hdim 128 full 80, since their statistics go through the tensor cores (and
-    # the piece store; at hdim 128 the spread start tiles in the producer, shift_runs' accumulator runs and
-    # descending_lanes' units).
-    assert run(BWD64.format(0), 88, 104, 140).returncode == 0
-    assert run(BWD64.format(0), 88, 104, 144).returncode == 1
-    assert run(BWD128.format(0), 24, 68, 80).returncode == 0
-    assert run(BWD128.format(0), 24, 68, 84).returncode == 1
+    # hdim 64 full carries 128 bytes, since its statistics go through the tensor cores; hdim 128 full 44, all in the
+    # producer's loop over shift's split tail.
+    assert run(BWD64.format(0), 88, 104, 128).returncode == 0
+    assert run(BWD64.format(0), 88, 104, 132).returncode == 1
+    assert run(BWD128.format(0), 16, 28, 44).returncode == 0
+    assert run(BWD128.format(0), 16, 28, 48).returncode == 1
 
 
 def test_serialized_wgmmas_fail_even_without_spills():

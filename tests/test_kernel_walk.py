@@ -1,9 +1,8 @@
 """The backward producer's walk, as the batched kernels take it from csrc/bwd/bwd_tile_scheduler.h (ScheduleRef,
 compiled here for the host), equals the schedule engine's plan (dash_attn.schedule.plan, on which the invariance and
 deadlock proofs run): the same items, steps and visits on every CTA, for full, causal and window masks, shift's split
-tail included. The walk below mirrors bwd_producer.h's producer_loop: items in order, each over its step range (a
-piece of its tile in shift's split tail). Not here: units claimed at run time (dynamic, the packed kernels' sequence
-table)."""
+tail included. The walk below mirrors bwd_producer.h's producer_loop: the whole waves (ItemPhase::kWhole), then the
+tail's items (ItemPhase::kTail). Not here: units claimed at run time (dynamic, the packed kernels' sequence table)."""
 import pathlib
 import shutil
 import subprocess
@@ -36,21 +35,27 @@ struct Batched {
   static constexpr int kBlockM = BM, kBlockN = BN;
   static constexpr bool kPacked = false;
 };
+template <class F, ItemPhase kPhase>
+int64_t walk_phase(const ScheduleRef& s, int32_t cta, int64_t k) {
+  for (; k < s.template num_items<F, kPhase>(cta); ++k) {
+    const KvTileRef t = s.template item<F, kPhase>(cta, k);
+    const int32_t nv = s.template num_visits<F>(t);
+    const sched::StepRange r = kPhase == ItemPhase::kTail ? s.tail_steps(cta, k) : sched::StepRange{0, nv};
+    for (int32_t step = r.lo; step < r.hi; ++step) {
+      const VisitRef v = s.template visit<F, kPhase>(cta, k, t, step);
+      std::printf("%d %lld %d %d %d %d %d %d %d %d\n", cta, (long long)k, step, t.batch, v.head, t.head_k, t.n_block,
+                  v.m_block, v.wait_target, v.run);
+    }
+  }
+  return k;
+}
 template <MaskKind M, int BM, int BN>
 void walk(sched::Problem p, ScheduleKind kind) {
   using F = Batched<M, BM, BN>;
   const ScheduleRef s(p, kind);
   for (int32_t cta = 0; cta < p.num_ctas; ++cta) {
-    for (int64_t k = 0; k < s.template num_items<F>(cta); ++k) {
-      const KvTileRef t = s.template item<F>(cta, k);
-      const int32_t nv = s.template num_visits<F>(t);
-      const sched::StepRange r = s.template in_tail<F>(k) ? s.tail_steps(cta, k) : sched::StepRange{0, nv};
-      for (int32_t step = r.lo; step < r.hi; ++step) {
-        const VisitRef v = s.template visit<F>(cta, k, t, step);
-        std::printf("%d %lld %d %d %d %d %d %d %d %d\n", cta, (long long)k, step, t.batch, v.head, t.head_k,
-                    t.n_block, v.m_block, v.wait_target, v.run);
-      }
-    }
+    const int64_t k = walk_phase<F, ItemPhase::kWhole>(s, cta, 0);
+    if constexpr (ScheduleRef::splits_tail<F>()) walk_phase<F, ItemPhase::kTail>(s, cta, k);
   }
 }
 template <MaskKind M>

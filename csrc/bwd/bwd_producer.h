@@ -25,7 +25,8 @@ struct ProducerWarp {
   static_assert(T::kStages == 1 || T::kStages == 2, "the packed stage count needs 2 * kStages to divide 2^31");
   // Packed sequences (SeqLayout::kPacked) add the sequence's first rows, its number of Q tiles and the steps of the
   // current tile's first and last visit that have rows (the tile's kFirst and kLast).
-  // kStepLo and kStepEnd: the item's steps [lo, end) (item_steps), kPiece whether that is not all of the tile's.
+  // kStepLo and kStepEnd: the item's steps [lo, end) (all of its tile's outside the split tail), kPiece whether that is
+  // not all of the tile's.
   enum Word : int { kPipe = 0, kItemLo, kItemHi, kStepLo, kStepEnd, kPiece, kBatch, kHeadK, kNBlock, kRowQ, kRowK,
                     kLiveM, kFirstLive, kLastLive };
   uint32_t state = 0;
@@ -75,8 +76,9 @@ struct ProducerWarp {
     set_word(kItemHi, static_cast<uint32_t>(claimed >> 32));
   }
 
-  // The next item: its tile's words set and its K/V loaded (or an empty tile's record sent); false at the end of the
-  // work.
+  // The next item of phase kPhase: its tile's words set and its K/V loaded (or an empty tile's record sent); false at
+  // the end of the phase's items.
+  template <ItemPhase kPhase>
   CUTLASS_DEVICE bool start_item() {
     // ScheduleKind::kDynamic: a unit is one item. The sequence table's schedule: two, claimed at the first.
     if constexpr (ScheduleRef::claims_units<T>()) {
@@ -86,8 +88,8 @@ struct ProducerWarp {
       if (p.sched.template claims_seq_units<T>() && (word(kItemLo) & 1) == 0) claim_unit(2);
     }
     const int64_t it = item_index();
-    if (it >= p.sched.template num_items<T>(cta_index())) return false;
-    const KvTileRef tile = p.sched.template item<T>(cta_index(), it);
+    if (it >= p.sched.template num_items<T, kPhase>(cta_index())) return false;
+    const KvTileRef tile = p.sched.template item<T, kPhase>(cta_index(), it);
     int32_t nv = p.sched.template num_visits<T>(tile);
     // Packed sequences are scheduled as a batch of the longest one. A visit to a Q tile past the sequence's end
     // is skipped; all visits to such a tile are, so the dQ chains of the other tiles keep their turns. Visits of
@@ -127,7 +129,7 @@ struct ProducerWarp {
       }
     }
     const sched::StepRange steps =
-        p.sched.template in_tail<T>(it) ? p.sched.tail_steps(cta_index(), it) : sched::StepRange{0, nv};
+        kPhase == ItemPhase::kTail ? p.sched.tail_steps(cta_index(), it) : sched::StepRange{0, nv};
     set_word(kStepLo, steps.lo);
     set_word(kStepEnd, steps.hi);
     set_word(kPiece, steps.lo > 0 || steps.hi < nv ? VisitRecord::kPiece : 0);
@@ -175,6 +177,7 @@ struct ProducerWarp {
 
   // The current item's visits, 32 evaluated at once by the lanes: each visit's record, and its Q, dO and statistics
   // loaded into its stage by the leader.
+  template <ItemPhase kPhase>
   CUTLASS_DEVICE void load_visits() {
     Tensor mQ = p.tma_q.get_tma_tensor(p.shape_q);
     Tensor mdO = p.tma_do.get_tma_tensor(p.shape_q);
@@ -187,7 +190,7 @@ struct ProducerWarp {
         const int32_t end = static_cast<int32_t>(word(kStepEnd));
         const KvTileRef tile = current_tile();
         const int64_t it = item_index();
-        if (step < end) mine = p.sched.template visit<T>(cta_index(), it, tile, step);
+        if (step < end) mine = p.sched.template visit<T, kPhase>(cta_index(), it, tile, step);
       }
       const int32_t end = static_cast<int32_t>(word(kStepEnd));
 #pragma unroll 1
@@ -261,9 +264,15 @@ struct ProducerWarp {
 template <class T>
 CUTLASS_DEVICE void producer_loop(BwdKernelParams<T> const& p, BwdSharedStorage<T>& ss) {
   ProducerWarp<T> warp{p, ss};
-  while (warp.start_item()) {
-    warp.load_visits();
+  while (warp.template start_item<ItemPhase::kWhole>()) {
+    warp.template load_visits<ItemPhase::kWhole>();
     warp.next_item();
+  }
+  if constexpr (ScheduleRef::splits_tail<T>()) {
+    while (warp.template start_item<ItemPhase::kTail>()) {
+      warp.template load_visits<ItemPhase::kTail>();
+      warp.next_item();
+    }
   }
   if (ProducerWarp<T>::lane_id() == 0) warp.next_stage(VisitRecord{0, 0, 0, 0, 0, 0, VisitRecord::kEnd}, 0);
 }

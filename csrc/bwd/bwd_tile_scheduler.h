@@ -11,6 +11,12 @@ namespace dash::bwd {
 using KvTileRef = sched::KvTile;
 using VisitRef = sched::Visit;
 
+// The two phases in which the producer walks a CTA's items (bwd_producer.h): the whole waves, then, in the kernels
+// that split it, shift's split tail (items waves .. waves + units_in(cta) - 1). Each phase compiles only its own item
+// arithmetic: the tail's (a loop over the head's tiles per visit) then takes no registers from the whole waves',
+// whose evaluation fills the producer warp's 24.
+enum class ItemPhase { kWhole, kTail };
+
 // `kind` is resolved at construction (host): the schedule's precondition checks, which re-derive the tile ranges
 // (divisions), then never run in the producer warp, and only the schedule that actually runs is dispatched.
 // `Fixed` is the kernel's traits: its kMask, kBlockM and kBlockN are what launch_bwd_main always puts into `problem`.
@@ -73,50 +79,50 @@ struct ScheduleRef {
     constexpr bool kWithDynamic = claims_units<Fixed>(), kWithCausal = Fixed::kMask != MaskKind::kFull;
     return sched::dispatch_resolved<kWithDynamic, kWithCausal, runs_lanes<Fixed>(), takes_seq_table<Fixed>()>(kind, f);
   }
-  // Item k of a CTA is one of the split tail's (then its tile was run in pieces by consecutive CTAs).
-  template <class Fixed>
-  DASH_HD bool in_tail(int64_t k) const {
-    if constexpr (splits_tail<Fixed>()) {
-      return sched::Shift::in_tail(tail, k);
-    } else {
-      return false;
-    }
-  }
-
-  template <class Fixed>
+  template <class Fixed, ItemPhase kPhase = ItemPhase::kWhole>
   DASH_HD int64_t num_items(int32_t cta) const {
     const sched::Problem pm = fixed<Fixed>();
-    if constexpr (splits_tail<Fixed>()) {
-      if (tail.active) return sched::Shift::num_items_with(pm, tail, cta);
+    if constexpr (kPhase == ItemPhase::kTail) {
+      return tail.active ? sched::Shift::num_items_with(pm, tail, cta) : 0;
+    } else {
+      if constexpr (splits_tail<Fixed>()) {
+        if (tail.active) return tail.waves;
+      }
+      // Claimed units: item k is the unit of launch index k, whichever CTA claimed it (sequence table: of index k / 2).
+      if (dynamic<Fixed>()) return sched::Dynamic::num_units(pm);
+      if (claims_seq_units<Fixed>()) return 2 * int64_t{sched::SeqCausalRuns::total_units(pm)};
+      return dispatch<Fixed>([&](auto s) { return decltype(s)::num_items(pm, cta); });
     }
-    // Claimed units: item k is the unit of launch index k, whichever CTA claimed it (sequence table: of index k / 2).
-    if (dynamic<Fixed>()) return sched::Dynamic::num_units(pm);
-    if (claims_seq_units<Fixed>()) return 2 * int64_t{sched::SeqCausalRuns::total_units(pm)};
-    return dispatch<Fixed>([&](auto s) { return decltype(s)::num_items(pm, cta); });
   }
-  template <class Fixed>
+  template <class Fixed, ItemPhase kPhase = ItemPhase::kWhole>
   DASH_HD KvTileRef item(int32_t cta, int64_t k) const {
     const sched::Problem pm = fixed<Fixed>();
-    if (in_tail<Fixed>(k)) return sched::Shift::item_with(pm, tail, cta, k);
-    if (dynamic<Fixed>()) return sched::Dynamic::unit(pm, k);
-    if (claims_seq_units<Fixed>()) return sched::SeqCausalRuns::unit_item(pm, k >> 1, (k & 1) != 0);
-    return dispatch<Fixed>([&](auto s) { return decltype(s)::item(pm, cta, k); });
+    if constexpr (kPhase == ItemPhase::kTail) {
+      return sched::Shift::Units::tile_of_unit(pm, tail.unit_of_item(cta, k));
+    } else {
+      if (dynamic<Fixed>()) return sched::Dynamic::unit(pm, k);
+      if (claims_seq_units<Fixed>()) return sched::SeqCausalRuns::unit_item(pm, k >> 1, (k & 1) != 0);
+      return dispatch<Fixed>([&](auto s) { return decltype(s)::item(pm, cta, k); });
+    }
   }
   template <class Fixed>
   DASH_HD int32_t num_visits(const KvTileRef& t) const {
     const sched::Problem pm = fixed<Fixed>();
     return dispatch<Fixed>([&](auto s) { return decltype(s)::num_visits(pm, t); });
   }
-  // Steps [lo, hi) of item k's tile that the item runs: all num_visits of them outside the split tail.
+  // Steps [lo, hi) of the tail item k that the CTA runs (a piece of its tile where they are not all of its visits).
   DASH_HD sched::StepRange tail_steps(int32_t cta, int64_t k) const { return sched::Shift::tail_steps(tail, cta, k); }
   // Step `step` of tile t = item(cta, k).
-  template <class Fixed>
+  template <class Fixed, ItemPhase kPhase = ItemPhase::kWhole>
   DASH_HD VisitRef visit(int32_t cta, int64_t k, const KvTileRef& t, int32_t step) const {
     const sched::Problem pm = fixed<Fixed>();
-    if (in_tail<Fixed>(k)) return sched::Shift::tail_visit(pm, tail, t, step);
-    return dispatch<Fixed>([&](auto s) {
-      return decltype(s)::visit_at(pm, t, step, decltype(s)::slot_of_item(pm, cta, k));
-    });
+    if constexpr (kPhase == ItemPhase::kTail) {
+      return sched::Shift::tail_visit(pm, tail, t, step);
+    } else {
+      return dispatch<Fixed>([&](auto s) {
+        return decltype(s)::visit_at(pm, t, step, decltype(s)::slot_of_item(pm, cta, k));
+      });
+    }
   }
 
  private:

@@ -7,7 +7,7 @@ each is several query heads long: from 4k keys both modes ran 1.3-2.7x slower th
 (batch, query head, KV tile). With two or four KV heads MHA gained only on causal masks at batch 1, so they keep the
 GQA kernels (docs/tuning.md has the figures). kv_copies can also split a group into fewer copies than query heads.
 
-Bits: the rule reads the head counts alone (kv_copies), never the batch, the lengths or the SM count, so a
+Bits: the rule reads the head counts and the mask alone (kv_copies), never the batch, the lengths or the SM count, so a
 sequence's gradients keep the invariance of the MHA kernels (dense or packed, any neighbours). Each query head's dK
 and dV are rounded to the input dtype once, then summed in float32 in a fixed order (sum_groups) and rounded again:
 FA3 adds the query heads' float32 partials and rounds once, so these sums carry up to one more rounding per head.
@@ -22,19 +22,31 @@ import torch
 
 # KV head counts up to which a GQA backward runs as MHA (kv_copies).
 EXPANDED_KV_HEADS = 1
+# Causal masks with groups of at least CAUSAL_SPLIT_GROUP query heads run on copies of CAUSAL_HEADS_PER_COPY query
+# heads each (kv_copies): there the GQA kernels' units, a KV tile of every query head of its group, differ in length by
+# up to the group's whole walk and balance badly on the grid. Measured at groups of 8 (benchmarks/RESULTS.md, "GQA");
+# groups of 4 keep descending_lanes' GQA kernels (schedules_table.LANES_GQA_RATIO), measured fast there.
+CAUSAL_SPLIT_GROUP = 8
+CAUSAL_HEADS_PER_COPY = 2
 
 
-def kv_copies(nheads: int, nheads_k: int) -> int:
+def kv_copies(nheads: int, nheads_k: int, causal: bool) -> int:
     """Copies of each KV head that the backward of nheads query heads on nheads_k KV heads runs on, each serving
-    nheads // nheads_k // copies consecutive query heads: the group (MHA) up to EXPANDED_KV_HEADS KV heads, else 1
-    (the GQA kernels as they are). A function of the head counts alone (the module's docstring says why)."""
-    return nheads // nheads_k if nheads_k <= EXPANDED_KV_HEADS and nheads > nheads_k else 1
+    nheads // nheads_k // copies consecutive query heads: on causal masks with a group of CAUSAL_SPLIT_GROUP or more
+    that CAUSAL_HEADS_PER_COPY divides, copies of that many query heads; else the group (MHA) up to EXPANDED_KV_HEADS
+    KV heads, else 1 (the GQA kernels as they are). A function of the head counts and the mask alone (the module's
+    docstring says why)."""
+    group = nheads // nheads_k
+    if causal and group >= CAUSAL_SPLIT_GROUP and group % CAUSAL_HEADS_PER_COPY == 0:
+        return group // CAUSAL_HEADS_PER_COPY
+    return group if nheads_k <= EXPANDED_KV_HEADS and group > 1 else 1
 
 
-def expand(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
+def expand(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+           causal: bool) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
     """K and V with each KV head repeated kv_copies times (heads on dim -2; copy c of KV head j is head j * copies + c
     and serves query heads (j * copies + c) * g / copies onwards, g the group), or None where kv_copies is 1."""
-    copies = kv_copies(q.shape[-2], k.shape[-2])
+    copies = kv_copies(q.shape[-2], k.shape[-2], causal)
     if copies == 1:
         return None
     return tuple(x.unsqueeze(-2).expand(*x.shape[:-1], copies, x.shape[-1]).flatten(-3, -2) for x in (k, v))

@@ -160,7 +160,7 @@ def _launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, args: OpArgs, sink=None, ds
     """CUDA backward into preallocated dq/dk/dv (and dsink, float32 (nheads,), with a sink); "auto" is resolved here,
     before the launch. GQA with few KV heads runs as MHA (dash_attn/_kv_heads.py)."""
     ext = _check_cuda(q, v, args.softcap)
-    expanded = _kv_heads.expand(q, k, v)
+    expanded = _kv_heads.expand(q, k, v, args.mask == MaskKind.CAUSAL)
     if expanded is None:
         _run_bwd(ext, dout, q, k, v, out, lse, dq, dk, dv, args, sink, dsink)
         return

@@ -415,7 +415,7 @@ def test_kv_heads_run_on_partial_copies(fake_cuda, monkeypatch):
     """A copy count below the group (dash_attn._kv_heads.kv_copies): copy c of KV head j is launched head
     j * copies + c, serving query heads (j * copies + c) * g / copies onwards; its dK share is summed into KV head j."""
     from dash_attn import _kv_heads
-    monkeypatch.setattr(_kv_heads, "kv_copies", lambda nheads, nheads_k: 2)
+    monkeypatch.setattr(_kv_heads, "kv_copies", lambda nheads, nheads_k, causal: 2)
     q, k, v = qkv(seqlen_q=10, seqlen_k=12, nheads=8, nheads_k=2, headdim=64, dtype=torch.bfloat16)
     out, lse = torch.empty_like(q), torch.empty(2, 8, 10)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
@@ -432,3 +432,12 @@ def test_kv_heads_run_on_partial_copies(fake_cuda, monkeypatch):
     assert torch.equal(k_in, k.repeat_interleave(2, 2)) and torch.equal(v_in, v.repeat_interleave(2, 2))
     weights = torch.tensor([1 + 2, 4 + 8], dtype=torch.float32).view(1, 1, -1, 1)  # copies (1, 2) and (4, 8)
     assert torch.equal(dk, (k.float() * weights).to(dk.dtype)) and torch.equal(dv, (v.float() * 2).to(dv.dtype))
+
+
+def test_kv_copies_rule_reads_head_counts_and_mask():
+    """Causal masks with groups of 8 or more: copies of 2 query heads; otherwise MHA up to EXPANDED_KV_HEADS KV heads,
+    else the GQA kernels."""
+    from dash_attn._kv_heads import kv_copies
+    assert [kv_copies(16, 2, True), kv_copies(32, 4, True), kv_copies(8, 1, True), kv_copies(64, 4, True)] == [4, 4, 4, 8]
+    assert [kv_copies(16, 4, True), kv_copies(4, 1, True), kv_copies(8, 1, False), kv_copies(16, 2, False)] == [1, 4, 8, 1]
+    assert kv_copies(8, 8, True) == kv_copies(8, 8, False) == 1

@@ -84,7 +84,7 @@ def test_backward_on_partial_copies(monkeypatch, copies, causal):
     """GQA 8:2 run on `copies` copies of each KV head (kv_copies patched): dQ, dK, dV within the reference's
     tolerance, and the same bits twice."""
     from test_gpu_backward import check_backward, kernel_grads, make_inputs
-    monkeypatch.setattr(_kv_heads, "kv_copies", lambda nheads, nheads_k: copies)
+    monkeypatch.setattr(_kv_heads, "kv_copies", lambda nheads, nheads_k, causal: copies)
     check_backward(2, 257, 513, 8, 2, main_head_dim(), torch.bfloat16, causal, "auto", True)
     q, k, v, dout = make_inputs(2, 257, 513, 8, 2, main_head_dim(), torch.bfloat16)
     first, second = (kernel_grads(q, k, v, dout, causal, "auto", True) for _ in range(2))

@@ -1,16 +1,18 @@
-"""GQA with few KV heads in the backward: K and V repeated per query head, the backward run as MHA, each KV head's dK
-and dV summed over its query heads in a fixed order.
+"""GQA backward on copies of each KV head: K and V repeated (per query head, or per pair of query heads on causal
+masks with large groups), the backward run on the copies, each KV head's dK and dV summed over its copies in a fixed
+order.
 
 Why: the backward's units are (batch, KV head, KV tile), each walking all of its KV head's query heads. With one KV
 head (a tensor-parallel shard of a GQA model: 8 query heads and 1 KV head per GPU) there are fewer units than CTAs and
 each is several query heads long: from 4k keys both modes ran 1.3-2.7x slower than run as MHA, whose units are
-(batch, query head, KV tile). With two or four KV heads MHA gained only on causal masks at batch 1, so they keep the
-GQA kernels (docs/tuning.md has the figures). kv_copies can also split a group into fewer copies than query heads.
+(batch, query head, KV tile). On causal masks the same imbalance holds for groups of 8 or more at any batch measured,
+and copies of 2 query heads ran fastest there; full masks with several KV heads keep the GQA kernels (docs/tuning.md
+has the figures).
 
 Bits: the rule reads the head counts and the mask alone (kv_copies), never the batch, the lengths or the SM count, so a
-sequence's gradients keep the invariance of the MHA kernels (dense or packed, any neighbours). Each query head's dK
+sequence's gradients keep the invariance of the MHA kernels (dense or packed, any neighbours). Each copy's dK
 and dV are rounded to the input dtype once, then summed in float32 in a fixed order (sum_groups) and rounded again:
-FA3 adds the query heads' float32 partials and rounds once, so these sums carry up to one more rounding per head.
+FA3 adds the query heads' float32 partials and rounds once, so these sums carry up to one more rounding per copy.
 On the GPU one kernel does the sum in that order in one pass (csrc/common/kv_head_sum.h): the torch ops read and
 write the shares several times over, which cost several percent of the backward.
 """
@@ -52,26 +54,13 @@ def expand(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     return tuple(x.unsqueeze(-2).expand(*x.shape[:-1], copies, x.shape[-1]).flatten(-3, -2) for x in (k, v))
 
 
-def grads_like(k_x: torch.Tensor, v_x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor, Optional[torch.Tensor]]:
-    """dK and dV of the expanded heads, and, where K and V have one head dim, the buffer whose two halves they are
-    (sum_kv then reduces both in one pass)."""
-    if k_x.shape != v_x.shape:
-        return torch.empty_like(k_x), torch.empty_like(v_x), None
-    both = k_x.new_empty((2,) + tuple(k_x.shape))
-    return both[0], both[1], both
-
-
-def sum_kv(ext, dk_x: torch.Tensor, dv_x: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor,
-           both: Optional[torch.Tensor] = None) -> None:
-    """dk, dv = sum_groups of dk_x, dv_x; both: grads_like's buffer of the two, if any. ext: the CUDA extension, whose
-    kernel (csrc/common/kv_head_sum.h) sums both in one pass over the shares, with sum_groups' bits, wherever it takes
-    the call. Elsewhere, in torch ops: where the two have one shape they are widened into one float32 buffer (read
-    once each, no stacked copy) and reduced by elementwise adds."""
+def sum_kv(ext, dk_x: torch.Tensor, dv_x: torch.Tensor, dk: torch.Tensor, dv: torch.Tensor) -> None:
+    """dk, dv = sum_groups of dk_x, dv_x. ext: the CUDA extension, whose kernel (csrc/common/kv_head_sum.h) sums both
+    in one pass over the shares, with sum_groups' bits, wherever it takes the call. Elsewhere, in torch ops: where the
+    two have one shape they are widened into one float32 buffer (read once each) and reduced by elementwise adds."""
     if ext.sum_kv_heads([dk_x, dv_x], [dk, dv], dk_x.shape[-2] // dk.shape[-2]):
         return
-    if both is not None:
-        sum_groups(_in_sum_dtype(both), dk, dv)
-    elif dk_x.shape == dv_x.shape:
+    if dk_x.shape == dv_x.shape:
         acc = dk_x.new_empty((2,) + tuple(dk_x.shape), dtype=_sum_dtype(dk_x))
         acc[0].copy_(dk_x)
         acc[1].copy_(dv_x)

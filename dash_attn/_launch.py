@@ -158,15 +158,16 @@ def bwd_cuda(dout, q, k, v, out, lse, args: OpArgs, sink=None, dsink=None) -> Tu
 
 def _launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, args: OpArgs, sink=None, dsink=None) -> None:
     """CUDA backward into preallocated dq/dk/dv (and dsink, float32 (nheads,), with a sink); "auto" is resolved here,
-    before the launch. GQA with few KV heads runs as MHA (dash_attn/_kv_heads.py)."""
+    before the launch. GQA with few KV heads, or causal with large groups, runs on KV-head copies
+    (dash_attn/_kv_heads.py)."""
     ext = _check_cuda(q, v, args.softcap)
     expanded = _kv_heads.expand(q, k, v, args.mask == MaskKind.CAUSAL)
     if expanded is None:
         _run_bwd(ext, dout, q, k, v, out, lse, dq, dk, dv, args, sink, dsink)
         return
-    dk_x, dv_x, both = _kv_heads.grads_like(*expanded)
+    dk_x, dv_x = (torch.empty_like(x) for x in expanded)
     _run_bwd(ext, dout, q, *expanded, out, lse, dq, dk_x, dv_x, args, sink, dsink)
-    _kv_heads.sum_kv(ext, dk_x, dv_x, dk, dv, both)
+    _kv_heads.sum_kv(ext, dk_x, dv_x, dk, dv)
 
 
 def _run_bwd(ext, dout, q, k, v, out, lse, dq, dk, dv, args: OpArgs, sink=None, dsink=None) -> None:

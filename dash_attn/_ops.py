@@ -171,7 +171,7 @@ def varlen_fwd_launch(ext, host, q, k, v, seqs, max_seqlen_q, max_seqlen_k, args
 def varlen_bwd_launch(ext, host, dout, q, k, v, out, lse, seqs, max_seqlen_q, max_seqlen_k, args: OpArgs, sink=None,
                       dsink=None):
     """The CUDA varlen backward on checked arguments, as varlen_fwd_launch; dsink: float32 (nheads,) with a sink. GQA
-    with few KV heads runs as MHA (dash_attn/_kv_heads.py)."""
+    with few KV heads, or causal with large groups, runs on KV-head copies (dash_attn/_kv_heads.py)."""
     expanded = _kv_heads.expand(q, k, v, args.mask == MaskKind.CAUSAL)
     if expanded is not None:
         dq, dk_x, dv_x = varlen_bwd_launch(ext, host, dout, q, *expanded, out, lse, seqs, max_seqlen_q, max_seqlen_k,

@@ -5,9 +5,9 @@ order.
 Why: the backward's units are (batch, KV head, KV tile), each walking all of its KV head's query heads. With one KV
 head (a tensor-parallel shard of a GQA model: 8 query heads and 1 KV head per GPU) there are fewer units than CTAs and
 each is several query heads long: from 4k keys both modes ran 1.3-2.7x slower than run as MHA, whose units are
-(batch, query head, KV tile). On causal masks the same imbalance holds for groups of 8 or more at any batch measured,
-and copies of 2 query heads ran fastest there; full masks with several KV heads keep the GQA kernels (docs/tuning.md
-has the figures).
+(batch, query head, KV tile). On causal masks the same imbalance holds for groups of 6 or more at any batch measured,
+and copies of 2 query heads ran fastest at groups of 8 (at groups of 6, 1.3x the GQA kernels, MHA 1.5x, on the one
+shape measured); full masks with several KV heads keep the GQA kernels (docs/tuning.md has the figures).
 
 Bits: the rule reads the head counts and the mask alone (kv_copies), never the batch, the lengths or the SM count, so a
 sequence's gradients keep the invariance of the MHA kernels (dense or packed, any neighbours). Each copy's dK
@@ -26,9 +26,9 @@ import torch
 EXPANDED_KV_HEADS = 1
 # Causal masks with groups of at least CAUSAL_SPLIT_GROUP query heads run on copies of CAUSAL_HEADS_PER_COPY query
 # heads each (kv_copies): there the GQA kernels' units, a KV tile of every query head of its group, differ in length by
-# up to the group's whole walk and balance badly on the grid. Measured at groups of 8 (benchmarks/RESULTS.md, "GQA");
-# groups of 4 keep descending_lanes' GQA kernels (schedules_table.LANES_GQA_RATIO), measured fast there.
-CAUSAL_SPLIT_GROUP = 8
+# up to the group's whole walk and balance badly on the grid. Measured at groups of 6 and 8 (docs/tuning.md); groups of
+# 4 keep descending_lanes' GQA kernels (schedules_table.LANES_GQA_RATIO): ahead at 2k keys, 3-10% behind from 8k.
+CAUSAL_SPLIT_GROUP = 6
 CAUSAL_HEADS_PER_COPY = 2
 
 

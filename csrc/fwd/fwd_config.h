@@ -16,7 +16,7 @@
 
 namespace dash::fwd {
 
-// Tile of one CTA: kBlockM query rows (one consumer warpgroup per 64 rows) against kBlockN keys per mainloop step.
+// Tile of one CTA: kBlockM query rows (one consumer warpgroup per 64 rows) against block_n(mask) keys per mainloop step.
 // kStages is the depth of each of the K and V shared-memory rings. kPingPong: consumer warpgroups take turns issuing
 // their GEMMs (see WarpGroupTurns), so one warpgroup's softmax overlaps another's tensor-core work. Register budgets
 // are per thread after setmaxnreg; producer * 128 + consumer * kNumConsumerThreads must fit the 64K-register file.
@@ -39,7 +39,7 @@ enum class ORescale : int { kBeforePv = 0, kAfterPv = 1 };
 template <>
 struct FwdTileConfig<64> {
   static constexpr int kBlockM = 192;
-  static constexpr int kBlockN = 128;
+  static constexpr int block_n(MaskKind) { return 128; }
   static constexpr int kStages = 2;
   static constexpr int kProducerRegs = 24;
   static constexpr int kConsumerRegs = 160;
@@ -55,7 +55,7 @@ struct FwdTileConfig<64> {
 template <>
 struct FwdTileConfig<128> {
   static constexpr int kBlockM = 128;
-  static constexpr int kBlockN = 128;
+  static constexpr int block_n(MaskKind) { return 128; }
   static constexpr int kStages = 2;
   static constexpr int kProducerRegs = 24;
   static constexpr int kConsumerRegs = 240;
@@ -66,13 +66,14 @@ struct FwdTileConfig<128> {
 };
 
 // Large head dim: the O accumulator alone takes 128 registers per consumer thread, and Q + 2 stages of K and V take
-// 192 KB of shared memory, so O has no room for a staging buffer. 64-key tiles (the 80-key ones measured slower were
-// built without CuTe's extended WGMMA shapes, so as five N = 16 WGMMAs a step: docs/tuning.md). Issue turns as at the
-// other head dims; with 64-key tiles they measured about even.
+// 192 KB (64-key tiles) or 224 KB (80-key tiles) of shared memory, so O has no room for a staging buffer. Issue turns
+// as at the other head dims.
 template <>
 struct FwdTileConfig<256> {
   static constexpr int kBlockM = 128;
-  static constexpr int kBlockN = 64;
+  // 80-key tiles (WGMMA N = 80, CUTE_SM90_EXTENDED_MMA_SHAPES_ENABLED) on full and causal masks: 2-9% faster than
+  // 64-key tiles from 8k keys, within 2% at 2k (docs/tuning.md). Windows keep 64-key tiles (not measured with 80).
+  static constexpr int block_n(MaskKind mask) { return mask == MaskKind::kWindow ? 64 : 80; }
   static constexpr int kStages = 2;
   static constexpr int kProducerRegs = 24;
   static constexpr int kConsumerRegs = 240;
@@ -93,7 +94,7 @@ struct FwdKernelTraits {
   static constexpr bool kSoftcap = kScoreMod_ == ScoreMod::kSoftcap;
   static constexpr bool kCausal = kMask_ == MaskKind::kCausal;
   static constexpr int kBlockM = Tile::kBlockM;
-  static constexpr int kBlockN = Tile::kBlockN;
+  static constexpr int kBlockN = Tile::block_n(kMask_);
   static constexpr int kStages = Tile::kStages;
   static constexpr ORescale kORescale = Tile::o_rescale(kMask_, kScoreMod_);
 

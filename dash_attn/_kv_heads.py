@@ -22,6 +22,8 @@ from typing import Optional, Tuple
 
 import torch
 
+from ._args import MaskKind
+
 # KV head counts up to which a GQA backward runs as MHA (kv_copies).
 EXPANDED_KV_HEADS = 1
 # Causal masks with groups of at least CAUSAL_SPLIT_GROUP query heads run on copies of CAUSAL_HEADS_PER_COPY query
@@ -45,10 +47,11 @@ def kv_copies(nheads: int, nheads_k: int, causal: bool) -> int:
 
 
 def expand(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-           causal: bool) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
+           mask: MaskKind) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
     """K and V with each KV head repeated kv_copies times (heads on dim -2; copy c of KV head j is head j * copies + c
-    and serves query heads (j * copies + c) * g / copies onwards, g the group), or None where kv_copies is 1."""
-    copies = kv_copies(q.shape[-2], k.shape[-2], causal)
+    and serves query heads (j * copies + c) * g / copies onwards, g the group), or None where kv_copies is 1. mask:
+    the call's (OpArgs.mask)."""
+    copies = kv_copies(q.shape[-2], k.shape[-2], mask == MaskKind.CAUSAL)
     if copies == 1:
         return None
     return tuple(x.unsqueeze(-2).expand(*x.shape[:-1], copies, x.shape[-1]).flatten(-3, -2) for x in (k, v))

@@ -161,7 +161,7 @@ def _launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, args: OpArgs, sink=None, ds
     before the launch. GQA with few KV heads, or causal with large groups, runs on KV-head copies
     (dash_attn/_kv_heads.py)."""
     ext = _check_cuda(q, v, args.softcap)
-    expanded = _kv_heads.expand(q, k, v, args.mask == MaskKind.CAUSAL)
+    expanded = _kv_heads.expand(q, k, v, args.mask)
     if expanded is None:
         _run_bwd(ext, dout, q, k, v, out, lse, dq, dk, dv, args, sink, dsink)
         return

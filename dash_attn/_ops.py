@@ -9,7 +9,7 @@ import torch
 from torch.utils import _python_dispatch
 
 from . import _kv_heads
-from ._args import MaskKind, OpArgs, _reference_dtype
+from ._args import OpArgs, _reference_dtype
 from ._launch import _lse_shape, _out_like, bwd_cuda, fwd_cuda
 from ._varlen import (_check_varlen, _runs_unplanned, _unplanned_bounds, _varlen_bwd_cuda, _varlen_bwd_unplanned,
                       _varlen_fwd_cuda, _varlen_fwd_unplanned)
@@ -172,7 +172,7 @@ def varlen_bwd_launch(ext, host, dout, q, k, v, out, lse, seqs, max_seqlen_q, ma
                       dsink=None):
     """The CUDA varlen backward on checked arguments, as varlen_fwd_launch; dsink: float32 (nheads,) with a sink. GQA
     with few KV heads, or causal with large groups, runs on KV-head copies (dash_attn/_kv_heads.py)."""
-    expanded = _kv_heads.expand(q, k, v, args.mask == MaskKind.CAUSAL)
+    expanded = _kv_heads.expand(q, k, v, args.mask)
     if expanded is not None:
         dq, dk_x, dv_x = varlen_bwd_launch(ext, host, dout, q, *expanded, out, lse, seqs, max_seqlen_q, max_seqlen_k,
                                            args, sink, dsink)

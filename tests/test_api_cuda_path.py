@@ -435,8 +435,8 @@ def test_kv_heads_run_on_partial_copies(fake_cuda, monkeypatch):
 
 
 def test_kv_copies_rule_reads_head_counts_and_mask():
-    """Causal masks with groups of 8 or more: copies of 2 query heads; otherwise MHA up to EXPANDED_KV_HEADS KV heads,
-    else the GQA kernels."""
+    """Causal masks with even groups of CAUSAL_SPLIT_GROUP (6) or more: copies of 2 query heads; otherwise MHA up to
+    EXPANDED_KV_HEADS KV heads, else the GQA kernels."""
     from dash_attn._kv_heads import kv_copies
     assert [kv_copies(16, 2, True), kv_copies(32, 4, True), kv_copies(8, 1, True), kv_copies(64, 4, True)] == [4, 4, 4, 8]
     assert [kv_copies(16, 4, True), kv_copies(4, 1, True), kv_copies(8, 1, False), kv_copies(16, 2, False)] == [1, 4, 8, 1]

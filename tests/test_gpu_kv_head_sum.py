@@ -83,21 +83,23 @@ def test_sum_kv_falls_back_with_the_same_bits():
 def test_backward_on_partial_copies(monkeypatch, copies, causal):
     """GQA 8:2 run on `copies` copies of each KV head (kv_copies patched): dQ, dK, dV within the reference's
     tolerance, and the same bits twice."""
-    from test_gpu_backward import check_backward, kernel_grads, make_inputs
     monkeypatch.setattr(_kv_heads, "kv_copies", lambda nheads, nheads_k, causal: copies)
-    check_backward(2, 257, 513, 8, 2, main_head_dim(), torch.bfloat16, causal, "auto", True)
-    q, k, v, dout = make_inputs(2, 257, 513, 8, 2, main_head_dim(), torch.bfloat16)
-    first, second = (kernel_grads(q, k, v, dout, causal, "auto", True) for _ in range(2))
-    assert all(torch.equal(a, b) for a, b in zip(first, second))
+    check_copies_backward(8, causal)
 
 
 @pytest.mark.parametrize("nheads", [12, 16], ids=["group6", "group8"])
 def test_backward_on_causal_copies_by_rule(nheads):
     """Causal GQA whose group kv_copies splits (3 and 4 copies of 2 query heads; the rule as shipped, not patched):
     dQ, dK, dV within the reference's tolerance, and the same bits twice."""
-    from test_gpu_backward import check_backward, kernel_grads, make_inputs
     assert _kv_heads.kv_copies(nheads, 2, True) == nheads // 4
-    check_backward(2, 257, 513, nheads, 2, main_head_dim(), torch.bfloat16, True, "auto", True)
+    check_copies_backward(nheads, True)
+
+
+def check_copies_backward(nheads, causal):
+    """nheads query heads on 2 KV heads, deterministic `auto`: dQ, dK, dV within the reference's tolerance, and the
+    same bits twice."""
+    from test_gpu_backward import check_backward, kernel_grads, make_inputs
+    check_backward(2, 257, 513, nheads, 2, main_head_dim(), torch.bfloat16, causal, "auto", True)
     q, k, v, dout = make_inputs(2, 257, 513, nheads, 2, main_head_dim(), torch.bfloat16)
-    first, second = (kernel_grads(q, k, v, dout, True, "auto", True) for _ in range(2))
+    first, second = (kernel_grads(q, k, v, dout, causal, "auto", True) for _ in range(2))
     assert all(torch.equal(a, b) for a, b in zip(first, second))

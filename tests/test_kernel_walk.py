@@ -40,7 +40,7 @@ int64_t walk_phase(const ScheduleRef& s, int32_t cta, int64_t k) {
   for (; k < s.template num_items<F, kPhase>(cta); ++k) {
     const KvTileRef t = s.template item<F, kPhase>(cta, k);
     const int32_t nv = s.template num_visits<F>(t);
-    const sched::StepRange r = kPhase == ItemPhase::kTail ? s.tail_steps(cta, k) : sched::StepRange{0, nv};
+    const sched::StepRange r = s.template item_steps<kPhase>(cta, k, nv);
     for (int32_t step = r.lo; step < r.hi; ++step) {
       const VisitRef v = s.template visit<F, kPhase>(cta, k, t, step);
       std::printf("%d %lld %d %d %d %d %d %d %d %d\n", cta, (long long)k, step, t.batch, v.head, t.head_k, t.n_block,

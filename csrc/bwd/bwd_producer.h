@@ -25,8 +25,8 @@ struct ProducerWarp {
   static_assert(T::kStages == 1 || T::kStages == 2, "the packed stage count needs 2 * kStages to divide 2^31");
   // Packed sequences (SeqLayout::kPacked) add the sequence's first rows, its number of Q tiles and the steps of the
   // current tile's first and last visit that have rows (the tile's kFirst and kLast).
-  // kStepLo and kStepEnd: the item's steps [lo, end) (all of its tile's outside the split tail), kPiece whether that is
-  // not all of the tile's.
+  // kStepLo and kStepEnd: the item's steps [lo, end) (ScheduleRef::item_steps), kPiece whether that is not all of the
+  // tile's.
   enum Word : int { kPipe = 0, kItemLo, kItemHi, kStepLo, kStepEnd, kPiece, kBatch, kHeadK, kNBlock, kRowQ, kRowK,
                     kLiveM, kFirstLive, kLastLive };
   uint32_t state = 0;
@@ -128,8 +128,7 @@ struct ProducerWarp {
         nv = 0;
       }
     }
-    const sched::StepRange steps =
-        kPhase == ItemPhase::kTail ? p.sched.tail_steps(cta_index(), it) : sched::StepRange{0, nv};
+    const sched::StepRange steps = p.sched.template item_steps<kPhase>(cta_index(), it, nv);
     set_word(kStepLo, steps.lo);
     set_word(kStepEnd, steps.hi);
     set_word(kPiece, steps.lo > 0 || steps.hi < nv ? VisitRecord::kPiece : 0);

@@ -110,8 +110,16 @@ struct ScheduleRef {
     const sched::Problem pm = fixed<Fixed>();
     return dispatch<Fixed>([&](auto s) { return decltype(s)::num_visits(pm, t); });
   }
-  // Steps [lo, hi) of the tail item k that the CTA runs (a piece of its tile where they are not all of its visits).
-  DASH_HD sched::StepRange tail_steps(int32_t cta, int64_t k) const { return sched::Shift::tail_steps(tail, cta, k); }
+  // Steps [lo, hi) of item k (its tile having nv visits) that the CTA runs: all of them in the whole waves, a piece of
+  // the tile in the split tail where that is not all of its visits.
+  template <ItemPhase kPhase>
+  DASH_HD sched::StepRange item_steps(int32_t cta, int64_t k, int32_t nv) const {
+    if constexpr (kPhase == ItemPhase::kTail) {
+      return sched::Shift::tail_steps(tail, cta, k);
+    } else {
+      return sched::StepRange{0, nv};
+    }
+  }
   // Step `step` of tile t = item(cta, k).
   template <class Fixed, ItemPhase kPhase = ItemPhase::kWhole>
   DASH_HD VisitRef visit(int32_t cta, int64_t k, const KvTileRef& t, int32_t step) const {

@@ -17,10 +17,10 @@
 namespace dash::fwd {
 
 // Tile of one CTA: kBlockM query rows (one consumer warpgroup per 64 rows) against block_n(mask) keys per mainloop
-// step.
-// kStages is the depth of each of the K and V shared-memory rings. kPingPong: consumer warpgroups take turns issuing
-// their GEMMs (see WarpGroupTurns), so one warpgroup's softmax overlaps another's tensor-core work. Register budgets
-// are per thread after setmaxnreg; producer * 128 + consumer * kNumConsumerThreads must fit the 64K-register file.
+// step. kStages is the depth of each of the K and V shared-memory rings. kPingPong: consumer warpgroups take turns
+// issuing their GEMMs (see WarpGroupTurns), so one warpgroup's softmax overlaps another's tensor-core work. Register
+// budgets are per thread after setmaxnreg; producer * 128 + consumer * kNumConsumerThreads must fit the 64K-register
+// file.
 template <int kHeadDim>
 struct FwdTileConfig;
 

@@ -120,3 +120,19 @@ def capture(step, warmups=1):
     with torch.cuda.graph(graph):
         results = step()
     return graph, results
+
+
+def train_steps(model, batches, device_type, lr):
+    """Training steps of a transformers model under bfloat16 autocast, one per batch (a dict of model inputs with
+    labels): the losses and the final weights by name. AdamW without weight decay, so that only a gradient moves a
+    weight (a learnable sink whose gradient is lost keeps its value)."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
+    losses = []
+    for inputs in batches:
+        with torch.autocast(device_type, dtype=torch.bfloat16):
+            loss = model(**inputs).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(loss.detach())
+    return torch.stack(losses), {name: p.detach().clone() for name, p in model.named_parameters()}

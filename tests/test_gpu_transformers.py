@@ -23,7 +23,8 @@ import torch
 
 transformers = pytest.importorskip("transformers")
 
-from gpu_common import assert_within, exact_float32_matmul, supported_head_dims, tolerance  # noqa: E402,F401 (fixture)
+from gpu_common import (  # noqa: E402,F401 (fixture)
+    assert_within, exact_float32_matmul, supported_head_dims, tolerance, train_steps)
 
 pytestmark = pytest.mark.gpu
 
@@ -202,12 +203,8 @@ def _initial_model(arch):
     return model.to("cuda").train()
 
 
-def _train(arch, steps=10):
-    """Training steps over dense, padded and packed batches; the losses and the final weights by name."""
-    model = _initial_model(arch)
-    # No weight decay: only a gradient moves a weight, so a sink whose gradient is lost or zero keeps its value.
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.0)
-    losses = []
+def _batches(steps):
+    """Dense, padded and packed batches in turn."""
     for step in range(steps):
         inputs = {"input_ids": _ids(4, SEQLEN, seed=10 + step)}
         if step % 3 == 1:
@@ -216,13 +213,12 @@ def _train(arch, steps=10):
         elif step % 3 == 2:
             inputs["input_ids"], inputs["position_ids"] = _packed((300, 11, 200, 1, 512), seed=10 + step)
         inputs.setdefault("labels", inputs["input_ids"])
-        with torch.autocast("cuda", dtype=torch.bfloat16):
-            loss = model(**inputs).loss
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        losses.append(loss.detach())
-    return torch.stack(losses), {name: p.detach().clone() for name, p in model.named_parameters()}
+        yield inputs
+
+
+def _train(arch, steps=10):
+    """Training steps over dense, padded and packed batches; the losses and the final weights by name."""
+    return train_steps(_initial_model(arch), _batches(steps), "cuda", lr=1e-3)
 
 
 def check_training_is_bitwise_reproducible(arch):

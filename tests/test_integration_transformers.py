@@ -19,7 +19,7 @@ transformers = pytest.importorskip("transformers")
 
 from dash_attn.integrations import transformers as dash_tf  # noqa: E402
 from dash_attn.reference import attention_ref  # noqa: E402
-from gpu_common import exact_float32_matmul  # noqa: E402,F401  (autouse: the float32 reference without TF32)
+from gpu_common import exact_float32_matmul, train_steps  # noqa: E402,F401  (autouse: the float32 reference without TF32)
 
 TOL = 1e-5
 VOCAB = 96
@@ -186,14 +186,8 @@ def test_greedy_generation_matches_eager(arch, padded):
     torch.testing.assert_close(torch.stack(out.logits), torch.stack(ref.logits), atol=TOL, rtol=0)
 
 
-def _train_gptoss(steps=4):
-    """gpt-oss (float32 weights) trained through dash_attn under bfloat16 autocast, as test_gpu_transformers.py trains
-    it on the GPU, over dense, padded and packed batches: the losses and the final weights by name."""
-    torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(_config("gptoss"), attn_implementation="dash_attn").train()
-    # No weight decay: only a gradient moves a weight, so a sink whose gradient is lost or zero keeps its value.
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.0)
-    losses = []
+def _gptoss_batches(steps):
+    """Dense, padded and packed batches in turn."""
     for step in range(steps):
         ids = torch.randint(1, VOCAB, (2, 16), generator=torch.Generator().manual_seed(10 + step))
         inputs = {"input_ids": ids, "labels": ids}
@@ -204,13 +198,15 @@ def _train_gptoss(steps=4):
         elif step % 3 == 2:
             inputs["input_ids"], inputs["position_ids"] = _packed_batch((9, 1, 14, 8))
             inputs["labels"] = inputs["input_ids"]
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            loss = model(**inputs).loss
-        loss.backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        losses.append(loss.detach())
-    return torch.stack(losses), {name: p.detach().clone() for name, p in model.named_parameters()}
+        yield inputs
+
+
+def _train_gptoss(steps=4):
+    """gpt-oss (float32 weights) trained through dash_attn under bfloat16 autocast, as test_gpu_transformers.py trains
+    it on the GPU, over dense, padded and packed batches: the losses and the final weights by name."""
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(_config("gptoss"), attn_implementation="dash_attn").train()
+    return train_steps(model, _gptoss_batches(steps), "cpu", lr=1e-2)
 
 
 def test_gptoss_training_is_reproducible_and_trains_the_sinks():

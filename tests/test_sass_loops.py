@@ -46,3 +46,22 @@ def test_command_line(tmp_path):
     missing = subprocess.run([sys.executable, str(TOOL), str(listing), "--function", "nope"], capture_output=True,
                              text=True)
     assert missing.returncode == 2 and "no instructions" in missing.stderr
+
+
+def test_order_of_a_step():
+    listing = """
+        Function : _Z6kernelv
+        /*0000*/                   HGMMA.64x128x16.F32.BF16 R88, gdesc[UR20], RZ, !UPT ;         /* 0x0 */
+        /*0010*/                   HGMMA.64x128x16.F32.BF16 R88, gdesc[UR20], R88, gsb0 ;        /* 0x0 */
+        /*0020*/                   HGMMA.64x128x16.F32.BF16 R24, R180, gdesc[UR16].tnspB, R24 ;  /* 0x0 */
+        /*0030*/                   WARPGROUP.DEPBAR.LE gsb0, 0x1 ;                               /* 0x0 */
+        /*0040*/                   FMNMX.FTZ R1, R2, R1, !PT ;                                   /* 0x0 */
+        /*0050*/                   MUFU.EX2 R3, R3 ;                                             /* 0x0 */
+        /*0060*/                   MUFU.EX2 R4, R4 ;                                             /* 0x0 */
+        /*0070*/                   WARPGROUP.DEPBAR.LE gsb0, 0x0 ;                               /* 0x0 */
+        /*0080*/                   F2FP.BF16.F32.PACK_AB R180, R4, R3 ;                          /* 0x0 */
+        /*0090*/                   @P0 BRA 0x0 ;                                                 /* 0x0 */
+"""
+    code = sass_loops.parse(listing, "kernel")
+    assert sass_loops.order(code, 0x0, 0x90) == (
+        "HGMMA.ssx2 HGMMA.rs WAIT<=1 MUFU.EX2x2 WAIT<=0 F2FP.BF16.F32.PACK_AB BRA")

@@ -6,7 +6,10 @@
 A loop is the span from a backward branch's target to the branch. The smallest loops holding WGMMAs (HGMMA) and exp2
 (MUFU.EX2) are the attention mainloops' steps; each is printed with its instruction count and opcode histogram.
 --skip leaves out address ranges inside them (the masked blocks a step branches over), so that the count is the one
-the steady state executes. docs/profile.md ("Instructions per step") compares ours with FA3's this way.
+the steady state executes. docs/profile.md ("Instructions per step") compares ours with FA3's this way. --order prints
+a step's events in program order, runs collapsed (`MUFU.EX2x64`): GEMM issues (`HGMMA.ss`: both operands in shared
+memory, `HGMMA.rs`: A from registers), WGMMA waits (`WAIT<=n`: until at most n groups run), barriers, exp2,
+conversions and branches; it shows which register math a wait leaves to overlap a running GEMM.
 """
 import argparse
 import collections
@@ -58,6 +61,32 @@ def step_loops(code, skip=()):
     return sorted(found, key=lambda loop: loop[0])
 
 
+def _event(instruction):
+    """The --order name of an instruction, None for the ones it leaves out."""
+    op = opcode(instruction)
+    if op.startswith("HGMMA"):
+        return "HGMMA.rs" if re.search(r"HGMMA\S*\s+R\d+,\s*R\d+", _PREDICATE.sub("", instruction)) else "HGMMA.ss"
+    if op == "WARPGROUP.DEPBAR.LE":
+        return "WAIT<=" + str(int(instruction.rsplit(",", 1)[-1].strip(), 0))
+    if op.startswith(("BAR.", "SYNCS.", "MUFU.EX2", "F2FP.", "SHFL.")) or op == "BRA":
+        return op
+    return None
+
+
+def order(code, lo, hi):
+    """The events of [lo, hi] in program order, each run of one event as `NAMExN`."""
+    runs = []
+    for address, instruction in code:
+        event = _event(instruction) if lo <= address <= hi else None
+        if event is None:
+            continue
+        if runs and runs[-1][0] == event:
+            runs[-1][1] += 1
+        else:
+            runs.append([event, 1])
+    return " ".join(name if n == 1 else f"{name}x{n}" for name, n in runs)
+
+
 def _range(text):
     lo, hi = (int(part, 16) for part in text.split("-"))
     return lo, hi
@@ -69,6 +98,7 @@ def main(argv=None):
     parser.add_argument("--function", default=".", help="regex on the kernel's mangled name")
     parser.add_argument("--loops", type=int, default=2, help="how many of the smallest step loops to print")
     parser.add_argument("--skip", type=_range, action="append", default=[], help="0xLO-0xHI to leave out")
+    parser.add_argument("--order", action="store_true", help="also print each loop's events in program order")
     args = parser.parse_args(argv)
     text = open(args.sass).read() if args.sass else sys.stdin.read()
     code = parse(text, args.function)
@@ -79,6 +109,8 @@ def main(argv=None):
         print("  " + ", ".join(f"{name} {n}" for name, n in ops.most_common()))
         branches = [f"{a:#x} {ins}" for a, ins in code if lo <= a <= hi and "BRA" in ins]
         print("  branches: " + "; ".join(branches))
+        if args.order:
+            print("  order: " + order(code, lo, hi))
     return 0
 
 

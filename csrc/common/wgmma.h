@@ -1,4 +1,5 @@
-// WGMMA widths of CuTe tiled MMAs, for the traits' static checks.
+// WGMMA widths of CuTe tiled MMAs, for the traits' static checks, and the scheduling fence a mainloop can put before
+// a WGMMA wait.
 #pragma once
 
 #include <cute/tensor.hpp>
@@ -12,6 +13,15 @@ namespace dash {
 template <class TiledMma>
 constexpr int wgmma_n() {
   return cute::size<1>(typename TiledMma::AtomShape_MNK{});
+}
+
+// Ends ptxas's scheduling block once `value` is computed: a branch on a bit pattern no arithmetic result has (the
+// all-ones NaN; the hardware's NaN is 0x7fffffff) around a side effect that cannot be dropped. ptxas schedules within
+// a block and places a WGMMA wait (WARPGROUP.DEPBAR) as early in its block as it can; without the fence the wait on a
+// GEMM still running goes above the register math meant to overlap it, which then runs after the GEMM instead of
+// beside it. The branch is never taken, so results are those of the unfenced code.
+CUTLASS_DEVICE void schedule_fence(float value) {
+  if (__float_as_uint(value) == 0xffffffffu) { asm volatile("nanosleep.u32 0;"); }
 }
 
 }  // namespace dash

@@ -535,6 +535,7 @@ struct FwdMainloop {
       apply_score_mod(p, tSrS);
       if (needs_mask(p, lens, m_block, n_block)) { apply_mask(p, lens, s_rc, coord_rc, m_block, n_block); }
       correction = softmax.step(s_rc, p.scale_log2);
+      if constexpr (Traits::kSoftmaxFence) { schedule_fence(softmax.row_sum[0]); }  // keeps the wait below it
       warpgroup_wait<0>();
       warpgroup_fence_operand(tOrO);
       warpgroup_fence_operand(tOrP);

@@ -19,7 +19,8 @@ transformers = pytest.importorskip("transformers")
 
 from dash_attn.integrations import transformers as dash_tf  # noqa: E402
 from dash_attn.reference import attention_ref  # noqa: E402
-from gpu_common import exact_float32_matmul, train_steps  # noqa: E402,F401  (autouse: the float32 reference without TF32)
+from gpu_common import (  # noqa: E402,F401  (exact_float32_matmul is autouse: the float32 reference without TF32)
+    exact_float32_matmul, train_steps)
 
 TOL = 1e-5
 VOCAB = 96

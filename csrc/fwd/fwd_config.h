@@ -20,9 +20,9 @@ namespace dash::fwd {
 // step. kStages is the depth of each of the K and V shared-memory rings. kPingPong: consumer warpgroups take turns
 // issuing their GEMMs (see WarpGroupTurns), so one warpgroup's softmax overlaps another's tensor-core work. Register
 // budgets are per thread after setmaxnreg; producer * 128 + consumer * kNumConsumerThreads must fit the 64K-register
-// file. softmax_fence(mask, mod): whether a step ends ptxas's scheduling block after its softmax (schedule_fence,
+// file. softmax_fence(mask): whether a step ends ptxas's scheduling block after its softmax (schedule_fence,
 // common/wgmma.h); without it ptxas hoists the wait on the step's PV GEMM above the row maxima and every exp2, so the
-// softmax runs after that GEMM instead of beside it.
+// softmax runs after that GEMM instead of beside it. Never with a softcap (FwdKernelTraits::kSoftmaxFence).
 template <int kHeadDim>
 struct FwdTileConfig;
 
@@ -53,11 +53,9 @@ struct FwdTileConfig<64> {
   static constexpr ORescale o_rescale(MaskKind mask, ScoreMod mod) {
     return mask == MaskKind::kWindow || mod == ScoreMod::kSoftcap ? ORescale::kBeforePv : ORescale::kAfterPv;
   }
-  // Full masks only: beside FA3 on an H100 (docs/tuning.md) it ran 1-2% faster at full and 2% slower at causal 2k.
-  // The soft-capped kernels spill with it; windows were not measured.
-  static constexpr bool softmax_fence(MaskKind mask, ScoreMod mod) {
-    return mask == MaskKind::kFull && mod == ScoreMod::kNone;
-  }
+  // Full masks only: beside FA3 on an H100 (docs/tuning.md) it ran 1-2% faster at full and 2% slower at causal 2k;
+  // windows were not measured.
+  static constexpr bool softmax_fence(MaskKind mask) { return mask == MaskKind::kFull; }
 };
 
 template <>
@@ -71,11 +69,9 @@ struct FwdTileConfig<128> {
   static constexpr OStorePath kOStore = OStorePath::kTmaFromShared;
   // Before the PV GEMM: after it, causal ran 5% slower at 4k and 4% faster at 16k, full within 2% (docs/tuning.md).
   static constexpr ORescale o_rescale(MaskKind, ScoreMod) { return ORescale::kBeforePv; }
-  // Full and causal masks: beside FA3 on an H100 (docs/tuning.md) full ran 2-4% faster, causal within 1%. The
-  // soft-capped kernels spill with it; windows were not measured.
-  static constexpr bool softmax_fence(MaskKind mask, ScoreMod mod) {
-    return mask != MaskKind::kWindow && mod == ScoreMod::kNone;
-  }
+  // Full and causal masks: beside FA3 on an H100 (docs/tuning.md) full ran 2-4% faster, causal within 1%; windows
+  // were not measured.
+  static constexpr bool softmax_fence(MaskKind mask) { return mask != MaskKind::kWindow; }
 };
 
 // Large head dim: the O accumulator alone takes 128 registers per consumer thread, and Q + 2 stages of K and V take
@@ -93,7 +89,7 @@ struct FwdTileConfig<256> {
   static constexpr bool kPingPong = true;
   static constexpr OStorePath kOStore = OStorePath::kRegisters;
   static constexpr ORescale o_rescale(MaskKind, ScoreMod) { return ORescale::kBeforePv; }  // the other not measured
-  static constexpr bool softmax_fence(MaskKind, ScoreMod) { return false; }  // not measured
+  static constexpr bool softmax_fence(MaskKind) { return false; }  // not measured
 };
 
 template <int kHeadDim_, class Element_, MaskKind kMask_, ScoreMod kScoreMod_ = ScoreMod::kNone,
@@ -111,7 +107,8 @@ struct FwdKernelTraits {
   static constexpr int kBlockN = Tile::block_n(kMask_);
   static constexpr int kStages = Tile::kStages;
   static constexpr ORescale kORescale = Tile::o_rescale(kMask_, kScoreMod_);
-  static constexpr bool kSoftmaxFence = Tile::softmax_fence(kMask_, kScoreMod_);
+  // Not with a softcap: those kernels spill 24-56 bytes with the fence (docs/tuning.md).
+  static constexpr bool kSoftmaxFence = !kSoftcap && Tile::softmax_fence(kMask_);
 
   static constexpr int kRowsPerWarpGroup = 64;  // M of one WGMMA instruction
   static constexpr int kNumConsumerWarpGroups = kBlockM / kRowsPerWarpGroup;

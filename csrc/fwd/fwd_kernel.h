@@ -19,9 +19,7 @@ template <class Traits>
 struct FwdKernel {
   using Mainloop = FwdMainloop<Traits>;
   using Epilogue = FwdEpilogue<Traits>;
-  using Scheduler = FwdTileScheduler<Traits::kCausal                      ? TileOrder::kPairedHeavyFirst
-                                     : Traits::kMask == MaskKind::kWindow ? TileOrder::kHeadMajorSnake
-                                                                          : TileOrder::kHeadMajor>;
+  using Scheduler = FwdTileScheduler<tile_order(Traits::kMask)>;
   using SharedStorage = typename Traits::SharedStorage;
   using PipelineKV = typename Traits::PipelineKV;
   using PipelineState = typename Traits::PipelineState;
@@ -80,8 +78,10 @@ struct FwdKernel {
       PipelineState write_v = cutlass::make_producer_start_state<PipelineKV>();
       bool first_tile = true;
       auto const& sched = params.scheduler;
-      for (auto cur = Scheduler::first(); Scheduler::valid(sched, cur); cur = Scheduler::next(sched, cur)) {
-        auto const tile = Scheduler::decode(sched, cur);
+      int const grid = gridDim.x;
+      for (auto cur = Scheduler::first(blockIdx.x); Scheduler::valid(sched, cur, grid);
+           cur = Scheduler::next(sched, cur, grid)) {
+        auto const tile = Scheduler::decode(sched, cur, grid);
         SeqRows const rows = tile_rows(params, tile.batch);
         if (Traits::kPacked && tile.m_block * Traits::kBlockM >= rows.len_q) { continue; }
         auto const keys = Mainloop::key_tiles(params.mainloop, lens_of(params, rows), tile.m_block);
@@ -103,8 +103,10 @@ struct FwdKernel {
       Tensor tOrO = partition_fragment_C(mma_pv, select<0, 1>(typename Traits::TileShapePV{}));
       OnlineSoftmax<kRowsPerThread> softmax;
       auto const& sched = params.scheduler;
-      for (auto cur = Scheduler::first(); Scheduler::valid(sched, cur); cur = Scheduler::next(sched, cur)) {
-        auto const tile = Scheduler::decode(sched, cur);
+      int const grid = gridDim.x;
+      for (auto cur = Scheduler::first(blockIdx.x); Scheduler::valid(sched, cur, grid);
+           cur = Scheduler::next(sched, cur, grid)) {
+        auto const tile = Scheduler::decode(sched, cur, grid);
         SeqRows const rows = tile_rows(params, tile.batch);
         if (Traits::kPacked && tile.m_block * Traits::kBlockM >= rows.len_q) { continue; }
         auto&& lens = lens_of(params, rows);

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "sched_py/fwd_tiles.h"
 #include "sched_py/packed.h"
 #include "sched_py/verify.h"
 
@@ -184,7 +185,9 @@ py::tuple range_tuple(BlockRange r) { return py::make_tuple(r.lo, r.hi); }
 }  // namespace
 
 PYBIND11_MODULE(_sched, m) {
-  m.doc() = "dash_attn backward schedules (the kernels' own C++ headers) for planning and the DASH cost model";
+  m.doc() =
+      "dash_attn backward schedules and forward tile order (the kernels' own C++ headers) for planning and the DASH "
+      "cost model";
   py::class_<Problem>(m, "Problem")
       .def(py::init(&make_problem), py::arg("batch"), py::arg("nheads"), py::arg("nheads_k"), py::arg("seqlen_q"),
            py::arg("seqlen_k"), py::arg("block_m"), py::arg("block_n"), py::arg("mask"), py::arg("window_left") = -1,
@@ -299,4 +302,5 @@ PYBIND11_MODULE(_sched, m) {
         "postprocess's counts and deadlock-freedom for every CTA count in [cta_lo, cta_hi]; returns errors.");
   m.def("verify", &verify_py, py::arg("kind"), py::arg("problem"), py::arg("cta_lo"), py::arg("cta_hi"),
         "Coverage, accumulation-order and deadlock checks for every CTA count in [cta_lo, cta_hi]; returns errors.");
+  host::bind_fwd_tiles(m);
 }

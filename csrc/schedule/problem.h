@@ -4,13 +4,8 @@
 #pragma once
 #include <cstdint>
 
+#include "common/host_device.h"
 #include "common/params.h"
-
-#if defined(__CUDACC__)
-#define DASH_HD __host__ __device__
-#else
-#define DASH_HD
-#endif
 
 namespace dash::sched {
 

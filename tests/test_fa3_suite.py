@@ -135,6 +135,21 @@ def test_ok_means_ran_nothing_failed_and_only_feature_skips():
     assert not Summary(passed=1, skipped={"time budget": 1}).ok()
 
 
+def test_a_retry_replaces_the_out_of_memory_failures(tmp_path):
+    oom = "test_flash_attn_output: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate N GiB"
+    first = Summary(passed=5, failed=3, errors=1, selected=9, failures={
+        oom: ["f.py::a[1]", "f.py::a[2]"], "error in setup: " + oom: ["f.py::b"], "test_x: AssertionError": ["f.py::x"]})
+    first.write(tmp_path)
+    loaded = Summary.load(tmp_path)
+    assert loaded.as_dict() == first.as_dict() and loaded.failures == first.failures
+    assert sorted(loaded.memory_failures()) == sorted([oom, "error in setup: " + oom])
+    retry = Summary(passed=2, failed=1, failures={"test_flash_attn_output: AssertionError": ["f.py::b"]})
+    loaded.fold_retry(retry, loaded.memory_failures())
+    assert (loaded.passed, loaded.failed, loaded.errors, loaded.selected) == (7, 2, 0, 9)
+    assert sorted(loaded.failures) == ["test_flash_attn_output: AssertionError", "test_x: AssertionError"]
+    assert loaded.context["serial_retry"]["cases"] == 3 and loaded.context["serial_retry"]["passed"] == 2
+
+
 # A small stand-in for FA3's test file (its shape, none of its code): sibling imports, the interface names, a switch.
 _FAKE_FA3 = '''
 import itertools
@@ -270,3 +285,45 @@ def test_plugin_run_counts_outcomes_skips_and_dropped_subcases(tmp_path):
     [failure] = summary["failure_classes"]
     assert re.fullmatch(r"test_wrong: AssertionError at test_flash_attn.py:\d+: assert 1 == 2", failure["class"])
     assert not summary["ok"] and summary["context"]["build"]["head_dims"] == [64, 128]
+
+
+_FAKE_FA3_OOM = '''
+import os
+
+import pytest
+import torch
+
+from flash_attn_interface import flash_attn_func
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_flash_attn_output(d):
+    if d == 128 and os.environ.get("PYTEST_XDIST_WORKER"):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+    q = torch.randn(1, 4, 2, d)
+    assert flash_attn_func(q, q, q).shape == q.shape
+
+
+def test_wrong():
+    assert 1 == 2
+'''
+
+
+def test_run_retries_the_out_of_memory_cases_one_at_a_time(tmp_path):
+    pytest.importorskip("xdist")
+    hopper = tmp_path / "hopper"
+    hopper.mkdir()
+    (hopper / "test_flash_attn.py").write_text(_FAKE_FA3_OOM)
+    (tmp_path / "fake_gpu.py").write_text(_FAKE_GPU_PLUGIN)
+    out = tmp_path / "out"
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, str(SUITE / "run.py"), "--fa3", str(hopper), "--out", str(out),
+                           "--workers", "2", "--", "-p", "fake_gpu"], env=env, capture_output=True, text=True,
+                          timeout=300)
+    assert "1 cases out of GPU memory, run again one at a time" in proc.stdout, proc.stdout + proc.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    assert (summary["passed"], summary["failed"], summary["errors"]) == (2, 1, 0), summary
+    assert summary["context"]["serial_retry"] == {"cases": 1, "passed": 1, "failed": 0,
+                                                  "why": "out of GPU memory beside the other workers"}
+    assert json.loads((out / "parallel" / "summary.json").read_text())["failed"] == 2
+    assert proc.returncode != 0  # test_wrong still fails

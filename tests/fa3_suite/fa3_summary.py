@@ -16,6 +16,8 @@ from fa3_features import FEATURES, skip_key
 # Examples kept per failure class: enough to rerun one, not a copy of the junit file.
 _EXAMPLES = 3
 _NUMBER = re.compile(r"(?<![A-Za-z_])[-+]?\d+(\.\d+)?([eE][-+]?\d+)?")
+_OUT_OF_MEMORY = re.compile(r"OutOfMemoryError|out of memory", re.IGNORECASE)
+FAILED_FILE = "failed.json"
 
 
 def function_of(nodeid: str) -> str:
@@ -101,6 +103,43 @@ class Summary:
         return "\n".join(lines) + "\n"
 
     def write(self, folder: pathlib.Path) -> None:
+        """summary.json and summary.md, and failed.json: every failing case's node id by class (summary.json keeps
+        a few examples a class; a serial retry needs them all)."""
         folder.mkdir(parents=True, exist_ok=True)
         (folder / "summary.json").write_text(json.dumps(self.as_dict(), indent=1, default=str) + "\n")
         (folder / "summary.md").write_text(self.markdown())
+        (folder / FAILED_FILE).write_text(json.dumps(self.failures, indent=1) + "\n")
+
+    @classmethod
+    def load(cls, folder: pathlib.Path) -> "Summary":
+        data = json.loads((folder / "summary.json").read_text())
+        return cls(passed=data["passed"], failed=data["failed"], errors=data["errors"], selected=data["selected"],
+                   skipped=collections.Counter(data["skipped"]), left_out=collections.Counter(data["left_out"]),
+                   dropped=collections.Counter(data["dropped_subcases"]),
+                   failures=json.loads((folder / FAILED_FILE).read_text()), context=data["context"])
+
+    def memory_failures(self) -> List[str]:
+        """The classes of cases that ran out of GPU memory (beside other workers on the one GPU, typically)."""
+        return [cls for cls in self.failures if _OUT_OF_MEMORY.search(cls)]
+
+    def fold_retry(self, retry: "Summary", classes: List[str]) -> None:
+        """Replaces the failures of `classes` by the outcomes of their cases run again (`retry`, a run of exactly
+        those cases): a case counts once, with its retry's outcome; the context says how many were retried."""
+        retried = 0
+        for cls in classes:
+            ids = self.failures.pop(cls)
+            retried += len(ids)
+            if cls.startswith("error in "):
+                self.errors -= len(ids)
+            else:
+                self.failed -= len(ids)
+        self.passed += retry.passed
+        self.failed += retry.failed
+        self.errors += retry.errors
+        self.skipped.update(retry.skipped)
+        self.dropped.update(retry.dropped)
+        for cls, ids in retry.failures.items():
+            self.failures.setdefault(cls, []).extend(ids)
+        self.context["serial_retry"] = {"cases": retried, "passed": retry.passed,
+                                        "failed": retry.failed + retry.errors,
+                                        "why": "out of GPU memory beside the other workers"}

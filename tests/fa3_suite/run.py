@@ -1,14 +1,15 @@
 """Runs FlashAttention-3's own hopper/test_flash_attn.py, unedited, against dash_attn and records the result.
 
   python3 tests/fa3_suite/run.py --fa3 PATH/TO/flash-attention/hopper [--hdims 64,128] [--dtypes bf16,fp16]
-      [--out build/fa3_suite] [--workers 8] [--budget SECONDS] [--shard K/N] [--deterministic]
+      [--out build/fa3_suite] [--workers 8] [--budget SECONDS] [--shard K/N] [--deterministic] [--no-retry]
       [-- more pytest arguments]
 
 FA3's checkout stays outside the repo (or in the git-ignored .peers/): nothing of it is copied, edited or committed.
 Needs dash_attn importable (built in place or installed), pytest and einops; pytest-xdist for --workers. Writes
 junit.xml, pytest.log, summary.json and summary.md under --out. Exit status 0 only when tests ran and none failed
-(with --collect-only among the pytest arguments: pytest's own status). What is left out and why:
-tests/fa3_suite/fa3_features.py.
+(with --collect-only among the pytest arguments: pytest's own status). With workers, the cases that ran out of GPU
+memory beside the others are run again one at a time (results under OUT/retry) and the summary counts their second
+outcome. What is left out and why: tests/fa3_suite/fa3_features.py.
 """
 from __future__ import annotations
 
@@ -19,8 +20,10 @@ import pathlib
 import signal
 import subprocess
 import sys
+import time
 
 from fa3_features import Shard  # this folder, first on sys.path for a script
+from fa3_summary import Summary
 
 HERE = pathlib.Path(__file__).resolve().parent
 REPO = HERE.parents[1]
@@ -42,6 +45,9 @@ def _parse(argv):
     parser.add_argument("--shard", help="K/N: shard K of N of the cases (round robin), so that several budgeted runs "
                                          "cover the suite between them")
     parser.add_argument("--deterministic", action="store_true", help="dash_attn's deterministic backward throughout")
+    parser.add_argument("--no-retry", dest="retry", action="store_false",
+                        help="keep the cases that ran out of GPU memory beside other workers failed (default: run "
+                             "them again one at a time)")
     args = parser.parse_args(ours)
     if args.shard is not None:
         try:
@@ -62,9 +68,11 @@ def _plugin_options(args, out: pathlib.Path):
     return options + (["--fa3-deterministic"] if args.deterministic else [])
 
 
-def pytest_command(args, extra, out: pathlib.Path):
+def pytest_command(args, extra, out: pathlib.Path, node_ids=None):
+    """The pytest run of FA3's file, or of the given node ids of it (a retry: one process, no shard)."""
     hopper = pathlib.Path(args.fa3).resolve()
-    command = [sys.executable, "-m", "pytest", str(hopper / TEST_FILE), "-p", "fa3_plugin",
+    targets = [str(hopper / TEST_FILE)] if node_ids is None else [str(hopper / i) for i in node_ids]
+    command = [sys.executable, "-m", "pytest", *targets, "-p", "fa3_plugin",
                # Neither this repo's pytest settings (its own suite's) nor any in FA3's tree apply; no cache is
                # written into FA3's checkout; its folder is not made a package root on sys.path.
                "-c", os.devnull, "--rootdir", str(hopper), "-p", "no:cacheprovider", "--import-mode=importlib",
@@ -72,6 +80,8 @@ def pytest_command(args, extra, out: pathlib.Path):
                # failures by where they were raised, which that line keeps.
                "-q", "-rfE", "--tb=line", "--junitxml", str(out / "junit.xml"),
                "-o", "junit_suite_name=fa3_test_flash_attn"] + _plugin_options(args, out)
+    if node_ids is not None:
+        return command + extra
     if args.workers:
         command += ["-n", str(args.workers), "--dist", "loadgroup"]
     return command + extra
@@ -95,16 +105,43 @@ def _run_logged(command, env, log: pathlib.Path) -> int:
     return proc.returncode
 
 
+def _retry_out_of_memory(args, extra, out: pathlib.Path, started: float) -> None:
+    """Runs the cases that ran out of GPU memory beside other workers again, one at a time, and folds their
+    outcomes into OUT's summary (the parallel run's own stays in OUT/parallel)."""
+    summary = Summary.load(out)
+    classes = summary.memory_failures()
+    if not classes:
+        return
+    node_ids = [i for cls in classes for i in summary.failures[cls]]
+    retry_out = out / "retry"
+    retry_out.mkdir(exist_ok=True)
+    retry_args = argparse.Namespace(**vars(args))
+    retry_args.shard = None
+    if args.budget is not None:
+        retry_args.budget = max(args.budget - (time.time() - started), 1.0)
+    command = pytest_command(retry_args, extra, retry_out, node_ids)
+    print(f"fa3 suite: {len(node_ids)} cases out of GPU memory, run again one at a time", flush=True)
+    _run_logged(command, _environment(), retry_out / "pytest.log")
+    if not (retry_out / "summary.json").is_file():
+        return
+    summary.write(out / "parallel")
+    summary.fold_retry(Summary.load(retry_out), classes)
+    summary.write(out)
+
+
 def main(argv=None) -> int:
     args, extra = _parse(sys.argv[1:] if argv is None else argv)
     out = pathlib.Path(args.out).resolve()
     out.mkdir(parents=True, exist_ok=True)
     command = pytest_command(args, extra, out)
     print("fa3 suite:", " ".join(command), flush=True)
+    started = time.time()
     status = _run_logged(command, _environment(), out / "pytest.log")
     summary = out / "summary.json"
     if "--collect-only" in extra or "--co" in extra or not summary.is_file():
         return status
+    if args.workers and args.retry:
+        _retry_out_of_memory(args, extra, out, started)
     print(f"fa3 suite: {out / 'summary.md'}")
     print((out / "summary.md").read_text().split("\n\n")[1])
     return 0 if json.loads(summary.read_text())["ok"] else (status or 1)

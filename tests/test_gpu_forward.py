@@ -100,6 +100,20 @@ def test_forward_poisoned_outputs(seqlen_q, seqlen_k, causal, headdim):
     check_forward(batch, seqlen_q, seqlen_k, nheads, nheads // 2, headdim, torch.bfloat16, causal, poison=True)
 
 
+# The causal tile order's phases (csrc/fwd/fwd_tile_scheduler.h) appear with two or more waves of tile pairs: pairs,
+# the middle tiles of an odd tile count run in the tail, and the tail heads. (seqlen, batch, heads) per kernel head
+# dim, 132 SMs: hdim 64 (192-row tiles) 2048 keys = 11 tiles and 4096 = 22; hdim 128 and 256 (128-row tiles)
+# 1100 = 9 tiles. tests/test_fwd_tile_order.py proves the order itself on the CPU.
+TILE_ORDER_SHAPES = {64: [(2048, 2, 32), (4096, 1, 32)], 128: [(1100, 3, 24)], 256: [(1100, 3, 24)]}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("headdim", supported_head_dims())
+def test_forward_causal_tile_order_phases(headdim):
+    for seqlen, batch, nheads in TILE_ORDER_SHAPES[headdim]:
+        check_forward(batch, seqlen, seqlen, nheads, nheads, headdim, torch.bfloat16, True, poison=True)
+
+
 # (left, right) around the bottom-right diagonal; (5, 3) is narrower than a tile, (0, 0) shows one key per row.
 WINDOWS = [(64, 64), (100, 0), (-1, 40), (300, -1), (5, 3), (0, 0)]
 

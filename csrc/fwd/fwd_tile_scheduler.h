@@ -18,7 +18,8 @@
 // With an odd tile count M per head the middle tile (M - 1) / 2 has no partner: the paired heads' middle tiles join
 // the tail at their weight (half a pair), the first tiles of that rank. Without phase 1 at odd M (every tile in the
 // tail, tile-major) the CTAs running at one time each read another head's K/V: the CPU model with an LRU of the L2
-// put hdim 64 causal 2k and 8k at 5-10x the compulsory K/V traffic, against 1.4-1.6x with the pairs.
+// put hdim 64 causal 2k and 8k at 5-10x the compulsory K/V traffic, against 1.4-1.6x with the pairs, and the pairs
+// ran 10% and 6% faster there on an H100 (docs/tuning.md).
 // Every wave of the unit sequence is dealt out in alternating direction (boustrophedon): with a plain round robin
 // CTA 0 would take the heaviest tile of every tail wave.
 //
@@ -37,6 +38,7 @@ namespace dash::fwd {
 
 enum class TileOrder : int { kHeadMajor = 0, kPairedHeavyFirst = 1, kHeadMajorSnake = 2 };
 
+// The order a mask's kernels run (fwd_kernel.h) and dash_attn._sched lists.
 constexpr TileOrder tile_order(MaskKind mask) {
   return mask == MaskKind::kCausal   ? TileOrder::kPairedHeavyFirst
          : mask == MaskKind::kWindow ? TileOrder::kHeadMajorSnake

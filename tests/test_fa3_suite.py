@@ -316,7 +316,9 @@ def test_run_retries_the_out_of_memory_cases_one_at_a_time(tmp_path):
     (hopper / "test_flash_attn.py").write_text(_FAKE_FA3_OOM)
     (tmp_path / "fake_gpu.py").write_text(_FAKE_GPU_PLUGIN)
     out = tmp_path / "out"
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
+    # Not this suite's own xdist worker variables: the fake case reads PYTEST_XDIST_WORKER to know it runs beside others.
+    env = {key: value for key, value in os.environ.items() if not key.startswith("PYTEST_XDIST")}
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])
     proc = subprocess.run([sys.executable, str(SUITE / "run.py"), "--fa3", str(hopper), "--out", str(out),
                            "--workers", "2", "--", "-p", "fake_gpu"], env=env, capture_output=True, text=True,
                           timeout=300)

@@ -1,13 +1,14 @@
-"""GQA backward on copies of each KV head: K and V repeated (per query head, or per pair of query heads on causal
-masks with large groups), the backward run on the copies, each KV head's dK and dV summed over its copies in a fixed
-order.
+"""GQA backward on copies of each KV head: K and V repeated (per query head, or per pair of query heads in large
+groups), the backward run on the copies, each KV head's dK and dV summed over its copies in a fixed order.
 
 Why: the backward's units are (batch, KV head, KV tile), each walking all of its KV head's query heads. With one KV
 head (a tensor-parallel shard of a GQA model: 8 query heads and 1 KV head per GPU) there are fewer units than CTAs and
 each is several query heads long: from 4k keys both modes ran 1.3-2.7x slower than run as MHA, whose units are
-(batch, query head, KV tile). On causal masks the same imbalance holds for groups of 6 or more at any batch measured,
-and copies of 2 query heads ran fastest at groups of 8 (at groups of 6, 1.3x the GQA kernels, MHA 1.5x, on the one
-shape measured); full masks with several KV heads keep the GQA kernels (docs/tuning.md has the figures).
+(batch, query head, KV tile), and copies of 2 query heads ran the deterministic backward 2-4% faster than MHA again
+(8 query heads, 2k-8k keys; the non-deterministic one within 2%). On causal masks the same imbalance holds for
+groups of 6 or more at any batch measured, and copies of 2 query heads ran fastest at groups of 8 (at groups of 6,
+1.3x the GQA kernels, MHA 1.5x, on the one shape measured); full masks with several KV heads keep the GQA kernels
+(docs/tuning.md has the figures).
 
 Bits: the rule reads the head counts and the mask alone (kv_copies), never the batch, the lengths or the SM count, so a
 sequence's gradients keep the invariance of the MHA kernels (dense or packed, any neighbours). Each copy's dK
@@ -24,26 +25,28 @@ import torch
 
 from ._args import MaskKind
 
-# KV head counts up to which a GQA backward runs as MHA (kv_copies).
+# KV head counts up to which a GQA backward runs on copies of its KV heads whatever the mask (kv_copies).
 EXPANDED_KV_HEADS = 1
-# Causal masks with groups of at least CAUSAL_SPLIT_GROUP query heads run on copies of CAUSAL_HEADS_PER_COPY query
-# heads each (kv_copies): there the GQA kernels' units, a KV tile of every query head of its group, differ in length by
-# up to the group's whole walk and balance badly on the grid. Measured at groups of 6 and 8 (docs/tuning.md); groups of
-# 4 keep descending_lanes' GQA kernels (schedules_table.LANES_GQA_RATIO): ahead at 2k keys, 3-10% behind from 8k.
-CAUSAL_SPLIT_GROUP = 6
-CAUSAL_HEADS_PER_COPY = 2
+# Groups of at least SPLIT_GROUP query heads run on copies of HEADS_PER_COPY query heads each (kv_copies): on causal
+# masks at any KV head count, since there the GQA kernels' units, a KV tile of every query head of its group, differ in
+# length by up to the group's whole walk and balance badly on the grid; on full masks up to EXPANDED_KV_HEADS KV heads.
+# Measured at groups of 6 and 8 (docs/tuning.md); causal groups of 4 keep descending_lanes' GQA kernels
+# (schedules_table.LANES_GQA_RATIO): ahead at 2k keys, 3-10% behind from 8k.
+SPLIT_GROUP = 6
+HEADS_PER_COPY = 2
 
 
 def kv_copies(nheads: int, nheads_k: int, causal: bool) -> int:
     """Copies of each KV head that the backward of nheads query heads on nheads_k KV heads runs on, each serving
-    nheads // nheads_k // copies consecutive query heads: on causal masks with a group of CAUSAL_SPLIT_GROUP or more
-    that CAUSAL_HEADS_PER_COPY divides, copies of that many query heads; else the group (MHA) up to EXPANDED_KV_HEADS
-    KV heads, else 1 (the GQA kernels as they are). A function of the head counts and the mask alone (the module's
-    docstring says why)."""
+    nheads // nheads_k // copies consecutive query heads: with a group of SPLIT_GROUP or more that HEADS_PER_COPY
+    divides, copies of that many query heads on causal masks, and on full masks up to EXPANDED_KV_HEADS KV heads;
+    else the group (MHA) up to EXPANDED_KV_HEADS KV heads, else 1 (the GQA kernels as they are). A function of the
+    head counts and the mask alone (the module's docstring says why)."""
     group = nheads // nheads_k
-    if causal and group >= CAUSAL_SPLIT_GROUP and group % CAUSAL_HEADS_PER_COPY == 0:
-        return group // CAUSAL_HEADS_PER_COPY
-    return group if nheads_k <= EXPANDED_KV_HEADS and group > 1 else 1
+    few_kv_heads = nheads_k <= EXPANDED_KV_HEADS
+    if group >= SPLIT_GROUP and group % HEADS_PER_COPY == 0 and (causal or few_kv_heads):
+        return group // HEADS_PER_COPY
+    return group if few_kv_heads and group > 1 else 1
 
 
 def expand(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,

@@ -375,13 +375,14 @@ def test_nondeterministic_auto_runs_unequal_packs_per_sequence(fake_cuda, monkey
 
 
 @pytest.mark.parametrize("v_dim", [64, 32], ids=["dv=d", "dv<d"])
-@pytest.mark.parametrize("nheads_k, launched_kv_heads", [(1, 8), (2, 2)])
-def test_one_kv_head_runs_the_backward_as_mha(fake_cuda, monkeypatch, nheads_k, launched_kv_heads, v_dim):
-    """GQA with one KV head (dash_attn/_kv_heads.py): the kernel gets K and V repeated per query head and the deterministic
-    `auto` pick of MHA; dK and dV are the sums of each KV head's query heads in float32, in sum_groups' fixed order."""
-    q, k, v = qkv(seqlen_q=10, seqlen_k=12, nheads=8, nheads_k=nheads_k, headdim=64, dtype=torch.bfloat16)
+@pytest.mark.parametrize("nheads, nheads_k, launched_kv_heads", [(4, 1, 4), (8, 1, 4), (8, 2, 2)])
+def test_one_kv_head_runs_the_backward_on_copies(fake_cuda, monkeypatch, nheads, nheads_k, launched_kv_heads, v_dim):
+    """GQA with one KV head (dash_attn/_kv_heads.py): the kernel gets K and V repeated, per query head (4 query heads)
+    or per pair of them (8), and the deterministic `auto` pick of that GQA ratio; dK and dV are the sums of the
+    copies in float32, in sum_groups' fixed order. Two KV heads keep the GQA kernels."""
+    q, k, v = qkv(seqlen_q=10, seqlen_k=12, nheads=nheads, nheads_k=nheads_k, headdim=64, dtype=torch.bfloat16)
     v = v[..., :v_dim].contiguous()
-    out, lse = torch.empty_like(q), torch.empty(2, 8, 10)
+    out, lse = torch.empty_like(q), torch.empty(2, nheads, 10)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
 
     def bwd(dout, q, k_in, v_in, out, lse, dq, dk_in, dv_in, *rest):
@@ -396,19 +397,18 @@ def test_one_kv_head_runs_the_backward_as_mha(fake_cuda, monkeypatch, nheads_k, 
     assert k_in.shape[2] == v_in.shape[2] == launched_kv_heads
     if launched_kv_heads > nheads_k:  # offered to the GPU's one-pass sum first (declined by the stand-in)
         ((name, (ins, outs, copies)),) = sums
-        assert name == "sum_kv_heads" and copies == 8 and outs[0] is dk and outs[1] is dv
-        assert [x.shape[2] for x in ins] == [8, 8]
+        assert name == "sum_kv_heads" and copies == 4 and outs[0] is dk and outs[1] is dv
+        assert [x.shape[2] for x in ins] == [4, 4]
     else:
         assert not sums
     heads = torch.arange(launched_kv_heads, dtype=torch.float32).view(1, 1, -1, 1)
     for got, x, step in ((dk, k, 1 / 64), (dv, v, -1 / 32)):
         h = (x.float().repeat_interleave(launched_kv_heads // nheads_k, 2) + heads * step).to(x.dtype).float()
-        if launched_kv_heads > nheads_k:  # ((h0 + h4) + (h2 + h6)) + ((h1 + h5) + (h3 + h7))
-            h = ((h[:, :, 0:1] + h[:, :, 4:5]) + (h[:, :, 2:3] + h[:, :, 6:7])) + (
-                (h[:, :, 1:2] + h[:, :, 5:6]) + (h[:, :, 3:4] + h[:, :, 7:8]))
+        if launched_kv_heads > nheads_k:  # (h0 + h2) + (h1 + h3)
+            h = (h[:, :, 0:1] + h[:, :, 2:3]) + (h[:, :, 1:2] + h[:, :, 3:4])
         assert torch.equal(got, h.to(got.dtype))
-    mha = interface.SCHEDULE_IDS[schedules_table.invariant_schedule("full", 64, 12, 8 // launched_kv_heads)]
-    assert rest[6] == mha
+    ratio = nheads // launched_kv_heads
+    assert rest[6] == interface.SCHEDULE_IDS[schedules_table.invariant_schedule("full", 64, 12, ratio)]
 
 
 def test_kv_heads_run_on_partial_copies(fake_cuda, monkeypatch):
@@ -435,10 +435,11 @@ def test_kv_heads_run_on_partial_copies(fake_cuda, monkeypatch):
 
 
 def test_kv_copies_rule_reads_head_counts_and_mask():
-    """Causal masks with even groups of CAUSAL_SPLIT_GROUP (6) or more: copies of 2 query heads; otherwise MHA up to
-    EXPANDED_KV_HEADS KV heads, else the GQA kernels."""
+    """Even groups of SPLIT_GROUP (6) or more: copies of 2 query heads on causal masks, and on full masks with one
+    KV head (EXPANDED_KV_HEADS); otherwise MHA up to EXPANDED_KV_HEADS KV heads, else the GQA kernels."""
     from dash_attn._kv_heads import kv_copies
     assert [kv_copies(16, 2, True), kv_copies(32, 4, True), kv_copies(8, 1, True), kv_copies(64, 4, True)] == [4, 4, 4, 8]
-    assert [kv_copies(16, 4, True), kv_copies(4, 1, True), kv_copies(8, 1, False), kv_copies(16, 2, False)] == [1, 4, 8, 1]
+    assert [kv_copies(16, 4, True), kv_copies(4, 1, True), kv_copies(8, 1, False), kv_copies(16, 2, False)] == [1, 4, 4, 1]
+    assert [kv_copies(4, 1, False), kv_copies(6, 1, False), kv_copies(5, 1, False), kv_copies(2, 1, False)] == [4, 3, 5, 2]
     assert [kv_copies(12, 2, True), kv_copies(12, 2, False), kv_copies(12, 4, True)] == [3, 1, 1]
     assert kv_copies(8, 8, True) == kv_copies(8, 8, False) == 1

@@ -11,10 +11,10 @@ groups of 6 or more at any batch measured, and copies of 2 query heads ran faste
 (docs/tuning.md has the figures).
 
 Bits: the rule reads the head counts and the mask alone (kv_copies), never the batch, the lengths or the SM count, so a
-sequence's gradients keep the invariance of the MHA kernels (dense or packed, any neighbours). Each copy's dK
-and dV are rounded to the input dtype once, then summed in float32 in a fixed order (sum_groups) and rounded again:
-FA3 adds the query heads' float32 partials and rounds once, so these sums carry up to one more rounding per copy.
-On the GPU one kernel does the sum in that order in one pass (csrc/common/kv_head_sum.h): the torch ops read and
+sequence's gradients keep the invariance of the schedules the copies run (dense or packed, any neighbours). Each
+copy's dK and dV are rounded to the input dtype once, then summed in float32 in a fixed order (sum_groups) and rounded
+again: FA3 adds the query heads' float32 partials and rounds once, so these sums carry up to one more rounding per
+copy. On the GPU one kernel does the sum in that order in one pass (csrc/common/kv_head_sum.h): the torch ops read and
 write the shares several times over, which cost several percent of the backward.
 """
 from __future__ import annotations

@@ -138,7 +138,8 @@ def test_ok_means_ran_nothing_failed_and_only_feature_skips():
 def test_a_retry_replaces_the_out_of_memory_failures(tmp_path):
     oom = "test_flash_attn_output: torch.OutOfMemoryError: CUDA out of memory. Tried to allocate N GiB"
     first = Summary(passed=5, failed=3, errors=1, selected=9, failures={
-        oom: ["f.py::a[1]", "f.py::a[2]"], "error in setup: " + oom: ["f.py::b"], "test_x: AssertionError": ["f.py::x"]})
+        oom: ["f.py::a[1]", "f.py::a[2]"], "error in setup: " + oom: ["f.py::b"],
+        "test_x: AssertionError": ["f.py::x"]})
     first.write(tmp_path)
     loaded = Summary.load(tmp_path)
     assert loaded.as_dict() == first.as_dict() and loaded.failures == first.failures
@@ -316,7 +317,7 @@ def test_run_retries_the_out_of_memory_cases_one_at_a_time(tmp_path):
     (hopper / "test_flash_attn.py").write_text(_FAKE_FA3_OOM)
     (tmp_path / "fake_gpu.py").write_text(_FAKE_GPU_PLUGIN)
     out = tmp_path / "out"
-    # Not this suite's own xdist worker variables: the fake case reads PYTEST_XDIST_WORKER to know it runs beside others.
+    # Not this suite's own xdist variables: the fake case reads PYTEST_XDIST_WORKER to know it runs beside others.
     env = {key: value for key, value in os.environ.items() if not key.startswith("PYTEST_XDIST")}
     env["PYTHONPATH"] = os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")])
     proc = subprocess.run([sys.executable, str(SUITE / "run.py"), "--fa3", str(hopper), "--out", str(out),

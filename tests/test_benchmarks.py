@@ -181,3 +181,43 @@ def test_rounds_report_each_cells_median_round():
     assert bench_attn.parse_args(["--rounds", "3"]).rounds == 3
     with pytest.raises(SystemExit):
         bench_attn.parse_args(["--rounds", "0"])
+
+
+def test_ab_objects_alternates_the_variants_and_averages_each_cell(tmp_path, monkeypatch):
+    import ab_objects
+
+    folders = {name: tmp_path / name for name in ("new", "old")}
+    for folder in folders.values():
+        folder.mkdir()
+    linked = []
+    monkeypatch.setattr(ab_objects, "relink", lambda objects: linked.append(objects.name))
+    # A stand-in benchmark: TFLOPS 100 per link so far for the dash cell, 50 for the peer's.
+    bench = tmp_path / "bench.py"
+    bench.write_text(
+        "import json, pathlib, sys\n"
+        "out = pathlib.Path(sys.argv[sys.argv.index('--out') + 1])\n"
+        "n = len(list(out.parent.glob('*_*_*')))\n"
+        "row = dict(direction='fwd', hdim=64, mask='causal', gqa=1, seqlen_q=2048)\n"
+        "rows = [dict(row, impl='dash', tflops=100.0 * n), dict(row, impl='fa3', tflops=50.0), "
+        "dict(row, impl='cudnn', tflops=None)]\n"
+        "(out / 'bench_attn.json').write_text(json.dumps({'results': rows}))\n")
+    status = ab_objects.main(["--variant", f"new={folders['new']}", "--variant", f"old={folders['old']}",
+                              "--rounds", "2", "--out", str(tmp_path / "ab"), "--", sys.executable, str(bench)])
+    assert status == 0 and linked == ["new", "old", "new", "old"]
+    lines = (tmp_path / "ab" / "ab.txt").read_text().splitlines()
+    assert lines[0] == "direction | hdim | mask | gqa | seqlen_q | impl | new | old | old / new"
+    # dash: new ran as links 1 and 3 (100, 300), old as 2 and 4 (200, 400); the peer is the same in every run.
+    assert lines[1] == "fwd | 64 | causal | 1 | 2048 | dash | 200 (100, 300) | 300 (200, 400) | 1.500"
+    assert lines[2] == "fwd | 64 | causal | 1 | 2048 | fa3 | 50 (50, 50) | 50 (50, 50) | 1.000"
+    assert len(lines) == 3
+
+
+def test_ab_objects_refuses_a_bad_command_line(tmp_path):
+    import ab_objects
+
+    with pytest.raises(SystemExit):
+        ab_objects.main(["--variant", f"a={tmp_path}", "--variant", f"b={tmp_path}"])  # no command
+    with pytest.raises(SystemExit):
+        ab_objects.main(["--variant", f"a={tmp_path}", "--", "true"])  # one variant
+    with pytest.raises(SystemExit):
+        ab_objects.main(["--variant", f"a={tmp_path / 'missing'}", "--variant", f"b={tmp_path}", "--", "true"])

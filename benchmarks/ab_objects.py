@@ -1,0 +1,103 @@
+"""A/B of kernel builds in one session: the extension relinked with each variant's kernel objects in turn, a benchmark
+run after each link, the variants alternating round by round, and one table of the mean TFLOPS per cell.
+
+    make prebuild ...                      # on any machine with nvcc: the objects of each variant into its own folder
+    python benchmarks/ab_objects.py --variant new=build/ab/new --variant old=build/ab/old --rounds 3 -- \\
+        python benchmarks/bench_attn.py --fwd-only --hdims 64 --masks causal --peers fa3 --rounds 2 --no-plot
+
+A variant's folder holds some of the instantiation objects (`make prebuild` names them); the others are compiled
+here once, with the build's head dims and dtypes (DASH_ATTN_HDIMS, DASH_ATTN_DTYPES, ...), and reused by every link,
+so a relink takes seconds. The benchmark command gets `--out <folder>` appended and must write bench_attn.json there
+(benchmarks/bench_attn.py does). Variants alternate (A B A B ...), so that a slow spell of the GPU does not fall on
+one of them only; peers timed in the same runs (FA3, cuDNN) show how much the machine moved.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import tempfile
+from typing import Dict, List, Tuple
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+CELL_KEYS = ("direction", "hdim", "mask", "gqa", "seqlen_q", "impl")
+
+
+def parse(argv: List[str]) -> Tuple[argparse.Namespace, List[str]]:
+    if "--" not in argv:
+        raise SystemExit("ab_objects.py: give the benchmark command after --")
+    ours, command = argv[:argv.index("--")], argv[argv.index("--") + 1:]
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--variant", action="append", required=True, metavar="NAME=FOLDER",
+                        help="a variant and the folder of its kernel objects (two or more)")
+    parser.add_argument("--rounds", type=int, default=3, help="links of each variant, alternating (default 3)")
+    parser.add_argument("--out", default=str(ROOT / "build" / "ab"), help="folder for every run's results")
+    args = parser.parse_args(ours)
+    variants = {}
+    for spec in args.variant:
+        name, sep, folder = spec.partition("=")
+        if not sep or not name or not pathlib.Path(folder).is_dir():
+            parser.error(f"--variant takes NAME=FOLDER with an existing folder, got {spec!r}")
+        variants[name] = pathlib.Path(folder).resolve()
+    if len(variants) < 2 or args.rounds < 1 or not command:
+        parser.error("two or more variants, --rounds >= 1 and a benchmark command after -- are needed")
+    return argparse.Namespace(variants=variants, rounds=args.rounds, out=pathlib.Path(args.out)), command
+
+
+def relink(objects: pathlib.Path) -> None:
+    """The extension rebuilt in place with `objects`' kernel objects (setup.py's DASH_ATTN_PREBUILT_DIR)."""
+    for so in (ROOT / "dash_attn").glob("_C*.so"):
+        so.unlink()
+    env = dict(os.environ, DASH_ATTN_PREBUILT_DIR=str(objects))
+    subprocess.run([sys.executable, "setup.py", "build_ext", "--inplace"], cwd=ROOT, env=env, check=True,
+                   stdout=subprocess.DEVNULL)
+
+
+def cells_of(result: pathlib.Path) -> Dict[tuple, float]:
+    """TFLOPS per cell (CELL_KEYS) of one bench_attn.json; cells without a timing are left out."""
+    rows = json.loads(result.read_text())["results"]
+    return {tuple(r.get(k) for k in CELL_KEYS): r["tflops"] for r in rows if r.get("tflops")}
+
+
+def table(runs: Dict[str, List[Dict[tuple, float]]]) -> str:
+    """One line per cell: each variant's mean over its runs (the runs in brackets), then each against the first."""
+    names = list(runs)
+    means = {}
+    for name, results in runs.items():
+        values = collections.defaultdict(list)
+        for cells in results:
+            for key, tflops in cells.items():
+                values[key].append(tflops)
+        means[name] = values
+    lines = [" | ".join(list(CELL_KEYS) + names + [f"{n} / {names[0]}" for n in names[1:]])]
+    for key in sorted(set().union(*means.values()), key=lambda k: tuple(str(x) for x in k)):
+        got = [means[n].get(key, []) for n in names]
+        cols = [f"{sum(v) / len(v):.0f} ({', '.join(f'{x:.0f}' for x in v)})" if v else "n/a" for v in got]
+        ratios = [f"{sum(v) / len(v) / (sum(got[0]) / len(got[0])):.3f}" if v and got[0] else "n/a" for v in got[1:]]
+        lines.append(" | ".join([str(k) for k in key] + cols + ratios))
+    return "\n".join(lines)
+
+
+def main(argv=None) -> int:
+    args, command = parse(sys.argv[1:] if argv is None else argv)
+    args.out.mkdir(parents=True, exist_ok=True)
+    runs: Dict[str, List[Dict[tuple, float]]] = {name: [] for name in args.variants}
+    for round_index in range(args.rounds):
+        for name, objects in args.variants.items():
+            relink(objects)
+            out = pathlib.Path(tempfile.mkdtemp(prefix=f"{name}_{round_index}_", dir=args.out))
+            subprocess.run(command + ["--out", str(out)], check=True)
+            runs[name].append(cells_of(out / "bench_attn.json"))
+            print(f"ab_objects: round {round_index + 1} {name} done ({out})", flush=True)
+    report = table(runs)
+    (args.out / "ab.txt").write_text(report + "\n")
+    print(report)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -28,9 +28,11 @@ CASES = [  # (causal, window, softcap, nheads, nheads_k, seqlen)
     (True, (-1, -1), 0.0, 8, 2, 4400),
     # 47 KV tiles at hdim 128: descending_lanes (GQA 4) with several tiles per lane, their count set by the grid.
     (False, (-1, -1), 0.0, 8, 2, 6000),
-    # One KV head: the backward runs as MHA, dK and dV summed over the query heads (dash_attn/_kv_heads.py).
+    # One KV head: the backward runs on copies of 2 query heads (groups of 8) or as MHA (groups of 4), dK and dV
+    # summed over the copies (dash_attn/_kv_heads.py).
     (True, (-1, -1), 0.0, 8, 1, 1013),
     (False, (-1, -1), 0.0, 8, 1, 2100),
+    (False, (-1, -1), 0.0, 4, 1, 1013),
 ]
 
 

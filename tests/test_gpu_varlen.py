@@ -116,7 +116,7 @@ def test_varlen_windows_and_dtypes(window, dtype):
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("deterministic", [True, False], ids=["det", "nondet"])
 def test_varlen_one_kv_head(packing, causal, deterministic):
-    """GQA 8:1, which runs as MHA with dK and dV summed over the query heads (dash_attn/_kv_heads.py)."""
+    """GQA 8:1, which runs on copies of 2 query heads with dK and dV summed over the copies (dash_attn/_kv_heads.py)."""
     check_varlen(packing, 8, 1, main_head_dim(), torch.bfloat16, causal, deterministic=deterministic)
 
 

@@ -1,6 +1,6 @@
 """The one-pass KV-head sum of a backward run on KV-head copies (csrc/common/kv_head_sum.h, marker `gpu`): bitwise
-equal to dash_attn._kv_heads.sum_groups in torch ops, for every copy count it takes, both dtypes, dense and strided outputs,
-dK and dV of different head dims in one launch; calls it does not take are declined without a launch."""
+equal to dash_attn._kv_heads.sum_groups in torch ops, for every copy count it takes, both dtypes, dense and strided
+outputs, dK and dV of different head dims in one launch; calls it does not take are declined without a launch."""
 import pytest
 import torch
 

@@ -152,6 +152,15 @@ DASH_HD inline StepSplit split_step(int32_t step, int32_t g, int32_t head_k) {
   const int32_t s = div_u32(step, g);
   return StepSplit{s, head_k * g + (step - s * g)};
 }
+// The same step with the query heads outermost: the whole walk of `walk` Q tiles for query head head_k * g, then for
+// the next one. Which adds a dQ tile receives, and in which order, does not change (the order follows the Q tile and
+// the KV tile alone); what changes is how far apart in time two KV tiles reach it. With the heads innermost there
+// are g times as many visits between the adds of two consecutive KV tiles to one dQ tile, and the (Q, dO, dQ) tiles
+// that must stay in L2 meanwhile are g times as many too.
+DASH_HD inline StepSplit split_step_heads_outer(int32_t step, int32_t walk, int32_t g, int32_t head_k) {
+  const int32_t h = div_u32(step, walk);
+  return StepSplit{step - h * walk, head_k * g + h};
+}
 // Number of (batch, KV head) pairs; each one is an independent copy of the per-head tile grid.
 DASH_HD inline int64_t num_kv_heads_total(const Problem& p) { return static_cast<int64_t>(p.batch) * p.nheads_k; }
 

@@ -34,6 +34,9 @@ DASH_HD inline int32_t dq_runs(ScheduleKind kind) {
 // j, which is their arrival order while k j < M (always where seqlen_q >= seqlen_k; elsewhere some adds wait). k
 // depends on the tile shape alone, not on M and N as shift's does: a sequence packed with longer ones (varlen) is
 // scheduled on the longest one's tile counts and must still take the walk and the runs it takes alone.
+// With GQA a KV tile walks its group's query heads one after another (split_step_heads_outer): with the heads
+// innermost, each Q tile's (Q, dO, dQ) set had to stay in L2 for g times as many visits between two KV tiles' adds,
+// which the CPU model (L2 term) put at 1.4x the time at GQA 4 and 8, hdim 128 (docs/tuning.md).
 // Units: head-major, descending j within a head.
 struct ShiftRuns {
   DASH_HD static bool applies(const Problem& p) { return covers_all_tiles(p); }
@@ -64,7 +67,7 @@ struct ShiftRuns {
   DASH_HD static Visit visit(const Problem& p, const KvTile& t, int32_t step) {
     const int32_t M = num_m_blocks(p), N = num_n_blocks(p);
     const int32_t j = t.n_block, k = spacing(p);
-    const StepSplit st = split_step(step, group_size(p), t.head_k);
+    const StepSplit st = split_step_heads_outer(step, M, group_size(p), t.head_k);
     // k j < M unless seqlen_q < seqlen_k: the division only there (the producer warp's registers are few).
     const int32_t kj = k * j;
     const int32_t start = kj < M ? kj : static_cast<int32_t>(static_cast<uint32_t>(kj) % static_cast<uint32_t>(M));

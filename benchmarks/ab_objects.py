@@ -1,15 +1,17 @@
 """A/B of kernel builds in one session: the extension relinked with each variant's kernel objects in turn, a benchmark
 run after each link, the variants alternating round by round, and one table of the mean TFLOPS per cell.
 
-    make prebuild ...                      # on any machine with nvcc: the objects of each variant into its own folder
-    python benchmarks/ab_objects.py --variant new=build/ab/new --variant old=build/ab/old --rounds 3 -- \\
-        python benchmarks/bench_attn.py --fwd-only --hdims 64 --masks causal --peers fa3 --rounds 2 --no-plot
+    python benchmarks/ab_objects.py --variant new=git:HEAD --variant old=git:HEAD~3 \\
+        --objects bwd_hdim128_bf16_full,bwd_hdim128_bf16_full_packed --rounds 3 -- \\
+        python benchmarks/bench_attn.py --bwd-only --hdims 128 --masks full --gqa 4 --rounds 2 --no-plot
 
-A variant's folder holds some of the instantiation objects (`make prebuild` names them); the others are compiled
-here once, with the build's head dims and dtypes (DASH_ATTN_HDIMS, DASH_ATTN_DTYPES, ...), and reused by every link,
-so a relink takes seconds. The benchmark command gets `--out <folder>` appended and must write bench_attn.json there
-(benchmarks/bench_attn.py does). Variants alternate (A B A B ...), so that a slow spell of the GPU does not fall on
-one of them only; peers timed in the same runs (FA3, cuDNN) show how much the machine moved.
+A variant is a folder of instantiation objects (`make prebuild` names them) or a git revision, whose `--objects` are
+compiled first (a worktree of that revision, `make build/prebuilt/NAME.o`, all cores). The objects a variant does not
+hold are compiled here once, with the build's head dims and dtypes (DASH_ATTN_HDIMS, DASH_ATTN_DTYPES, ...), and
+reused by every link, so a relink takes seconds: give every variant the same object names. The benchmark command
+gets `--out <folder>` appended and must write bench_attn.json there (benchmarks/bench_attn.py does). Variants alternate
+(A B A B ...), so that a slow spell of the GPU does not fall on one of them only; peers timed in the same runs (FA3,
+cuDNN) show how much the machine moved.
 """
 from __future__ import annotations
 
@@ -32,20 +34,43 @@ def parse(argv: List[str]) -> Tuple[argparse.Namespace, List[str]]:
         raise SystemExit("ab_objects.py: give the benchmark command after --")
     ours, command = argv[:argv.index("--")], argv[argv.index("--") + 1:]
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--variant", action="append", required=True, metavar="NAME=FOLDER",
-                        help="a variant and the folder of its kernel objects (two or more)")
+    parser.add_argument("--variant", action="append", required=True, metavar="NAME=FOLDER|NAME=git:REV",
+                        help="a variant: the folder of its kernel objects, or a git revision to build them from "
+                             "(two or more)")
+    parser.add_argument("--objects", default="",
+                        help="comma list of instantiation names (csrc/instantiations/*.cu stems) that git variants "
+                             "build")
     parser.add_argument("--rounds", type=int, default=3, help="links of each variant, alternating (default 3)")
     parser.add_argument("--out", default=str(ROOT / "build" / "ab"), help="folder for every run's results")
     args = parser.parse_args(ours)
     variants = {}
+    objects = [name for name in args.objects.split(",") if name]
     for spec in args.variant:
-        name, sep, folder = spec.partition("=")
-        if not sep or not name or not pathlib.Path(folder).is_dir():
-            parser.error(f"--variant takes NAME=FOLDER with an existing folder, got {spec!r}")
-        variants[name] = pathlib.Path(folder).resolve()
+        name, sep, source = spec.partition("=")
+        if not sep or not name or not (source.startswith("git:") or pathlib.Path(source).is_dir()):
+            parser.error(f"--variant takes NAME=FOLDER with an existing folder or NAME=git:REV, got {spec!r}")
+        if source.startswith("git:") and not objects:
+            parser.error(f"--variant {spec}: a git revision needs --objects")
+        variants[name] = source if source.startswith("git:") else pathlib.Path(source).resolve()
     if len(variants) < 2 or args.rounds < 1 or not command:
         parser.error("two or more variants, --rounds >= 1 and a benchmark command after -- are needed")
-    return argparse.Namespace(variants=variants, rounds=args.rounds, out=pathlib.Path(args.out)), command
+    return argparse.Namespace(variants=variants, objects=objects, rounds=args.rounds, out=pathlib.Path(args.out)), \
+        command
+
+
+def build_objects(rev: str, names: List[str], folder: pathlib.Path) -> pathlib.Path:
+    """`names`' objects compiled from revision `rev` (a detached worktree, removed afterwards) into `folder`."""
+    source = folder / "src"
+    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "--force", str(source), rev], check=True)
+    try:
+        targets = [f"build/prebuilt/{name}.o" for name in names]
+        subprocess.run(["make", "-C", str(source), f"-j{os.cpu_count() or 1}", *targets], check=True)
+        folder.joinpath("objects").mkdir(exist_ok=True)
+        for target in targets:
+            (source / target).replace(folder / "objects" / pathlib.Path(target).name)
+    finally:
+        subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", str(source)], check=True)
+    return folder / "objects"
 
 
 def relink(objects: pathlib.Path) -> None:
@@ -85,6 +110,9 @@ def table(runs: Dict[str, List[Dict[tuple, float]]]) -> str:
 def main(argv=None) -> int:
     args, command = parse(sys.argv[1:] if argv is None else argv)
     args.out.mkdir(parents=True, exist_ok=True)
+    for name, source in args.variants.items():
+        if isinstance(source, str):
+            args.variants[name] = build_objects(source[len("git:"):], args.objects, args.out / name)
     runs: Dict[str, List[Dict[tuple, float]]] = {name: [] for name in args.variants}
     for round_index in range(args.rounds):
         for name, objects in args.variants.items():

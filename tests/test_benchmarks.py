@@ -221,3 +221,31 @@ def test_ab_objects_refuses_a_bad_command_line(tmp_path):
         ab_objects.main(["--variant", f"a={tmp_path}", "--", "true"])  # one variant
     with pytest.raises(SystemExit):
         ab_objects.main(["--variant", f"a={tmp_path / 'missing'}", "--variant", f"b={tmp_path}", "--", "true"])
+
+
+def test_ab_objects_builds_a_git_variant_in_a_worktree(tmp_path, monkeypatch):
+    import ab_objects
+
+    commands = []
+
+    def run(command, **kwargs):
+        commands.append(command)
+        if command[0] == "make":  # the objects appear where the Makefile puts them
+            source = pathlib.Path(command[2])
+            for target in command[4:]:
+                (source / target).parent.mkdir(parents=True, exist_ok=True)
+                (source / target).write_bytes(b"\x7fELF")
+
+    monkeypatch.setattr(ab_objects.subprocess, "run", run)
+    folder = ab_objects.build_objects("abc123", ["bwd_hdim128_bf16_full", "bwd_hdim64_bf16_full"], tmp_path / "old")
+    assert sorted(p.name for p in folder.iterdir()) == ["bwd_hdim128_bf16_full.o", "bwd_hdim64_bf16_full.o"]
+    add, make, remove = commands
+    assert add[-2:] == [str(tmp_path / "old" / "src"), "abc123"] and "worktree" in add and "add" in add
+    assert make[:3] == ["make", "-C", str(tmp_path / "old" / "src")]
+    assert make[4:] == ["build/prebuilt/bwd_hdim128_bf16_full.o", "build/prebuilt/bwd_hdim64_bf16_full.o"]
+    assert "remove" in remove
+    with pytest.raises(SystemExit):  # a git variant needs --objects
+        ab_objects.parse(["--variant", "a=git:HEAD", "--variant", f"b={tmp_path}", "--", "true"])
+    args, command = ab_objects.parse(["--variant", "a=git:HEAD", "--variant", f"b={tmp_path}", "--objects", "x,y",
+                                      "--", "true"])
+    assert args.variants == {"a": "git:HEAD", "b": tmp_path.resolve()} and args.objects == ["x", "y"]

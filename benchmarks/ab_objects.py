@@ -9,7 +9,8 @@ A variant is a folder of instantiation objects (`make prebuild` names them) or a
 compiled first (a worktree of that revision, `make build/prebuilt/NAME.o`, all cores). The objects a variant does not
 hold are compiled here once, with the build's head dims and dtypes (DASH_ATTN_HDIMS, DASH_ATTN_DTYPES, ...), and
 reused by every link, so a relink takes seconds: give every variant the same object names. The benchmark command
-gets `--out <folder>` appended and must write bench_attn.json there (benchmarks/bench_attn.py does). Variants alternate
+gets `--out <folder>` appended and must write a JSON file there whose "results" rows carry "tflops" (bench_attn.py's
+bench_attn.json, bench_varlen.py's bench_varlen.json); a cell is a row's other fields. Variants alternate
 (A B A B ...), so that a slow spell of the GPU does not fall on one of them only; peers timed in the same runs (FA3,
 cuDNN) show how much the machine moved.
 """
@@ -26,7 +27,8 @@ import tempfile
 from typing import Dict, List, Tuple
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
-CELL_KEYS = ("direction", "hdim", "mask", "gqa", "seqlen_q", "impl")
+# Fields of a result row that are measurements, not the cell's name.
+VALUE_KEYS = {"tflops", "ms", "round_ms", "status", "reason"}
 
 
 def parse(argv: List[str]) -> Tuple[argparse.Namespace, List[str]]:
@@ -82,13 +84,18 @@ def relink(objects: pathlib.Path) -> None:
                    stdout=subprocess.DEVNULL)
 
 
-def cells_of(result: pathlib.Path) -> Dict[tuple, float]:
-    """TFLOPS per cell (CELL_KEYS) of one bench_attn.json; cells without a timing are left out."""
-    rows = json.loads(result.read_text())["results"]
-    return {tuple(r.get(k) for k in CELL_KEYS): r["tflops"] for r in rows if r.get("tflops")}
+def cells_of(folder: pathlib.Path) -> Dict[str, float]:
+    """TFLOPS per cell of a run's results (every *.json in its folder); cells without a timing are left out."""
+    cells = {}
+    for result in sorted(folder.glob("*.json")):
+        for row in json.loads(result.read_text()).get("results", []):
+            if row.get("tflops"):
+                name = ", ".join(f"{k}={row[k]}" for k in sorted(row) if k not in VALUE_KEYS)
+                cells[name] = row["tflops"]
+    return cells
 
 
-def table(runs: Dict[str, List[Dict[tuple, float]]]) -> str:
+def table(runs: Dict[str, List[Dict[str, float]]]) -> str:
     """One line per cell: each variant's mean over its runs (the runs in brackets), then each against the first."""
     names = list(runs)
     means = {}
@@ -98,12 +105,12 @@ def table(runs: Dict[str, List[Dict[tuple, float]]]) -> str:
             for key, tflops in cells.items():
                 values[key].append(tflops)
         means[name] = values
-    lines = [" | ".join(list(CELL_KEYS) + names + [f"{n} / {names[0]}" for n in names[1:]])]
-    for key in sorted(set().union(*means.values()), key=lambda k: tuple(str(x) for x in k)):
+    lines = [" | ".join(["cell"] + names + [f"{n} / {names[0]}" for n in names[1:]])]
+    for key in sorted(set().union(*means.values())):
         got = [means[n].get(key, []) for n in names]
         cols = [f"{sum(v) / len(v):.0f} ({', '.join(f'{x:.0f}' for x in v)})" if v else "n/a" for v in got]
         ratios = [f"{sum(v) / len(v) / (sum(got[0]) / len(got[0])):.3f}" if v and got[0] else "n/a" for v in got[1:]]
-        lines.append(" | ".join([str(k) for k in key] + cols + ratios))
+        lines.append(" | ".join([key] + cols + ratios))
     return "\n".join(lines)
 
 
@@ -113,13 +120,13 @@ def main(argv=None) -> int:
     for name, source in args.variants.items():
         if isinstance(source, str):
             args.variants[name] = build_objects(source[len("git:"):], args.objects, args.out / name)
-    runs: Dict[str, List[Dict[tuple, float]]] = {name: [] for name in args.variants}
+    runs: Dict[str, List[Dict[str, float]]] = {name: [] for name in args.variants}
     for round_index in range(args.rounds):
         for name, objects in args.variants.items():
             relink(objects)
             out = pathlib.Path(tempfile.mkdtemp(prefix=f"{name}_{round_index}_", dir=args.out))
             subprocess.run(command + ["--out", str(out)], check=True)
-            runs[name].append(cells_of(out / "bench_attn.json"))
+            runs[name].append(cells_of(out))
             print(f"ab_objects: round {round_index + 1} {name} done ({out})", flush=True)
     report = table(runs)
     (args.out / "ab.txt").write_text(report + "\n")

@@ -8,9 +8,12 @@ invariant pick), one more per name in --schedules (deterministic, that schedule 
 (non-deterministic, that schedule named), and det / nd.
 
     python benchmarks/bench_varlen.py [--hdims 128,64] [--masks causal,full] [--schedules descending]
-        [--nondet-schedules shift_causal_runs] [--rounds 3]
+        [--nondet-schedules shift_causal_runs] [--rounds 3] [--out FOLDER]
+
+With --out the medians also go to FOLDER/bench_varlen.json, one row per (hdim, mask, pack, column).
 """
 import argparse
+import json
 import pathlib
 import sys
 import types
@@ -45,6 +48,7 @@ def parse_args(argv):
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--warmup-ms", type=float, default=10)
     p.add_argument("--rep-ms", type=float, default=40)
+    p.add_argument("--out", type=pathlib.Path, help="folder for bench_varlen.json")
     args = p.parse_args(argv)
     for pack in args.packs:
         pack_lengths(pack)
@@ -89,6 +93,7 @@ def main(argv=None):
                [(f"nd {s}", False, s) for s in args.nondet_schedules])
     print(f"| hdim | mask | pack | {' | '.join(c[0] for c in columns)} | det/nd |")
     print("|---|---|---|" + "---|" * (len(columns) + 1))
+    rows = []
     for hdim in args.hdims:
         for mask in args.masks:
             for pack in args.packs:
@@ -102,8 +107,13 @@ def main(argv=None):
                 med = [sorted(r)[len(r) // 2] for r in rates]
                 cells = " | ".join(f"{m:.0f}" for m in med)
                 print(f"| {hdim} | {mask} | {pack} | {cells} | {med[1] / med[0]:.3f} |", flush=True)
+                rows += [{"hdim": hdim, "mask": mask, "pack": pack, "gqa": args.gqa, "dtype": args.dtype,
+                          "column": column[0], "tflops": m} for column, m in zip(columns, med)]
                 del runs
                 torch.cuda.empty_cache()
+    if args.out is not None:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "bench_varlen.json").write_text(json.dumps({"results": rows}, indent=1) + "\n")
 
 
 if __name__ == "__main__":

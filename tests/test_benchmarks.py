@@ -158,6 +158,7 @@ def test_varlen_schedule_columns_are_checked():
     import bench_varlen
     args = bench_varlen.parse_args(["--schedules", "descending", "--nondet-schedules", "shift_causal_runs,dynamic"])
     assert args.schedules == ["descending"] and args.nondet_schedules == ["shift_causal_runs", "dynamic"]
+    assert args.out is None and bench_varlen.parse_args(["--out", "x"]).out == pathlib.Path("x")
     for flag, bad in (("--schedules", "dynamic"), ("--nondet-schedules", "nope")):
         with pytest.raises(SystemExit):
             bench_varlen.parse_args([flag, bad])
@@ -205,10 +206,11 @@ def test_ab_objects_alternates_the_variants_and_averages_each_cell(tmp_path, mon
                               "--rounds", "2", "--out", str(tmp_path / "ab"), "--", sys.executable, str(bench)])
     assert status == 0 and linked == ["new", "old", "new", "old"]
     lines = (tmp_path / "ab" / "ab.txt").read_text().splitlines()
-    assert lines[0] == "direction | hdim | mask | gqa | seqlen_q | impl | new | old | old / new"
+    assert lines[0] == "cell | new | old | old / new"
     # dash: new ran as links 1 and 3 (100, 300), old as 2 and 4 (200, 400); the peer is the same in every run.
-    assert lines[1] == "fwd | 64 | causal | 1 | 2048 | dash | 200 (100, 300) | 300 (200, 400) | 1.500"
-    assert lines[2] == "fwd | 64 | causal | 1 | 2048 | fa3 | 50 (50, 50) | 50 (50, 50) | 1.000"
+    cell = "direction=fwd, gqa=1, hdim=64, impl={}, mask=causal, seqlen_q=2048"
+    assert lines[1] == cell.format("dash") + " | 200 (100, 300) | 300 (200, 400) | 1.500"
+    assert lines[2] == cell.format("fa3") + " | 50 (50, 50) | 50 (50, 50) | 1.000"
     assert len(lines) == 3
 
 

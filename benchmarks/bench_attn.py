@@ -98,6 +98,8 @@ def parse_args(argv):
     p.add_argument("--quick", action="store_true", help="hdim 128, seqlen 2k and 8k, fewer repeats (~1 minute)")
     p.add_argument("--hdims", type=int_list, default=None, help="comma list (default 128,64)")
     p.add_argument("--seqlens", type=int_list, default=None, help="comma list (default 1024..16384)")
+    p.add_argument("--seqlen-k", type=int, default=None,
+                   help="keys of every row (default: the row's seqlen); batch = tokens / seqlen_q")
     p.add_argument("--masks", type=str_list, default=["full", "causal"], help="comma list of full,causal,window")
     p.add_argument("--window", type=int_list, default=[1024, 0],
                    help="LEFT,RIGHT of the window mask around the diagonal, -1 = unbounded (default 1024,0)")
@@ -141,6 +143,8 @@ def parse_args(argv):
     args.rep_ms = args.rep_ms if args.rep_ms is not None else (40.0 if args.quick else 100.0)
     if args.rounds < 1:
         p.error("--rounds must be >= 1")
+    if args.seqlen_k is not None and args.seqlen_k < 1:
+        p.error("--seqlen-k must be >= 1")
     for mask in args.masks:
         if mask not in ("full", "causal", "window"):
             p.error(f"--masks: unknown mask {mask!r} (use full,causal,window)")
@@ -165,9 +169,9 @@ def problems(args):
                 continue
             for mask in args.masks:
                 for seqlen in args.seqlens:
-                    yield Problem(max(1, args.tokens // seqlen), seqlen, seqlen, nheads, nheads // gqa, hdim,
-                                  mask == "causal", tuple(args.window) if mask == "window" else (-1, -1),
-                                  args.softcap)
+                    yield Problem(max(1, args.tokens // seqlen), seqlen, args.seqlen_k or seqlen, nheads,
+                                  nheads // gqa, hdim, mask == "causal",
+                                  tuple(args.window) if mask == "window" else (-1, -1), args.softcap)
 
 
 # ---------------------------------------------------------------- timing

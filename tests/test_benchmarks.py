@@ -90,6 +90,14 @@ def test_cpp_band_area_matches_python_and_brute_force(tmp_path):
     assert flops.band_area(1000, 1000, 999, 0) == flops.causal_area(1000, 1000) + 500
 
 
+def test_rows_with_a_fixed_key_length():
+    args = bench_attn.parse_args(["--masks", "full", "--hdims", "128", "--seqlens", "1024,4096", "--seqlen-k", "8192"])
+    assert [(p.batch, p.seqlen_q, p.seqlen_k) for p in bench_attn.problems(args)] == [(16, 1024, 8192), (4, 4096, 8192)]
+    assert {p.seqlen_k for p in bench_attn.problems(bench_attn.parse_args(["--seqlens", "2048"]))} == {2048}
+    with pytest.raises(SystemExit):
+        bench_attn.parse_args(["--seqlen-k", "0"])
+
+
 def test_window_problems_count_the_band_only():
     args = bench_attn.parse_args(["--masks", "window", "--window", "1024,0", "--hdims", "128", "--seqlens", "4096"])
     (problem,) = list(bench_attn.problems(args))

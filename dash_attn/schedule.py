@@ -466,8 +466,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     print(f"mask={args.mask} seqlen_q={args.seqlen} seqlen_k={seqlen_k} hdim={args.hdim} "
           f"tile=({block_m},{block_n}) heads={args.heads}/{nheads_k} batch={batch} CTAs={args.num_sms} "
           f"c={args.c:g} r={args.r:g} L2 tiles={l2.l2_tiles} miss={l2.miss:g} latency={l2.latency:g}")
-    det_pick = invariant_schedule(args.mask, _kernel_hdim(args.hdim), seqlen_k, args.heads // nheads_k,
-                                  (args.seqlen, block_m, block_n))
+    det_pick = invariant_schedule(args.mask, _kernel_hdim(args.hdim), seqlen_k, args.heads // nheads_k)
     print(f"{'schedule':<18}{'makespan':>12}{'vs best':>9}{'vs non-det':>12}{'stall (CTA-sum)':>18}")
     best = min(t for _, t, _, _ in rows)
     for name, t, wait, dead in rows:

@@ -6,14 +6,14 @@ model's measured ranking, the benchmark's labels) are the only other places a sc
 """
 from __future__ import annotations
 
-from typing import Dict, Optional, Tuple
+from typing import Dict, Tuple
 
 from . import _sched
 
 __all__ = ["AUTO", "MASK_IDS", "SCHEDULE_IDS", "DETERMINISTIC_SCHEDULES", "NONDETERMINISTIC_SCHEDULES", "SCHEDULES",
            "DYNAMIC", "INVARIANT_SCHEDULES", "INVARIANT_VARLEN_SCHEDULES", "LANES_SCHEDULE", "SHORT_SEQLEN_K",
            "LANES_GQA_RATIO", "LANES_ORDER", "ANY_LENGTH", "gqa_runs_lanes", "short_keys", "varlen_short_keys",
-           "invariant_schedule", "runs_waits_free", "varlen_invariant_schedule", "runs_per_sequence", "invariant_picks",
+           "invariant_schedule", "varlen_invariant_schedule", "runs_per_sequence", "invariant_picks",
            "FALLBACK_SCHEDULE", "MEASURED_RANKING", "SHORT_NAMES"]
 
 _TABLE = sorted(_sched.SCHEDULE_TABLE, key=lambda entry: entry[1])  # (name, id, deterministic), in id order
@@ -88,25 +88,11 @@ def varlen_short_keys(mask: str, kernel_head_dim: int, gqa_ratio: int = 1) -> in
     return short_keys(mask, kernel_head_dim, gqa_ratio) if mask == "causal" else 0
 
 
-def invariant_schedule(mask: str, kernel_head_dim: int, seqlen_k: int, gqa_ratio: int = 1,
-                       tiles: Optional[Tuple[int, int, int]] = None) -> str:
+def invariant_schedule(mask: str, kernel_head_dim: int, seqlen_k: int, gqa_ratio: int = 1) -> str:
     """Deterministic `auto`'s pick for a dense call (mask name, the head dim of the kernel that runs, keys,
-    nheads // nheads_k; tiles: (seqlen_q, block_m, block_n) of the call, where known). Where shift_runs' adds
-    would wait on the call's geometry (seqlen_q well below seqlen_k: runs.h, ShiftRuns::waits_free) LANES_SCHEDULE
-    runs instead, also a function of the geometry alone."""
-    if seqlen_k <= short_keys(mask, kernel_head_dim, gqa_ratio):
-        return LANES_SCHEDULE
-    pick = INVARIANT_SCHEDULES[mask]
-    if pick == "shift_runs" and tiles is not None and not runs_waits_free(seqlen_k, *tiles):
-        return LANES_SCHEDULE
-    return pick
-
-
-def runs_waits_free(seqlen_k: int, seqlen_q: int, block_m: int, block_n: int) -> bool:
-    """Whether shift_runs' adds arrive in their runs' order on this geometry (ShiftRuns::waits_free)."""
-    problem = _sched.Problem(batch=1, nheads=1, nheads_k=1, seqlen_q=seqlen_q, seqlen_k=seqlen_k, block_m=block_m,
-                             block_n=block_n, mask=_sched.MASK_FULL)
-    return _sched.shift_runs_waits_free(problem)
+    nheads // nheads_k). The launch resolves it on the call's geometry (csrc/schedule/schedule.h): shift_runs runs
+    descending where its adds would wait (seqlen_q well below seqlen_k, ShiftRuns::waits_free)."""
+    return LANES_SCHEDULE if seqlen_k <= short_keys(mask, kernel_head_dim, gqa_ratio) else INVARIANT_SCHEDULES[mask]
 
 
 def varlen_invariant_schedule(mask: str) -> str:

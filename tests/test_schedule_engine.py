@@ -250,3 +250,28 @@ def test_wave_orders_do_not_depend_on_batch_size(name, mask):
     large_orders = large.accumulation_orders()
     for key, order in small.accumulation_orders().items():
         assert np.array_equal(large_orders[key], order)
+
+
+def test_shift_runs_runs_descending_where_its_adds_would_wait():
+    """ShiftRuns::waits_free (k (N - 1) <= M): where shift_runs resolves to itself its adds never wait in the engine
+    (one head, every tile at once); elsewhere (seqlen_q well below seqlen_k) it runs Descending exactly."""
+    rng = random.Random(3)
+    fell_back = 0
+    for _ in range(200):
+        block_m, block_n = rng.choice([(64, 128), (128, 128), (64, 64)])
+        seqlen_q, seqlen_k = rng.randint(1, 3000), rng.randint(1, 3000)
+        problem = _sched.Problem(batch=1, nheads=1, nheads_k=1, seqlen_q=seqlen_q, seqlen_k=seqlen_k,
+                                 block_m=block_m, block_n=block_n, mask=_sched.MASK_FULL, num_ctas=256)
+        plan = schedule.plan("shift_runs", "full", seqlen_q, seqlen_k, block_m, block_n, 1, 1, 256)
+        if _sched.resolve(_sched.SHIFT_RUNS, problem) == _sched.SHIFT_RUNS:
+            assert float(sum(schedule.simulate(plan, record=False).cta_wait)) == 0, (seqlen_q, seqlen_k)
+        else:
+            fell_back += 1
+            want = schedule.plan("descending", "full", seqlen_q, seqlen_k, block_m, block_n, 1, 1, 256)
+            assert all(np.array_equal(plan.visits[k], want.visits[k]) for k in plan.visits)
+    assert fell_back > 20
+    # 64 x 128 tiles (k = 2), 8192 keys (N = 64): M = 126 queries tiles still shift_runs, 125 not.
+    for seqlen_q, kind in ((126 * 64, _sched.SHIFT_RUNS), (125 * 64, _sched.DESCENDING), (512, _sched.DESCENDING)):
+        problem = _sched.Problem(batch=1, nheads=1, nheads_k=1, seqlen_q=seqlen_q, seqlen_k=8192, block_m=64,
+                                 block_n=128, mask=_sched.MASK_FULL)
+        assert _sched.resolve(_sched.SHIFT_RUNS, problem) == kind

@@ -1,13 +1,11 @@
 """descending_lanes (csrc/schedule/lanes.h) runs descending's orders on another layout: for every CTA count 1..256,
 batch size and position in the batch, each sequence's dQ accumulation orders and dK/dV walks must equal descending's
 for the sequence alone (so its bits are descending's, and invariant), and every plan must be deadlock-free."""
-import random
-
 import pytest
 
 from dash_attn import _sched
 from dash_attn import schedule as S
-from dash_attn.schedules_table import SHORT_SEQLEN_K, gqa_runs_lanes, invariant_schedule, runs_waits_free
+from dash_attn.schedules_table import SHORT_SEQLEN_K, gqa_runs_lanes, invariant_schedule
 from test_schedule_invariance import ALL_CTAS, BATCHES, SHAPES, TILES, _plan, alone, signature
 
 
@@ -99,31 +97,3 @@ def test_invariant_pick_of_gqa(mask):
     assert invariant_schedule(mask, 64, long, 4) != "descending_lanes"
     assert invariant_schedule("window", 128, long, 4) == "descending"
     assert gqa_runs_lanes(mask, 128, 4) and not gqa_runs_lanes(mask, 128, 2) and not gqa_runs_lanes(mask, 256, 8)
-
-
-def test_runs_waits_free_means_no_wait_in_the_engine():
-    """ShiftRuns::waits_free: on every geometry it admits the engine's shift_runs never waits (one head, every tile
-    at once); on those it refuses, some add waits."""
-    rng = random.Random(3)
-    refused_and_waiting = 0
-    for _ in range(200):
-        block_m, block_n = rng.choice([(64, 128), (128, 128), (64, 64)])
-        seqlen_q, seqlen_k = rng.randint(1, 3000), rng.randint(1, 3000)
-        plan = S.plan("shift_runs", "full", seqlen_q, seqlen_k, block_m, block_n, 1, 1, 256)
-        wait = float(sum(S.simulate(plan, record=False).cta_wait))
-        if runs_waits_free(seqlen_k, seqlen_q, block_m, block_n):
-            assert wait == 0, (seqlen_q, seqlen_k, block_m, block_n)
-        else:
-            refused_and_waiting += wait > 0
-    assert refused_and_waiting > 20
-
-
-def test_invariant_pick_where_shift_runs_would_wait():
-    """Full masks past the key bound: shift_runs where its adds never wait, else descending_lanes (seqlen_q well
-    below seqlen_k); a function of the call's geometry, causal masks unaffected."""
-    long = max(SHORT_SEQLEN_K.values()) * 2
-    assert invariant_schedule("full", 128, long, 1, (long, 64, 128)) == "shift_runs"
-    assert invariant_schedule("full", 128, long, 1, (2 * long, 64, 128)) == "shift_runs"
-    assert invariant_schedule("full", 128, long, 1, (long // 16, 64, 128)) == "descending_lanes"
-    assert invariant_schedule("full", 128, long, 1, None) == "shift_runs"  # geometry unknown: the mask's pick
-    assert invariant_schedule("causal", 128, long, 1, (long // 16, 64, 128)) == "shift_causal_runs"

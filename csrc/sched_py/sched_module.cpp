@@ -232,8 +232,6 @@ PYBIND11_MODULE(_sched, m) {
   m.def("runs_per_sequence", [](int32_t kind, int32_t mask) {
     return runs_per_sequence(to_kind(kind), static_cast<MaskKind>(mask));
   }, "Whether the packed kernels schedule every sequence of a varlen call on its own geometry (seq_runs.h).");
-  m.def("shift_runs_waits_free", [](const Problem& p) { return ShiftRuns::waits_free(p); },
-        "Whether shift_runs' adds arrive in their runs' order on this geometry (runs.h), so that none waits.");
   m.def("dq_runs", [](int32_t kind) { return dq_runs(to_kind(kind)); },
         "Accumulators per dQ tile of a resolved schedule (2 for the invariant ones, runs.h).");
   m.def("run_contributors", [](int32_t kind, const Problem& p, int32_t m_block, int32_t run) {

@@ -39,14 +39,15 @@ DASH_HD inline int32_t dq_runs(ScheduleKind kind) {
 // which the CPU model (L2 term) put at 1.4x the time at GQA 4 and 8, hdim 128 (docs/tuning.md).
 // Units: head-major, descending j within a head.
 struct ShiftRuns {
-  DASH_HD static bool applies(const Problem& p) { return covers_all_tiles(p); }
+  DASH_HD static bool applies(const Problem& p) { return covers_all_tiles(p) && waits_free(p); }
   DASH_HD static int32_t spacing(const Problem& p) {
     return p.shift_spacing == ShiftSpacing::kAdjacent || 2 * p.block_m > p.block_n ? 1 : 2;
   }
   // Whether the adds arrive in their runs' order, so that none waits: k (N - 1) <= M. With more KV tiles a tile
   // that reaches a Q tile on its walk's second wrap adds after tiles that arrive up to M steps later, and the waits
-  // chain: the engine put k (N - 1) = M + 1 at 1.3x the makespan of descending_lanes and M + 2 .. M + 7 at 2-6x
-  // (seqlen_q below seqlen_k; docs/tuning.md). Deterministic `auto` reads it (schedules_table.invariant_schedule).
+  // chain: the engine put k (N - 1) = M + 1 at 1.3x the makespan of descending and M + 2 .. M + 7 at 2-6x (seqlen_q
+  // below seqlen_k; docs/tuning.md). Where it fails, shift_runs runs descending (applies), dense and per sequence of
+  // a pack alike, so both give a sequence the same bits.
   DASH_HD static bool waits_free(const Problem& p) { return spacing(p) * (num_n_blocks(p) - 1) <= num_m_blocks(p); }
   DASH_HD static int64_t num_units(const Problem& p) { return num_kv_heads_total(p) * num_n_blocks(p); }
   DASH_HD static int64_t num_items(const Problem& p, int32_t cta) {

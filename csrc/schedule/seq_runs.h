@@ -5,13 +5,14 @@
 // depend on the tile counts (shift_causal_runs pairs tile u with tile N-1-u) would give a sequence other bits beside a
 // longer one. Here each sequence gets exactly the items, walks and accumulation positions it gets alone: those of
 // what the mask's runs schedule resolves to on its own lengths (causal: ShiftCausalRuns; ShiftRuns where every tile
-// pair is live; Descending where it has no Q rows. Full: ShiftRuns), so its bits equal a dense call's of that
+// pair is live; Descending where it has no Q rows. Full: ShiftRuns; Descending where ShiftRuns' adds would wait,
+// runs.h), so its bits equal a dense call's of that
 // sequence under that schedule, whatever it is packed with and wherever it sits in the pack. On causal masks a launch
 // may also give a key count `short_k` up to which a sequence runs Descending instead: deterministic `auto` passes the
 // bound up to which its dense pick is descending_lanes (descending's orders), so that each sequence gets its dense
 // call's orders under `auto` too. Full masks ignore it: ShiftRuns' walk depends on the tile shape alone, so there the
-// table changes which CTA runs a tile and when, not the bits (the batch of the longest gives the same), and the
-// full-mask kernels carry ShiftRuns' visits alone (a second walk in the producer made the hdim-64 consumers spill).
+// table changes which CTA runs a tile and when, not the bits (the batch of the longest gives the same); the
+// full-mask kernels carry ShiftRuns' and Descending's visits (ptxas: 4 more spill bytes at hdim 64 and 128).
 //
 // Layout: the sequences one after another, longest first (up to kSortedSeqsMax sequences, else in pack order), so
 // that the last waves hold the shortest units; per sequence its KV heads one after another, per head the pair units
@@ -172,8 +173,11 @@ struct SeqCausalRuns {
   DASH_HD static Visit visit(const Problem& p, const KvTile& t, int32_t step) {
     const SeqEntry e = entry(p, t.batch);
     const Problem s = alone(p, e.len_q, e.len_k);
-    // Full masks: every entry with visits is ShiftRuns (a Descending one, without Q rows, has none).
-    if (p.mask == MaskKind::kFull || e.kind == ScheduleKind::kShiftRuns) return ShiftRuns::visit(s, t, step);
+    // Full masks: ShiftRuns, or Descending where its adds would wait (ShiftRuns::waits_free) or without Q rows.
+    if (p.mask == MaskKind::kFull) {
+      return e.kind == ScheduleKind::kShiftRuns ? ShiftRuns::visit(s, t, step) : Descending::visit(s, t, step);
+    }
+    if (e.kind == ScheduleKind::kShiftRuns) return ShiftRuns::visit(s, t, step);
     if (e.kind == ScheduleKind::kShiftCausalRuns) return ShiftCausalRuns::visit(s, t, step);
     return Descending::visit(s, t, step);
   }

@@ -6,8 +6,8 @@
 // longer one. Here each sequence gets exactly the items, walks and accumulation positions it gets alone: those of
 // what the mask's runs schedule resolves to on its own lengths (causal: ShiftCausalRuns; ShiftRuns where every tile
 // pair is live; Descending where it has no Q rows. Full: ShiftRuns; Descending where ShiftRuns' adds would wait,
-// runs.h), so its bits equal a dense call's of that
-// sequence under that schedule, whatever it is packed with and wherever it sits in the pack. On causal masks a launch
+// runs.h), so its bits equal a dense call's of that sequence under that schedule, whatever it is packed with and
+// wherever it sits in the pack. On causal masks a launch
 // may also give a key count `short_k` up to which a sequence runs Descending instead: deterministic `auto` passes the
 // bound up to which its dense pick is descending_lanes (descending's orders), so that each sequence gets its dense
 // call's orders under `auto` too. Full masks ignore it: ShiftRuns' walk depends on the tile shape alone, so there the

@@ -12,13 +12,12 @@ from collections import OrderedDict
 from typing import Dict, List, Tuple
 
 from . import _sched
-
-MASKS = {"full": _sched.MASK_FULL, "causal": _sched.MASK_CAUSAL, "window": _sched.MASK_WINDOW}
+from .schedules_table import MASK_IDS
 
 
 def tiles(mask: str, seqlen_q: int, block_m: int, nheads: int, batch: int, num_sms: int) -> Dict:
     """Per CTA of the grid, the (batch, head, m_block) tiles the kernel runs, in order (`_sched.fwd_tiles`)."""
-    return _sched.fwd_tiles(MASKS[mask], seqlen_q, block_m, nheads, batch, num_sms)
+    return _sched.fwd_tiles(MASK_IDS[mask], seqlen_q, block_m, nheads, batch, num_sms)
 
 
 def _key_tiles(mask: str, m_block: int, seqlen: int, block_m: int, block_n: int) -> int:

@@ -31,7 +31,7 @@ DASH_HD inline int32_t dq_runs(ScheduleKind kind) {
 // Full masks (every tile pair live). Per (batch, KV head): KV tile j walks Q tiles (k j + s) mod M, s = 0 .. M-1,
 // k the spacing: 2 where Q tiles are at most half as tall as KV tiles (hdim 128), else 1. At Q tile m, run 0 holds
 // the tiles with k j <= m (they arrive at step m - k j) and run 1 the others (step m - k j + M): both in descending
-// j, which is their arrival order while k j < M (always where seqlen_q >= seqlen_k; elsewhere some adds wait). k
+// j, which is their arrival order while k (N - 1) <= M (waits_free, which applies requires). k
 // depends on the tile shape alone, not on M and N as shift's does: a sequence packed with longer ones (varlen) is
 // scheduled on the longest one's tile counts and must still take the walk and the runs it takes alone.
 // With GQA a KV tile walks its group's query heads one after another (split_step_heads_outer): with the heads
@@ -74,7 +74,7 @@ struct ShiftRuns {
     const int32_t M = num_m_blocks(p), N = num_n_blocks(p);
     const int32_t j = t.n_block, k = spacing(p);
     const StepSplit st = split_step_heads_outer(step, M, group_size(p), t.head_k);
-    // k j < M unless seqlen_q < seqlen_k: the division only there (the producer warp's registers are few).
+    // k j <= M where ShiftRuns applies (waits_free): the division only at k j = M (the producer's registers are few).
     const int32_t kj = k * j;
     const int32_t start = kj < M ? kj : static_cast<int32_t>(static_cast<uint32_t>(kj) % static_cast<uint32_t>(M));
     const int32_t m = pos_mod_near(start + st.s, M);

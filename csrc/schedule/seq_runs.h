@@ -173,12 +173,11 @@ struct SeqCausalRuns {
   DASH_HD static Visit visit(const Problem& p, const KvTile& t, int32_t step) {
     const SeqEntry e = entry(p, t.batch);
     const Problem s = alone(p, e.len_q, e.len_k);
-    // Full masks: ShiftRuns, or Descending where its adds would wait (ShiftRuns::waits_free) or without Q rows.
-    if (p.mask == MaskKind::kFull) {
-      return e.kind == ScheduleKind::kShiftRuns ? ShiftRuns::visit(s, t, step) : Descending::visit(s, t, step);
-    }
     if (e.kind == ScheduleKind::kShiftRuns) return ShiftRuns::visit(s, t, step);
-    if (e.kind == ScheduleKind::kShiftCausalRuns) return ShiftCausalRuns::visit(s, t, step);
+    // Never on full masks, whose kernels then carry no ShiftCausalRuns walk.
+    if (p.mask != MaskKind::kFull && e.kind == ScheduleKind::kShiftCausalRuns) {
+      return ShiftCausalRuns::visit(s, t, step);
+    }
     return Descending::visit(s, t, step);
   }
   // Adds into accumulator `run` of Q tile m of sequence b (what the postprocess waits for).

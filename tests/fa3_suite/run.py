@@ -69,7 +69,7 @@ def _plugin_options(args, out: pathlib.Path):
 
 
 def pytest_command(args, extra, out: pathlib.Path, node_ids=None):
-    """The pytest run of FA3's file, or of the given node ids of it (a retry: one process, no shard)."""
+    """The pytest run of FA3's file, or of the given node ids of it."""
     hopper = pathlib.Path(args.fa3).resolve()
     targets = [str(hopper / TEST_FILE)] if node_ids is None else [str(hopper / i) for i in node_ids]
     command = [sys.executable, "-m", "pytest", *targets, "-p", "fa3_plugin",
@@ -80,8 +80,6 @@ def pytest_command(args, extra, out: pathlib.Path, node_ids=None):
                # failures by where they were raised, which that line keeps.
                "-q", "-rfE", "--tb=line", "--junitxml", str(out / "junit.xml"),
                "-o", "junit_suite_name=fa3_test_flash_attn"] + _plugin_options(args, out)
-    if node_ids is not None:
-        return command + extra
     if args.workers:
         command += ["-n", str(args.workers), "--dist", "loadgroup"]
     return command + extra
@@ -116,7 +114,7 @@ def _retry_out_of_memory(args, extra, out: pathlib.Path, started: float) -> None
     retry_out = out / "retry"
     retry_out.mkdir(exist_ok=True)
     retry_args = argparse.Namespace(**vars(args))
-    retry_args.shard = None
+    retry_args.shard, retry_args.workers = None, 0  # exactly these cases, one at a time
     if args.budget is not None:
         retry_args.budget = max(args.budget - (time.time() - started), 1.0)
     command = pytest_command(retry_args, extra, retry_out, node_ids)

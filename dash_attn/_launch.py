@@ -50,7 +50,8 @@ def _resolve_schedule_for(args: OpArgs, device: torch.device, batch: int, seqlen
     if schedule == AUTO:
         mask_name, kernel_dim = MaskKind(mask).name.lower(), validation.kernel_head_dim(headdim, _supported_head_dims())
         if args.deterministic:
-            schedule = invariant_schedule(mask_name, kernel_dim, seqlen_k, nheads // nheads_k)
+            schedule = invariant_schedule(mask_name, kernel_dim, seqlen_k, nheads // nheads_k, seqlen_q=seqlen_q,
+                                          tile=_bwd_tile_shape(headdim, mask))
         elif gqa_runs_lanes(mask_name, kernel_dim, nheads // nheads_k):
             schedule = LANES_SCHEDULE
     if schedule == AUTO:

@@ -88,6 +88,31 @@ def test_invariant_pick_switches_at_the_bound(mask, hdim):
     assert invariant_schedule("window", hdim, 1) == "descending"
 
 
+@pytest.mark.parametrize("hdim", sorted(TILES))
+def test_invariant_pick_where_shift_runs_would_wait(hdim):
+    """Where the long pick would fall back to descending (shift_runs with seqlen_q below seqlen_k, ShiftRuns::waits_free;
+    shift_causal_runs where the band masks no tile), deterministic `auto` runs descending_lanes, whose orders are
+    descending's: the pick changes the layout, not the bits."""
+    long = max(SHORT_SEQLEN_K.values()) + 1
+    for mask in ("full", "causal", "window"):
+        tile = S.tile_shape(hdim, mask)
+        for seqlen_q in (64, 1000, long - 1, long, 3 * long):
+            pick = invariant_schedule(mask, hdim, long, seqlen_q=seqlen_q, tile=tile)
+            plain = invariant_schedule(mask, hdim, long)
+            p = S._problem(mask, seqlen_q, long, *tile, 1, 1, 1, (256, 0) if mask == "window" else None, 1)
+            waits = plain != "descending" and _sched.resolve(S.SCHEDULE_IDS[plain], p) == S.SCHEDULE_IDS["descending"]
+            assert pick == ("descending_lanes" if waits else plain), (mask, seqlen_q)
+            if seqlen_q >= long or mask == "window":
+                assert not waits, (mask, seqlen_q)
+            elif mask == "full" and seqlen_q <= 1000:
+                assert waits, (mask, seqlen_q)
+    tile = S.tile_shape(hdim, "full")
+    for ctas in (1, 7, 132):
+        lanes = _plan("descending_lanes", "full", 1000, long, hdim, 4, 4, None, 3, ctas)
+        runs = _plan("shift_runs", "full", 1000, long, hdim, 4, 4, None, 3, ctas)
+        assert signature(lanes, 0) == signature(runs, 0) == alone("descending", "full", 1000, long, hdim, 4, 4, None)
+
+
 @pytest.mark.parametrize("mask", ["full", "causal"])
 def test_invariant_pick_of_gqa(mask):
     """At hdim 128 with 4 or more query heads per KV head, descending_lanes at every length (LANES_GQA_RATIO)."""

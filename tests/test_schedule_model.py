@@ -335,3 +335,19 @@ def test_l2_misses_where_the_tiles_go():
     p = schedule.plan("descending", "full", 1024, 1024, 64, 128, 16, 16, 132).problem
     s = _sched.simulate(schedule.SCHEDULE_IDS["descending"], p, l2_tiles=H200_L2.l2_tiles, miss=H200_L2.miss)
     assert s["l2_misses"] == 16 * 16 * (1024 // 64) * (1024 // 128)
+
+
+def test_choose_non_deterministic_with_fewer_queries_than_keys():
+    """With seqlen_q < seqlen_k the non-deterministic backward takes _SHORT_QUERY_PICKS (measured; the deterministic
+    ranking misleads there), with seqlen_q >= seqlen_k the usual rule; the deterministic ranking is not touched."""
+    for hdim in (128, 64):
+        for mask in ("full", "causal"):
+            block_m, block_n = schedule.tile_shape(hdim, mask)
+            for seqlen_q, seqlen_k in ((512, 8192), (1024, 2048), (4095, 4096)):
+                args = (mask, seqlen_q, seqlen_k, block_m, block_n, 2048 // hdim, 16384 // seqlen_q, 132)
+                assert schedule.choose(*args, deterministic=False) == schedule._SHORT_QUERY_PICKS[mask]
+                assert schedule.choose(*args) in schedule.SCHEDULES
+            longer = (mask, 4096, 2048, block_m, block_n, 2048 // hdim, 4, 132)
+            assert schedule.choose(*longer, deterministic=False) == schedule.choose(*longer)
+    assert schedule.choose("window", 512, 8192, 64, 128, 16, 32, 132, window=(1024, 0),
+                           deterministic=False) in schedule.SCHEDULES

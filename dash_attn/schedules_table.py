@@ -91,15 +91,17 @@ def varlen_short_keys(mask: str, kernel_head_dim: int, gqa_ratio: int = 1) -> in
 def invariant_schedule(mask: str, kernel_head_dim: int, seqlen_k: int, gqa_ratio: int = 1,
                        seqlen_q: Optional[int] = None, tile: Optional[Tuple[int, int]] = None) -> str:
     """Deterministic `auto`'s pick for a dense call (mask name, the head dim of the kernel that runs, keys,
-    nheads // nheads_k; with seqlen_q and the backward tile (block_m, block_n), the call's geometry). Where the long
-    pick would fall back to LANES_ORDER on that geometry (csrc/schedule/schedule.h: shift_runs where its adds would
-    wait, ShiftRuns::waits_free, i.e. seqlen_q below seqlen_k; shift_causal_runs where the band masks no tile),
-    LANES_SCHEDULE runs the same orders: on an H100 it ran 1.4-2x faster than descending on full masks there (hdim
-    64/128, 512-4096 queries against 8192 keys, docs/tuning.md)."""
+    nheads // nheads_k; with seqlen_q and the backward tile (block_m, block_n), the call's geometry). Where shift_runs
+    would fall back to LANES_ORDER on a full mask's geometry (csrc/schedule/schedule.h: its adds would wait,
+    ShiftRuns::waits_free, i.e. seqlen_q below seqlen_k), LANES_SCHEDULE runs the same orders: on an H100 it ran
+    1.4-2x faster than descending there (hdim 64/128, 512-4096 queries against 8192 keys, docs/tuning.md). Not on
+    causal bands that mask no tile, where shift_causal_runs falls back too: LANES_SCHEDULE pairs a causal head's
+    tiles, which there are all equally long, and the engine puts it at 7-8x descending's time (lanes.h)."""
     if seqlen_k <= short_keys(mask, kernel_head_dim, gqa_ratio):
         return LANES_SCHEDULE
     pick = INVARIANT_SCHEDULES[mask]
-    if seqlen_q is not None and tile is not None and _falls_back_to_lanes_order(pick, mask, seqlen_q, seqlen_k, tile):
+    if (mask == "full" and seqlen_q is not None and tile is not None
+            and _falls_back_to_lanes_order(pick, mask, seqlen_q, seqlen_k, tile)):
         return LANES_SCHEDULE
     return pick
 

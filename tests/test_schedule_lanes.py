@@ -109,8 +109,8 @@ def test_invariant_pick_where_shift_runs_would_wait(hdim):
                 assert waits, (mask, seqlen_q)
     tile = S.tile_shape(hdim, "causal")
     one_tile = S.plan("shift_causal_runs", "causal", 40, long, *tile, 16, 8, 132)
-    paired = S.plan("descending_lanes", "causal", 40, long, *tile, 16, 8, 132)
-    assert S.simulate(paired, record=False).makespan > 2 * S.simulate(one_tile, record=False).makespan
+    lanes = S.plan("descending_lanes", "causal", 40, long, *tile, 16, 8, 132)
+    assert S.simulate(lanes, record=False).makespan <= 1.05 * S.simulate(one_tile, record=False).makespan
     for ctas in (1, 7, 132):
         lanes = _plan("descending_lanes", "full", 1000, long, hdim, 4, 4, None, 3, ctas)
         runs = _plan("shift_runs", "full", 1000, long, hdim, 4, 4, None, 3, ctas)

@@ -34,7 +34,20 @@ struct DescendingLanes {
   static constexpr int32_t kMaxTilesPerLane = 4;
   // Pairs (long tile u, short tile N-1-u) on one lane: causal bands; with an odd N the last lane holds the middle
   // tile alone.
-  DASH_HD static bool paired(const Problem& p) { return p.mask == MaskKind::kCausal; }
+  DASH_HD static bool paired(const Problem& p) {
+    return p.mask == MaskKind::kCausal && 4 * fully_live_tiles(p) < 3 * num_n_blocks(p);
+  }
+  // KV tiles every query row sees (a causal band aligned bottom-right with seqlen_q < seqlen_k). They are as long as a
+  // full mask's, and pairing them puts a long tile in the second slot of most lanes, whose adds then chain in reverse
+  // lane order; where they are at least 3/4 of the head's tiles the lanes run unpaired, as on a full mask (the engine
+  // with the L2 term: 0.2-0.8 of the paired makespan at seqlen_q <= seqlen_k / 4, within 10% at 3/4).
+  DASH_HD static int32_t fully_live_tiles(const Problem& p) {
+    const int32_t free_keys = p.seqlen_k - p.seqlen_q + 1;
+    if (free_keys <= 0) return 0;
+    const int32_t f = div_u32(free_keys, p.block_n);
+    const int32_t N = num_n_blocks(p);
+    return f < N ? f : N;
+  }
   // KV tiles a lane runs of each head (full masks; pairs keep one pair per lane): the k of the fewest rounds.
   DASH_HD static int32_t tiles_per_lane(const Problem& p) {
     const int32_t N = num_n_blocks(p);

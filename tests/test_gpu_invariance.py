@@ -208,7 +208,7 @@ def test_full_mask_sequences_where_shift_runs_would_wait(hdim):
     if hdim not in supported_head_dims():
         pytest.skip(f"hdim {hdim} not built")
     gen = torch.Generator(device="cuda").manual_seed(SEED + 5)
-    # The first and third wrap (the last too where Q tiles are half as tall as KV tiles); 4,500 keys are past
+    # The first and third wrap (the last too at hdim 128 and 256); 4,500 keys are past
     # short_keys, where `auto` takes descending_lanes for the third.
     shapes = [(300, 2000), (1000, 1000), (600, 4500), (129, 257)]
     seqs = [(_rand(gen, (1, sq, 4, hdim), torch.bfloat16), _rand(gen, (1, sk, 2, hdim), torch.bfloat16),

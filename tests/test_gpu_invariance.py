@@ -208,11 +208,13 @@ def test_full_mask_sequences_where_shift_runs_would_wait(hdim):
     if hdim not in supported_head_dims():
         pytest.skip(f"hdim {hdim} not built")
     gen = torch.Generator(device="cuda").manual_seed(SEED + 5)
-    shapes = [(300, 2000), (1000, 1000), (129, 257)]  # the first and the last wrap
+    # The first and third wrap (the last too at hdim 128 and 256); 4,500 keys are past
+    # short_keys, where `auto` takes descending_lanes for the third.
+    shapes = [(300, 2000), (1000, 1000), (600, 4500), (129, 257)]
     seqs = [(_rand(gen, (1, sq, 4, hdim), torch.bfloat16), _rand(gen, (1, sk, 2, hdim), torch.bfloat16),
              _rand(gen, (1, sk, 2, hdim), torch.bfloat16), _rand(gen, (1, sq, 4, hdim), torch.bfloat16))
             for sq, sk in shapes]
-    for order in ([0, 1, 2], [2, 1, 0]):
+    for order in ([0, 1, 2, 3], [3, 2, 1, 0]):
         got = _varlen_grads(seqs, order, False, 18)
         for i in order:
             q, k, v, dout = seqs[i]
@@ -222,7 +224,7 @@ def test_full_mask_sequences_where_shift_runs_would_wait(hdim):
     block_m, block_n = tile_shape(hdim)
     wraps = [_sched.resolve(_sched.SHIFT_RUNS, _sched.Problem(1, 4, 2, sq, sk, block_m, block_n, _sched.MASK_FULL))
              == _sched.DESCENDING for sq, sk in shapes]
-    assert wraps[0] and not wraps[1]
+    assert wraps[0] and not wraps[1] and wraps[2]
     for i in (i for i, w in enumerate(wraps) if w):
         q, k, v, dout = seqs[i]
         named, auto = (_grads(q, k, v, dout, False, (-1, -1), 0.0, schedule=s) for s in ("shift_runs", "auto"))

@@ -14,7 +14,8 @@ from ._args import MaskKind, OpArgs
 from ._ext import (_bwd_tile_shape, _check_cuda, _device_guard, _held_head_dim, _kernel_head_dim, _l2_bytes, _num_sms,
                    _supported_head_dims)
 from .schedules_table import (AUTO, FALLBACK_SCHEDULE, LANES_SCHEDULE, SCHEDULE_IDS, gqa_runs_lanes, invariant_schedule,
-                              runs_per_sequence, varlen_invariant_schedule, varlen_short_keys)
+                              runs_per_sequence, varlen_invariant_schedule, varlen_runs_lanes_order,
+                              varlen_short_keys)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -97,9 +98,12 @@ def _unequal_pack(mask_name: str, kernel_dim: int, gqa_ratio: int,
     return mask_name in ("full", "causal") and lengths is not None and len(set(zip(*lengths))) > 1
 
 
-def _run_schedule(args: OpArgs, seqlen_k: int, short_k: int) -> OpArgs:
-    """The arguments of a varlen call's run of equal lengths launched as a batch (short_k: _with_varlen_schedule's)."""
-    return args._replace(schedule=LANES_SCHEDULE) if seqlen_k <= short_k else args
+def _run_schedule(args: OpArgs, seqlen_q: int, seqlen_k: int, short_k: int, tile: Tuple[int, int]) -> OpArgs:
+    """The arguments of a varlen call's run of equal lengths launched as a batch (short_k: _with_varlen_schedule's;
+    tile: the backward's (block_m, block_n)): LANES_SCHEDULE where the packed kernels would run LANES_ORDER's orders."""
+    mask_name = MaskKind(args.mask).name.lower()
+    return args._replace(schedule=LANES_SCHEDULE) if varlen_runs_lanes_order(mask_name, seqlen_q, seqlen_k, tile,
+                                                                             short_k) else args
 
 
 # ----------------------------------------------------------------------------------------------------------------------

@@ -107,10 +107,7 @@ def invariant_schedule(mask: str, kernel_head_dim: int, seqlen_k: int, gqa_ratio
 
 
 def _falls_back_to_lanes_order(schedule: str, mask: str, seqlen_q: int, seqlen_k: int, tile: Tuple[int, int]) -> bool:
-    """Whether the kernels run LANES_ORDER for `schedule`, another schedule, on one head of this geometry (the
-    engine's resolve)."""
-    if schedule == LANES_ORDER:
-        return False
+    """Whether the kernels run LANES_ORDER for `schedule` on one head of this geometry (the engine's resolve)."""
     block_m, block_n = tile
     problem = _sched.Problem(batch=1, nheads=1, nheads_k=1, seqlen_q=seqlen_q, seqlen_k=seqlen_k, block_m=block_m,
                              block_n=block_n, mask=MASK_IDS[mask], window_left=-1, window_right=-1, num_ctas=1)

@@ -127,9 +127,10 @@ def main(argv=None) -> int:
             out = pathlib.Path(tempfile.mkdtemp(prefix=f"{name}_{round_index}_", dir=args.out))
             subprocess.run(command + ["--out", str(out)], check=True)
             runs[name].append(cells_of(out))
+            # The table so far after every run, so that a command cut off by a time limit still leaves one.
+            (args.out / "ab.txt").write_text(table(runs) + "\n")
             print(f"ab_objects: round {round_index + 1} {name} done ({out})", flush=True)
     report = table(runs)
-    (args.out / "ab.txt").write_text(report + "\n")
     print(report)
     return 0
 

@@ -72,11 +72,11 @@ _L2_MISS_LATENCY = 0.3
 # clock higher under the 700 W cap, which the model does not see.
 _DYNAMIC_MAX_BLOCK_N = 64
 _DYNAMIC_MIN_KV_TILES = 64
-# The non-deterministic backward where seqlen_q < seqlen_k, by mask. The ranking by the deterministic simulation
-# misleads there: it has shift's adds wait (the walk wraps before its KV tiles are done) and ranks tile-major
-# descending or causal-mask shift first, which the H100 ran at 0.45-0.55 of these picks (hdim 64 and 128, 512-4096
-# queries against 2048 and 8192 keys; docs/tuning.md). `dynamic` was the fastest on every causal row of that grid,
-# `shift` within 3% of the fastest on every full one.
+# The non-deterministic backward where seqlen_q is at most half of seqlen_k, by mask. The ranking by the
+# deterministic simulation misleads there: it has shift's adds wait (the walk wraps before its KV tiles are done) and
+# ranks tile-major descending or causal-mask shift first, which the H100 ran at 0.45-0.55 of these picks (hdim 64 and
+# 128, 512-4096 queries against 2048 and 8192 keys, the range measured; docs/tuning.md). `dynamic` was the fastest or
+# within 2% of it on every causal row of that grid, `shift` within 3% of the fastest on every full one.
 _SHORT_QUERY_PICKS = {"full": "shift", "causal": DYNAMIC}
 # `choose` simulates at most this many visits per schedule; larger problems are scaled down proportionally
 # (fewer (batch, KV head) pairs and CTAs, same tile geometry) so that `auto` stays fast.
@@ -389,9 +389,9 @@ def choose(mask: str, seqlen_q: int, seqlen_k: int, block_m: int, block_n: int, 
     with the L2 term when `l2` is given (l2_model). Makespans within _MODEL_TOLERANCE of the best are ties, broken
     by the measured ranking of the mask. Both modes get the deterministic ranking (see _choose_cached), except that
     the non-deterministic backward of a causal mask with KV tiles at most _DYNAMIC_MAX_BLOCK_N wide and at least
-    _DYNAMIC_MIN_KV_TILES of them per head claims its units at run time (`dynamic`), and that with seqlen_q below
-    seqlen_k takes _SHORT_QUERY_PICKS."""
-    if not deterministic and int(seqlen_q) < int(seqlen_k) and mask in _SHORT_QUERY_PICKS:
+    _DYNAMIC_MIN_KV_TILES of them per head claims its units at run time (`dynamic`), and that with seqlen_q at most
+    half of seqlen_k takes _SHORT_QUERY_PICKS."""
+    if not deterministic and 2 * int(seqlen_q) <= int(seqlen_k) and mask in _SHORT_QUERY_PICKS:
         return _SHORT_QUERY_PICKS[mask]
     if (not deterministic and mask == "causal" and int(block_n) <= _DYNAMIC_MAX_BLOCK_N
             and -(-int(seqlen_k) // int(block_n)) >= _DYNAMIC_MIN_KV_TILES):

@@ -118,10 +118,7 @@ def _one_head(mask: str, seqlen_q: int, seqlen_k: int, tile: Tuple[int, int]) ->
 
 
 def _falls_back_to_lanes_order(schedule: str, mask: str, seqlen_q: int, seqlen_k: int, tile: Tuple[int, int]) -> bool:
-    """Whether the kernels run LANES_ORDER for `schedule`, another schedule, on one head of this geometry (the
-    engine's resolve)."""
-    if schedule == LANES_ORDER:
-        return False
+    """Whether the kernels run LANES_ORDER for `schedule` on one head of this geometry (the engine's resolve)."""
     resolved = _sched.resolve(SCHEDULE_IDS[schedule], _one_head(mask, seqlen_q, seqlen_k, tile))
     return resolved == SCHEDULE_IDS[LANES_ORDER]
 

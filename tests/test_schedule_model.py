@@ -338,12 +338,15 @@ def test_l2_misses_where_the_tiles_go():
 
 
 def test_choose_non_deterministic_with_fewer_queries_than_keys():
-    """With seqlen_q < seqlen_k the non-deterministic backward takes _SHORT_QUERY_PICKS (measured; the deterministic
-    ranking misleads there), with seqlen_q >= seqlen_k the usual rule; the deterministic ranking is not touched."""
+    """With seqlen_q at most half of seqlen_k the non-deterministic backward takes _SHORT_QUERY_PICKS (measured; the
+    deterministic ranking misleads there), with more queries the usual rule; the deterministic ranking is not
+    touched."""
     for hdim in (128, 64):
         for mask in ("full", "causal"):
             block_m, block_n = schedule.tile_shape(hdim, mask)
-            for seqlen_q, seqlen_k in ((512, 8192), (1024, 2048), (4095, 4096)):
+            nearly = (mask, 4000, 4096, block_m, block_n, 2048 // hdim, 4, 132)
+            assert schedule.choose(*nearly, deterministic=False) == schedule.choose(*nearly)
+            for seqlen_q, seqlen_k in ((512, 8192), (1024, 2048), (4096, 8192)):
                 args = (mask, seqlen_q, seqlen_k, block_m, block_n, 2048 // hdim, 16384 // seqlen_q, 132)
                 assert schedule.choose(*args, deterministic=False) == schedule._SHORT_QUERY_PICKS[mask]
                 assert schedule.choose(*args) in schedule.SCHEDULES

@@ -39,11 +39,12 @@ struct DescendingLanes {
   // so the lanes run unpaired as on a full mask (the engine with the L2 term: 0.2-0.8 of the paired makespan at
   // seqlen_q <= seqlen_k / 4, within 10% at 3/4 fully live tiles).
   DASH_HD static bool paired(const Problem& p) { return p.mask == MaskKind::kCausal && !mostly_full_band(p); }
-  // KV tiles a lane runs of each head (full masks; pairs keep one pair per lane): the k of the fewest rounds.
+  // KV tiles a lane runs of each head (full masks; pairs keep one pair per lane, and unpaired causal lanes one tile,
+  // which keeps that search out of the causal kernels' producer): the k of the fewest rounds.
   DASH_HD static int32_t tiles_per_lane(const Problem& p) {
     const int32_t N = num_n_blocks(p);
     const int64_t heads = num_kv_heads_total(p);
-    if (paired(p) || N <= 0 || heads <= 0 || heads > INT32_MAX / kMaxTilesPerLane) return 1;
+    if (p.mask == MaskKind::kCausal || N <= 0 || heads <= 0 || heads > INT32_MAX / kMaxTilesPerLane) return 1;
     int32_t best = 1;
     int64_t best_rounds = -1;
     for (int32_t k = 1; k <= kMaxTilesPerLane && k <= N; ++k) {

@@ -246,7 +246,8 @@ DASH_HD inline bool prefix_contributors(const Problem& p) {
 }
 
 // KV tiles that every Q row of a causal band sees (aligned bottom-right, so only where seqlen_q < seqlen_k): each is as
-// long as a full mask's tile. Tile n is fully live when its last key (n + 1) block_n - 1 is at most seqlen_k - seqlen_q.
+// long as a full mask's tile. Tile n is fully live when its last key (n + 1) block_n - 1 is at most
+// seqlen_k - seqlen_q.
 DASH_HD inline int32_t fully_live_tiles(const Problem& p) {
   const int32_t free_keys = p.seqlen_k - p.seqlen_q + 1;
   if (p.mask != MaskKind::kCausal || free_keys <= 0) return 0;

@@ -6,6 +6,7 @@ model's measured ranking, the benchmark's labels) are the only other places a sc
 """
 from __future__ import annotations
 
+import functools
 from typing import Dict, Optional, Tuple
 
 from . import _sched
@@ -106,8 +107,10 @@ def invariant_schedule(mask: str, kernel_head_dim: int, seqlen_k: int, gqa_ratio
     return pick
 
 
+@functools.lru_cache(maxsize=4096)
 def _falls_back_to_lanes_order(schedule: str, mask: str, seqlen_q: int, seqlen_k: int, tile: Tuple[int, int]) -> bool:
-    """Whether the kernels run LANES_ORDER for `schedule` on one head of this geometry (the engine's resolve)."""
+    """Whether the kernels run LANES_ORDER for `schedule` on one head of this geometry (the engine's resolve; cached:
+    every backward call of a training step asks it for the same shapes, as `_launch._choose_schedule` is)."""
     block_m, block_n = tile
     problem = _sched.Problem(batch=1, nheads=1, nheads_k=1, seqlen_q=seqlen_q, seqlen_k=seqlen_k, block_m=block_m,
                              block_n=block_n, mask=MASK_IDS[mask], window_left=-1, window_right=-1, num_ctas=1)

@@ -6,6 +6,7 @@ model's measured ranking, the benchmark's labels) are the only other places a sc
 """
 from __future__ import annotations
 
+import functools
 from typing import Dict, Optional, Tuple
 
 from . import _sched
@@ -106,7 +107,7 @@ def invariant_schedule(mask: str, kernel_head_dim: int, seqlen_k: int, gqa_ratio
         return pick
     if mask == "full" and _falls_back_to_lanes_order(pick, mask, seqlen_q, seqlen_k, tile):
         return LANES_SCHEDULE
-    if mask == "causal" and short > 0 and _sched.mostly_full_band(_one_head(mask, seqlen_q, seqlen_k, tile)):
+    if mask == "causal" and short > 0 and _mostly_full_band(mask, seqlen_q, seqlen_k, tile):
         return LANES_SCHEDULE
     return pick
 
@@ -117,12 +118,21 @@ def _one_head(mask: str, seqlen_q: int, seqlen_k: int, tile: Tuple[int, int]) ->
                           block_n=block_n, mask=MASK_IDS[mask], window_left=-1, window_right=-1, num_ctas=1)
 
 
+# The engine queries below are cached per shape: every backward call of a training step asks them for the same
+# shapes (as `_launch._choose_schedule` is cached).
+@functools.lru_cache(maxsize=4096)
 def _falls_back_to_lanes_order(schedule: str, mask: str, seqlen_q: int, seqlen_k: int, tile: Tuple[int, int]) -> bool:
     """Whether the kernels run LANES_ORDER for `schedule` on one head of this geometry (the engine's resolve)."""
     resolved = _sched.resolve(SCHEDULE_IDS[schedule], _one_head(mask, seqlen_q, seqlen_k, tile))
     return resolved == SCHEDULE_IDS[LANES_ORDER]
 
 
+@functools.lru_cache(maxsize=4096)
+def _mostly_full_band(mask: str, seqlen_q: int, seqlen_k: int, tile: Tuple[int, int]) -> bool:
+    return _sched.mostly_full_band(_one_head(mask, seqlen_q, seqlen_k, tile))
+
+
+@functools.lru_cache(maxsize=4096)
 def varlen_runs_lanes_order(mask: str, seqlen_q: int, seqlen_k: int, tile: Tuple[int, int], short_k: int) -> bool:
     """Whether the packed kernels run a sequence of these lengths in LANES_ORDER's orders under the launch's short_k
     (csrc/schedule/seq_runs.h, entry_for, read through the engine): a varlen run of equal lengths launched as a

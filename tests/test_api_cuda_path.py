@@ -435,13 +435,15 @@ def test_kv_heads_run_on_partial_copies(fake_cuda, monkeypatch):
 
 
 def test_kv_copies_rule_reads_head_counts_and_mask():
-    """Even groups of SPLIT_GROUP (6) or more: copies of 2 query heads on causal masks, and on full masks with one
-    KV head (EXPANDED_KV_HEADS); otherwise MHA up to EXPANDED_KV_HEADS KV heads, else the GQA kernels."""
+    """Even groups of SPLIT_GROUP (6) or more: copies of 2 query heads on causal masks; with one KV head
+    (EXPANDED_KV_HEADS) from SPLIT_GROUP_ONE_KV (8) on, on either mask; otherwise MHA up to EXPANDED_KV_HEADS KV
+    heads, else the GQA kernels."""
     from dash_attn._kv_heads import kv_copies
     assert [kv_copies(16, 2, True), kv_copies(32, 4, True), kv_copies(8, 1, True), kv_copies(64, 4, True)] == [4, 4, 4, 8]
     assert [kv_copies(16, 4, True), kv_copies(4, 1, True), kv_copies(8, 1, False), kv_copies(16, 2, False)] == \
         [1, 4, 4, 1]
     assert [kv_copies(4, 1, False), kv_copies(6, 1, False), kv_copies(5, 1, False), kv_copies(2, 1, False)] == \
-        [4, 3, 5, 2]
+        [4, 6, 5, 2]
+    assert [kv_copies(6, 1, True), kv_copies(10, 1, False), kv_copies(10, 1, True)] == [6, 5, 5]
     assert [kv_copies(12, 2, True), kv_copies(12, 2, False), kv_copies(12, 4, True)] == [3, 1, 1]
     assert kv_copies(8, 8, True) == kv_copies(8, 8, False) == 1

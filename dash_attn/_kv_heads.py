@@ -29,22 +29,27 @@ from ._args import MaskKind
 EXPANDED_KV_HEADS = 1
 # Groups of at least SPLIT_GROUP query heads run on copies of HEADS_PER_COPY query heads each (kv_copies): on causal
 # masks at any KV head count, since there the GQA kernels' units, a KV tile of every query head of its group, differ in
-# length by up to the group's whole walk and balance badly on the grid; on full masks up to EXPANDED_KV_HEADS KV heads.
-# Measured at groups of 6 and 8 (docs/tuning.md); causal groups of 4 keep descending_lanes' GQA kernels
-# (schedules_table.LANES_GQA_RATIO): ahead at 2k keys, 3-10% behind from 8k.
+# length by up to the group's whole walk and balance badly on the grid; with one KV head (EXPANDED_KV_HEADS) on either
+# mask from SPLIT_GROUP_ONE_KV on, MHA below it. Measured at groups of 6 and 8 (docs/tuning.md); causal groups of 4
+# keep descending_lanes' GQA kernels (schedules_table.LANES_GQA_RATIO): ahead at 2k keys, 3-10% behind from 8k.
+# One KV head keeps MHA at groups of 6: MHA ran ahead of copies of 2 at group 6 (causal), and a copy's dK and dV are
+# rounded once more than a query head's alone, which FA3's MQA cases (6 query heads, 1-3 keys, where PyTorch's error
+# is 0) see: dV 2 bf16 ulps off against their bound of 1 with copies of 2, none as MHA.
 SPLIT_GROUP = 6
+SPLIT_GROUP_ONE_KV = 8
 HEADS_PER_COPY = 2
 
 
 def kv_copies(nheads: int, nheads_k: int, causal: bool) -> int:
     """Copies of each KV head that the backward of nheads query heads on nheads_k KV heads runs on, each serving
     nheads // nheads_k // copies consecutive query heads: with a group of SPLIT_GROUP or more that HEADS_PER_COPY
-    divides, copies of that many query heads on causal masks, and on full masks up to EXPANDED_KV_HEADS KV heads;
-    else the group (MHA) up to EXPANDED_KV_HEADS KV heads, else 1 (the GQA kernels as they are). A function of the
-    head counts and the mask alone (the module's docstring says why)."""
+    divides, copies of that many query heads on causal masks (from SPLIT_GROUP_ONE_KV with up to EXPANDED_KV_HEADS KV
+    heads, on full masks too); else the group (MHA) up to EXPANDED_KV_HEADS KV heads, else 1 (the GQA kernels as they
+    are). A function of the head counts and the mask alone (the module's docstring says why)."""
     group = nheads // nheads_k
     few_kv_heads = nheads_k <= EXPANDED_KV_HEADS
-    if group >= SPLIT_GROUP and group % HEADS_PER_COPY == 0 and (causal or few_kv_heads):
+    split_from = SPLIT_GROUP_ONE_KV if few_kv_heads else SPLIT_GROUP
+    if group >= split_from and group % HEADS_PER_COPY == 0 and (causal or few_kv_heads):
         return group // HEADS_PER_COPY
     return group if few_kv_heads and group > 1 else 1
 

@@ -14,7 +14,8 @@ from ._args import MaskKind, OpArgs
 from ._ext import (_bwd_tile_shape, _check_cuda, _device_guard, _held_head_dim, _kernel_head_dim, _l2_bytes, _num_sms,
                    _supported_head_dims)
 from .schedules_table import (AUTO, FALLBACK_SCHEDULE, LANES_SCHEDULE, SCHEDULE_IDS, gqa_runs_lanes, invariant_schedule,
-                              runs_per_sequence, varlen_invariant_schedule, varlen_short_keys)
+                              runs_per_sequence, varlen_invariant_schedule, varlen_runs_lanes_order,
+                              varlen_short_keys)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -79,7 +80,7 @@ def _with_varlen_schedule(args: OpArgs, q: torch.Tensor, k: torch.Tensor, v: tor
         return args, 0
     mask_name = MaskKind(args.mask).name.lower()
     kernel_dim, gqa_ratio = _kernel_head_dim(q, v), q.shape[-2] // k.shape[-2]
-    if not (args.deterministic or _unequal_pack(mask_name, kernel_dim, gqa_ratio, lengths)):
+    if not (args.deterministic or _unequal_pack(mask_name, lengths)):
         return args, 0
     pick = varlen_invariant_schedule(mask_name)
     if not runs_per_sequence(mask_name, pick):
@@ -87,19 +88,19 @@ def _with_varlen_schedule(args: OpArgs, q: torch.Tensor, k: torch.Tensor, v: tor
     return args._replace(schedule=pick), varlen_short_keys(mask_name, kernel_dim, gqa_ratio)
 
 
-def _unequal_pack(mask_name: str, kernel_dim: int, gqa_ratio: int,
-                  lengths: Optional[Tuple[List[int], List[int]]]) -> bool:
-    """Whether the non-deterministic `auto` takes the deterministic pick: a causal or full pack of unequal lengths, full
-    ones not where `auto` runs LANES_SCHEDULE for the GQA ratio (GQA 4 at hdim 128: there that pick ran even with
-    shift_runs or up to 3.5% ahead, benchmarks/RESULTS.md "Varlen")."""
-    if mask_name == "full" and gqa_runs_lanes(mask_name, kernel_dim, gqa_ratio):
-        return False
+def _unequal_pack(mask_name: str, lengths: Optional[Tuple[List[int], List[int]]]) -> bool:
+    """Whether the non-deterministic `auto` takes the deterministic pick: a causal or full pack of unequal lengths,
+    whatever the GQA ratio (with GQA 4 at hdim 128, where dense `auto` runs LANES_SCHEDULE, `shift_runs` walking the
+    group's query heads ran the `mixed` pack at 1.6x that pick, benchmarks/RESULTS.md "Varlen")."""
     return mask_name in ("full", "causal") and lengths is not None and len(set(zip(*lengths))) > 1
 
 
-def _run_schedule(args: OpArgs, seqlen_k: int, short_k: int) -> OpArgs:
-    """The arguments of a varlen call's run of equal lengths launched as a batch (short_k: _with_varlen_schedule's)."""
-    return args._replace(schedule=LANES_SCHEDULE) if seqlen_k <= short_k else args
+def _run_schedule(args: OpArgs, seqlen_q: int, seqlen_k: int, short_k: int, tile: Tuple[int, int]) -> OpArgs:
+    """The arguments of a varlen call's run of equal lengths launched as a batch (short_k: _with_varlen_schedule's;
+    tile: the backward's (block_m, block_n)): LANES_SCHEDULE where the packed kernels would run LANES_ORDER's orders."""
+    mask_name = MaskKind(args.mask).name.lower()
+    return args._replace(schedule=LANES_SCHEDULE) if varlen_runs_lanes_order(mask_name, seqlen_q, seqlen_k, tile,
+                                                                             short_k) else args
 
 
 # ----------------------------------------------------------------------------------------------------------------------

@@ -9,7 +9,8 @@ import torch
 
 from . import _seq_bands, device_seqlens, validation
 from ._args import MaskKind, OpArgs
-from ._ext import _bwd_tile_shape, _check_cuda, _device_guard, _kernel_head_dim, _num_sms, _supported_head_dims
+from ._ext import (_bwd_tile_shape, _check_cuda, _device_guard, _held_head_dim, _kernel_head_dim, _num_sms,
+                   _supported_head_dims)
 from ._launch import (_lse_shape, _out_like, _resolve_schedule_for, _run_bwd, _run_fwd, _run_schedule,
                       _with_varlen_schedule)
 from .schedules_table import runs_per_sequence
@@ -243,12 +244,13 @@ def _varlen_bwd_cuda(ext, dout, q, k, v, out, lse, cu_seqlens_q, cu_seqlens_k, c
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
     runs = _runs(cq, ck)
     sink_grad = _SinkGradSum(dsink, len(runs))
+    tile = _bwd_tile_shape(_held_head_dim(q, v), args.mask)
     for sq, sk, count, seqlen_q, seqlen_k in runs:
         q_b = _batched(q, sq, count, seqlen_q)
         k_b, v_b = _batched(k, sk, count, seqlen_k), _batched(v, sk, count, seqlen_k)
         lse_b = lse[:, sq].unflatten(1, (count, seqlen_q)).transpose(0, 1).contiguous()
-        run_args = (_run_schedule(args, seqlen_k, short_k) if args.deterministic else call_args).for_lengths(
-            seqlen_q, seqlen_k)
+        run_schedule = _run_schedule(args, seqlen_q, seqlen_k, short_k, tile) if args.deterministic else call_args
+        run_args = run_schedule.for_lengths(seqlen_q, seqlen_k)
         _run_bwd(ext, _batched(dout, sq, count, seqlen_q), q_b, k_b, v_b, _batched(out, sq, count, seqlen_q), lse_b,
                  _batched(dq, sq, count, seqlen_q), _batched(dk, sk, count, seqlen_k),
                  _batched(dv, sk, count, seqlen_k), run_args, sink, sink_grad.part)

@@ -14,8 +14,8 @@ from . import _sched
 __all__ = ["AUTO", "MASK_IDS", "SCHEDULE_IDS", "DETERMINISTIC_SCHEDULES", "NONDETERMINISTIC_SCHEDULES", "SCHEDULES",
            "DYNAMIC", "INVARIANT_SCHEDULES", "INVARIANT_VARLEN_SCHEDULES", "LANES_SCHEDULE", "SHORT_SEQLEN_K",
            "LANES_GQA_RATIO", "LANES_ORDER", "ANY_LENGTH", "gqa_runs_lanes", "short_keys", "varlen_short_keys",
-           "invariant_schedule", "varlen_invariant_schedule", "runs_per_sequence", "invariant_picks",
-           "FALLBACK_SCHEDULE", "MEASURED_RANKING", "SHORT_NAMES"]
+           "invariant_schedule", "varlen_invariant_schedule", "varlen_runs_lanes_order", "runs_per_sequence",
+           "invariant_picks", "FALLBACK_SCHEDULE", "MEASURED_RANKING", "SHORT_NAMES"]
 
 _TABLE = sorted(_sched.SCHEDULE_TABLE, key=lambda entry: entry[1])  # (name, id, deterministic), in id order
 
@@ -95,26 +95,52 @@ def invariant_schedule(mask: str, kernel_head_dim: int, seqlen_k: int, gqa_ratio
     nheads // nheads_k; with seqlen_q and the backward tile (block_m, block_n), the call's geometry). Where shift_runs
     would fall back to LANES_ORDER on a full mask's geometry (csrc/schedule/schedule.h: its adds would wait,
     ShiftRuns::waits_free, i.e. seqlen_q below seqlen_k), LANES_SCHEDULE runs the same orders: on an H100 it ran
-    1.4-2x faster than descending there (hdim 64/128, 512-4096 queries against 8192 keys, docs/tuning.md). Not on
-    causal bands that mask no tile, where shift_causal_runs falls back too: LANES_SCHEDULE pairs a causal head's
-    tiles, which there are all equally long, and the engine puts it at 7-8x descending's time (lanes.h)."""
-    if seqlen_k <= short_keys(mask, kernel_head_dim, gqa_ratio):
+    1.4-2x faster than descending there (hdim 64/128, 512-4096 queries against 8192 keys, docs/tuning.md). On causal
+    bands with at least 3/4 of their KV tiles fully live (mostly_full_band, csrc/schedule/problem.h), LANES_SCHEDULE
+    too, unpaired there as on a full mask (lanes.h), where short_keys() is positive: the varlen calls take that rule
+    with short_k (seq_runs.h), so that dense and varlen calls keep one set of bits."""
+    short = short_keys(mask, kernel_head_dim, gqa_ratio)
+    if seqlen_k <= short:
         return LANES_SCHEDULE
     pick = INVARIANT_SCHEDULES[mask]
-    if (mask == "full" and seqlen_q is not None and tile is not None
-            and _falls_back_to_lanes_order(pick, mask, seqlen_q, seqlen_k, tile)):
+    if seqlen_q is None or tile is None:
+        return pick
+    if mask == "full" and _falls_back_to_lanes_order(pick, mask, seqlen_q, seqlen_k, tile):
+        return LANES_SCHEDULE
+    if mask == "causal" and short > 0 and _mostly_full_band(mask, seqlen_q, seqlen_k, tile):
         return LANES_SCHEDULE
     return pick
 
 
+def _one_head(mask: str, seqlen_q: int, seqlen_k: int, tile: Tuple[int, int]) -> "_sched.Problem":
+    block_m, block_n = tile
+    return _sched.Problem(batch=1, nheads=1, nheads_k=1, seqlen_q=seqlen_q, seqlen_k=seqlen_k, block_m=block_m,
+                          block_n=block_n, mask=MASK_IDS[mask], window_left=-1, window_right=-1, num_ctas=1)
+
+
+# The engine queries below are cached per shape: every backward call of a training step asks them for the same
+# shapes (as `_launch._choose_schedule` is cached).
 @functools.lru_cache(maxsize=4096)
 def _falls_back_to_lanes_order(schedule: str, mask: str, seqlen_q: int, seqlen_k: int, tile: Tuple[int, int]) -> bool:
-    """Whether the kernels run LANES_ORDER for `schedule` on one head of this geometry (the engine's resolve; cached:
-    every backward call of a training step asks it for the same shapes, as `_launch._choose_schedule` is)."""
-    block_m, block_n = tile
-    problem = _sched.Problem(batch=1, nheads=1, nheads_k=1, seqlen_q=seqlen_q, seqlen_k=seqlen_k, block_m=block_m,
-                             block_n=block_n, mask=MASK_IDS[mask], window_left=-1, window_right=-1, num_ctas=1)
-    return _sched.resolve(SCHEDULE_IDS[schedule], problem) == SCHEDULE_IDS[LANES_ORDER]
+    """Whether the kernels run LANES_ORDER for `schedule` on one head of this geometry (the engine's resolve)."""
+    resolved = _sched.resolve(SCHEDULE_IDS[schedule], _one_head(mask, seqlen_q, seqlen_k, tile))
+    return resolved == SCHEDULE_IDS[LANES_ORDER]
+
+
+@functools.lru_cache(maxsize=4096)
+def _mostly_full_band(mask: str, seqlen_q: int, seqlen_k: int, tile: Tuple[int, int]) -> bool:
+    return _sched.mostly_full_band(_one_head(mask, seqlen_q, seqlen_k, tile))
+
+
+@functools.lru_cache(maxsize=4096)
+def varlen_runs_lanes_order(mask: str, seqlen_q: int, seqlen_k: int, tile: Tuple[int, int], short_k: int) -> bool:
+    """Whether the packed kernels run a sequence of these lengths in LANES_ORDER's orders under the launch's short_k
+    (csrc/schedule/seq_runs.h, entry_for, read through the engine): a varlen run of equal lengths launched as a
+    batch then takes LANES_SCHEDULE, so that both paths, and the dense call, give one set of bits."""
+    if mask != "causal" or short_k <= 0:
+        return False
+    pack = _sched.PackedProblem(_one_head(mask, 1, 1, tile), [seqlen_q], [seqlen_k], short_k)
+    return pack.kinds[0] == SCHEDULE_IDS[LANES_ORDER]
 
 
 def varlen_invariant_schedule(mask: str) -> str:

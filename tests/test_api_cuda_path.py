@@ -352,15 +352,15 @@ def test_host_copies_of_cu_seqlens_are_reused_until_the_tensors_change():
 @pytest.mark.parametrize("mask, lens, headdim, expected", [
     ("causal", (300, 900, 300), 64, "shift_causal_runs"), ("causal", (600, 600, 600), 64, "auto"),
     ("full", (300, 900, 300), 64, "shift_runs"), ("full", (600, 600, 600), 64, "auto"),
-    ("window", (300, 900, 300), 64, "auto"), ("full", (300, 900, 300), 128, "descending_lanes")],
-    ids=["causal-unequal", "causal-equal", "full-unequal", "full-equal", "window-unequal", "full-unequal-gqa4-lanes"])
+    ("window", (300, 900, 300), 64, "auto"), ("full", (300, 900, 300), 128, "shift_runs")],
+    ids=["causal-unequal", "causal-equal", "full-unequal", "full-equal", "window-unequal", "full-unequal-gqa4"])
 def test_nondeterministic_auto_runs_unequal_packs_per_sequence(fake_cuda, monkeypatch, mask, lens, headdim, expected):
     """Non-deterministic `auto` on a full or causal pack of unequal lengths takes the deterministic pick (every sequence
-    on its own geometry, short_k included on causal masks); a pack of equal lengths, a window, or a full mask where
-    `auto` runs descending_lanes for the GQA ratio (GQA 4 at hdim 128) keeps `auto`, which the model resolves."""
+    on its own geometry, short_k included on causal masks), also where dense `auto` runs descending_lanes for the GQA
+    ratio (GQA 4 at hdim 128); a pack of equal lengths or a window keeps `auto`, which the model resolves."""
     monkeypatch.setitem(sys.modules, "dash_attn.schedule", None)
     monkeypatch.setattr(_varlen, "_runs_beat_packed", lambda *args: False)
-    nheads = 8 if expected == "descending_lanes" else 4
+    nheads = 8 if headdim == 128 else 4
     q, k, v, cu_q, cu_k, _, _ = varlen_inputs(lens, lens, nheads=nheads, headdim=headdim, dtype=torch.bfloat16)
     out, lse = torch.empty_like(q), torch.empty(q.shape[1], q.shape[0])
     mask_id, window = {"full": (0, (-1, -1)), "causal": (1, (-1, 0)), "window": (2, (64, 0))}[mask]
@@ -435,13 +435,15 @@ def test_kv_heads_run_on_partial_copies(fake_cuda, monkeypatch):
 
 
 def test_kv_copies_rule_reads_head_counts_and_mask():
-    """Even groups of SPLIT_GROUP (6) or more: copies of 2 query heads on causal masks, and on full masks with one
-    KV head (EXPANDED_KV_HEADS); otherwise MHA up to EXPANDED_KV_HEADS KV heads, else the GQA kernels."""
+    """Even groups of SPLIT_GROUP (6) or more: copies of 2 query heads on causal masks; with one KV head
+    (EXPANDED_KV_HEADS) from SPLIT_GROUP_ONE_KV (8) on, on either mask; otherwise MHA up to EXPANDED_KV_HEADS KV
+    heads, else the GQA kernels."""
     from dash_attn._kv_heads import kv_copies
     assert [kv_copies(16, 2, True), kv_copies(32, 4, True), kv_copies(8, 1, True), kv_copies(64, 4, True)] == [4, 4, 4, 8]
     assert [kv_copies(16, 4, True), kv_copies(4, 1, True), kv_copies(8, 1, False), kv_copies(16, 2, False)] == \
         [1, 4, 4, 1]
     assert [kv_copies(4, 1, False), kv_copies(6, 1, False), kv_copies(5, 1, False), kv_copies(2, 1, False)] == \
-        [4, 3, 5, 2]
+        [4, 6, 5, 2]
+    assert [kv_copies(6, 1, True), kv_copies(10, 1, False), kv_copies(10, 1, True)] == [6, 5, 5]
     assert [kv_copies(12, 2, True), kv_copies(12, 2, False), kv_copies(12, 4, True)] == [3, 1, 1]
     assert kv_copies(8, 8, True) == kv_copies(8, 8, False) == 1

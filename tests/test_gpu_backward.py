@@ -138,10 +138,11 @@ def test_backward_head_dims_dtypes_modes(seqlen_q, seqlen_k, deterministic, caus
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("seqlen_q, seqlen_k", [(4097, 4097), (4097, 1023), (1023, 4097)],
-                         ids=["4097x4097", "4097x1023", "1023x4097"])
+# 600 x 5000: a causal band with most KV tiles fully live, where deterministic `auto` runs descending_lanes unpaired.
+@pytest.mark.parametrize("seqlen_q, seqlen_k", [(4097, 4097), (4097, 1023), (1023, 4097), (600, 5000)],
+                         ids=["4097x4097", "4097x1023", "1023x4097", "600x5000"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
-@pytest.mark.parametrize("schedule", ["auto", "descending", "shift", "shift_causal"])
+@pytest.mark.parametrize("schedule", ["auto", "descending", "shift", "shift_causal", "descending_lanes"])
 def test_backward_long(seqlen_q, seqlen_k, causal, schedule):
     check_backward(1, seqlen_q, seqlen_k, 4, 2, main_head_dim(), torch.bfloat16, causal, schedule, True)
 

@@ -30,6 +30,7 @@ SHAPES = [
     ("causal", 700, 700, 2, 2, None),
     ("causal", 500, 830, 4, 1, None),
     ("causal", 830, 500, 2, 2, None),
+    ("causal", 150, 1500, 2, 1, None),  # most KV tiles fully live: descending_lanes runs them unpaired
     ("window", 700, 700, 2, 2, (200, 0)),
     ("window", 700, 700, 2, 1, (150, 150)),
 ]

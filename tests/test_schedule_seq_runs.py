@@ -124,3 +124,42 @@ def test_claimed_units_start_in_launch_order():
     arrival = _sched.simulate_packed(_sched.SHIFT_CAUSAL_RUNS, pack, 132, deterministic=False)
     assert not claimed["deadlock"] and claimed["makespan"] < 0.8 * static["makespan"]
     assert claimed["makespan"] < 1.02 * arrival["makespan"]
+
+
+@pytest.mark.parametrize("hdim", sorted(TILES))
+@pytest.mark.parametrize("short_k", [0, 700])
+def test_mostly_full_bands_run_descending(short_k, hdim):
+    """With short_k (deterministic `auto`) a causal sequence with at least 3/4 of its KV tiles fully live
+    (mostly_full_band) runs descending's orders whatever its key count, as its dense call under `auto` does; the named
+    shift_causal_runs (short_k 0) keeps its runs. Each exactly as alone, deadlock-free, on every CTA count."""
+    bm, bn = TILES[hdim]
+    lens_q, lens_k = [150, 600, 40, 1000, 2000], [1500, 5000, 3000, 1000, 2600]
+    packed = _pack(lens_q, lens_k, hdim, 4, 2, short_k)
+    assert _sched.verify_packed(packed, *CTA_RANGE) == []
+    for kind, q, k in zip(packed.kinds, lens_q, lens_k):
+        alone = _sched.Problem(1, 4, 2, q, k, bm, bn, _sched.MASK_CAUSAL)
+        mostly_full = _sched.mostly_full_band(alone)
+        assert mostly_full == (4 * ((k - q + 1) // bn) >= 3 * -(-k // bn)), (q, k)
+        if short_k and (mostly_full or k <= short_k):
+            assert kind == _sched.DESCENDING, (q, k)
+        else:
+            assert kind == _sched.resolve(_sched.SHIFT_CAUSAL_RUNS, alone), (q, k)
+    assert any(_sched.mostly_full_band(_sched.Problem(1, 4, 2, q, k, bm, bn, _sched.MASK_CAUSAL)) and k > 700
+               for q, k in zip(lens_q, lens_k))
+
+
+def test_mostly_full_bands_take_the_dense_orders_of_descending_lanes():
+    """A mostly full causal sequence in a pack under `auto` gets the visits of its dense call, descending_lanes
+    (unpaired there)."""
+    lens_q, lens_k = [150, 333, 600], [1500, 333, 5000]
+    bm, bn = TILES[128]
+    packed = _sched.enumerate_packed(_sched.SHIFT_CAUSAL_RUNS, _pack(lens_q, lens_k, 128, 4, 2, 300), 132)["visits"]
+    for b, (q, k) in enumerate(zip(lens_q, lens_k)):
+        if not _sched.mostly_full_band(_sched.Problem(1, 4, 2, q, k, bm, bn, _sched.MASK_CAUSAL)):
+            continue
+        dense = _sched.enumerate(_sched.DESCENDING_LANES,
+                                 _sched.Problem(1, 4, 2, q, k, bm, bn, _sched.MASK_CAUSAL, num_ctas=132))["visits"]
+        keys = ("head", "m_block", "n_block", "run", "wait_target")
+        mine = sorted(tuple(int(packed[c][i]) for c in keys) for i in range(len(packed["batch"]))
+                      if packed["batch"][i] == b)
+        assert mine == sorted(tuple(int(dense[c][i]) for c in keys) for i in range(len(dense["batch"]))), (q, k)

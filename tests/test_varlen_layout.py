@@ -6,6 +6,7 @@ import torch
 
 from dash_attn import _ext, _launch, _varlen
 from dash_attn._args import MaskKind, OpArgs
+from dash_attn.schedule import tile_shape
 from dash_attn.schedules_table import (ANY_LENGTH, AUTO, invariant_schedule, runs_per_sequence, short_keys,
                                        varlen_invariant_schedule)
 
@@ -45,10 +46,13 @@ def test_deterministic_auto_gives_causal_sequences_their_dense_pick(hdim, gqa):
     assert _launch._with_varlen_schedule(_args(MaskKind.FULL), *_tensors(hdim, 4 * gqa, 4))[1] == 0
     assert _launch._with_varlen_schedule(_args(MaskKind.WINDOW), *_tensors(hdim, 4 * gqa, 4))[1] == 0
     args = _args(MaskKind.CAUSAL, schedule="shift_causal_runs")
+    tile = tile_shape(hdim, "causal")
     for seqlen_k in (1, 1000, 1024, 1025, 4096, 4097, 20000):
-        want = invariant_schedule("causal", hdim, seqlen_k, gqa)
-        assert _launch._run_schedule(args, seqlen_k, short).schedule == want
-        assert _launch._run_schedule(args, seqlen_k, 0).schedule == "shift_causal_runs"
+        for seqlen_q in {seqlen_k, max(1, seqlen_k // 8), 3000}:
+            # A sequence's dense pick under `auto`, geometry included: mostly full bands run LANES_ORDER's orders too.
+            want = invariant_schedule("causal", hdim, seqlen_k, gqa, seqlen_q=seqlen_q, tile=tile)
+            assert _launch._run_schedule(args, seqlen_q, seqlen_k, short, tile).schedule == want, (seqlen_q, seqlen_k)
+            assert _launch._run_schedule(args, seqlen_q, seqlen_k, 0, tile).schedule == "shift_causal_runs"
 
 
 def test_causal_packs_run_per_sequence():

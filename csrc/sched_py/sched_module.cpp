@@ -237,6 +237,8 @@ PYBIND11_MODULE(_sched, m) {
   m.def("run_contributors", [](int32_t kind, const Problem& p, int32_t m_block, int32_t run) {
     return run_contributors(resolve_schedule(to_kind(kind), p), p, m_block, run);
   }, "Adds into accumulator `run` of Q tile m_block (what the postprocess waits for).");
+  m.def("mostly_full_band", &mostly_full_band,
+        "A causal band with at least 3/4 of its KV tiles fully live (problem.h): auto runs descending's orders there.");
   m.def("num_m_blocks", &num_m_blocks);
   m.def("num_n_blocks", &num_n_blocks);
   m.def("m_block_range", [](const Problem& p, int32_t n) { return range_tuple(m_block_range(p, n)); });

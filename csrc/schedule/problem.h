@@ -245,4 +245,22 @@ DASH_HD inline bool prefix_contributors(const Problem& p) {
   return m_block_range(p, 0).hi == M && !m_block_range(p, N - 1).empty();
 }
 
+// KV tiles that every Q row of a causal band sees (aligned bottom-right, so only where seqlen_q < seqlen_k): each is as
+// long as a full mask's tile. Tile n is fully live when its last key (n + 1) block_n - 1 is at most
+// seqlen_k - seqlen_q.
+DASH_HD inline int32_t fully_live_tiles(const Problem& p) {
+  const int32_t free_keys = p.seqlen_k - p.seqlen_q + 1;
+  if (p.mask != MaskKind::kCausal || free_keys <= 0) return 0;
+  const int32_t f = div_u32(free_keys, p.block_n), N = num_n_blocks(p);
+  return f < N ? f : N;
+}
+
+// A causal band with at least 3/4 of its KV tiles fully live (seqlen_q well below seqlen_k): nearly a full mask.
+// Deterministic `auto` runs descending's orders there (schedules_table.invariant_schedule, seq_runs.h), and
+// descending_lanes lays its tiles out unpaired, as on a full mask (lanes.h).
+DASH_HD inline bool mostly_full_band(const Problem& p) {
+  const int32_t N = num_n_blocks(p);
+  return N > 0 && 4 * static_cast<int64_t>(fully_live_tiles(p)) >= 3 * static_cast<int64_t>(N);
+}
+
 }  // namespace dash::sched

@@ -7,12 +7,13 @@
 // what the mask's runs schedule resolves to on its own lengths (causal: ShiftCausalRuns; ShiftRuns where every tile
 // pair is live; Descending where it has no Q rows. Full: ShiftRuns; Descending where ShiftRuns' adds would wait,
 // runs.h), so its bits equal a dense call's of that sequence under that schedule, whatever it is packed with and
-// wherever it sits in the pack. On causal masks a launch
-// may also give a key count `short_k` up to which a sequence runs Descending instead: deterministic `auto` passes the
-// bound up to which its dense pick is descending_lanes (descending's orders), so that each sequence gets its dense
-// call's orders under `auto` too. Full masks ignore it: ShiftRuns' walk depends on the tile shape alone, so there the
-// table changes which CTA runs a tile and when, not the bits (the batch of the longest gives the same); the
-// full-mask kernels carry ShiftRuns' and Descending's visits (ptxas: 4 more spill bytes at hdim 64 and 128).
+// wherever it sits in the pack. On causal masks a launch may also give a key count `short_k` up to which a sequence
+// runs Descending instead: deterministic `auto` passes the bound up to which its dense pick is descending_lanes
+// (descending's orders), and with it the sequences on mostly full bands run Descending too (entry_for), so that each
+// sequence gets its dense call's orders under `auto`. Full masks ignore it: ShiftRuns' walk depends on the tile shape
+// alone, so there the table changes which CTA runs a tile and when, not the bits (the batch of the longest gives the
+// same); the full-mask kernels carry ShiftRuns' and Descending's visits (ptxas: 4 more spill bytes at hdim 64 and
+// 128).
 //
 // Layout: the sequences one after another, longest first (up to kSortedSeqsMax sequences, else in pack order), so
 // that the last waves hold the shortest units; per sequence its KV heads one after another, per head the pair units
@@ -100,11 +101,15 @@ struct SeqCausalRuns {
     s.seqs = nullptr;
     return s;
   }
-  // A sequence's entry before the scan fills first_unit: on causal masks Descending up to short_k keys, else what
-  // the mask's per-sequence schedule resolves to on its lengths.
+  // A sequence's entry before the scan fills first_unit: on causal masks Descending up to short_k keys and, where
+  // short_k is given (deterministic `auto`), on bands that are mostly full (problem.h), as its dense call under `auto`;
+  // else what the mask's per-sequence schedule resolves to on its lengths.
   DASH_HD static SeqEntry entry_for(const Problem& p, int32_t len_q, int32_t len_k, int32_t short_k) {
-    if (p.mask == MaskKind::kCausal && len_k <= short_k) return SeqEntry{0, len_q, len_k, ScheduleKind::kDescending};
-    return SeqEntry{0, len_q, len_k, resolve_schedule(per_sequence_kind(p.mask), alone(p, len_q, len_k))};
+    const Problem s = alone(p, len_q, len_k);
+    if (p.mask == MaskKind::kCausal && (len_k <= short_k || (short_k > 0 && mostly_full_band(s)))) {
+      return SeqEntry{0, len_q, len_k, ScheduleKind::kDescending};
+    }
+    return SeqEntry{0, len_q, len_k, resolve_schedule(per_sequence_kind(p.mask), s)};
   }
   // Units of one KV head of a sequence with N KV tiles: pairs and the middle tile, or one per tile.
   DASH_HD static int32_t units_per_head(int32_t N, ScheduleKind kind) {

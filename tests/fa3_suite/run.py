@@ -22,11 +22,13 @@ import subprocess
 import sys
 import time
 
-from fa3_features import Shard  # this folder, first on sys.path for a script
-from fa3_summary import Summary
-
 HERE = pathlib.Path(__file__).resolve().parent
 REPO = HERE.parents[1]
+# dash_attn from this checkout where it is built in place and not installed (fa3_features reads its rules).
+sys.path.insert(1, str(REPO))
+
+from fa3_features import Shard  # noqa: E402  (this folder, first on sys.path for a script)
+from fa3_summary import Summary  # noqa: E402
 TEST_FILE = "test_flash_attn.py"
 
 

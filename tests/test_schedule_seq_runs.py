@@ -88,17 +88,10 @@ def test_short_sequences_take_the_dense_orders_of_descending_lanes():
     """A sequence of up to short_k keys gets the visits (head, Q tile, KV tile, accumulation position) of its dense
     call under descending_lanes, deterministic `auto`'s dense pick there."""
     lens = [333, 1500, 64, 777]
-    bm, bn = TILES[128]
     packed = _sched.enumerate_packed(_sched.SHIFT_CAUSAL_RUNS, _pack(lens, lens, 128, 4, 2, 1000), 132)["visits"]
     for b, n in enumerate(lens):
-        if n > 1000:
-            continue
-        dense = _sched.enumerate(_sched.DESCENDING_LANES,
-                                 _sched.Problem(1, 4, 2, n, n, bm, bn, _sched.MASK_CAUSAL, num_ctas=132))["visits"]
-        keys = ("head", "m_block", "n_block", "run", "wait_target")
-        mine = sorted(tuple(int(packed[c][i]) for c in keys) for i in range(len(packed["batch"]))
-                      if packed["batch"][i] == b)
-        assert mine == sorted(tuple(int(dense[c][i]) for c in keys) for i in range(len(dense["batch"]))), n
+        if n <= 1000:
+            _assert_descending_lanes_visits(packed, b, n, n)
 
 
 def test_long_packs_launch_in_pack_order():
@@ -155,11 +148,18 @@ def test_mostly_full_bands_take_the_dense_orders_of_descending_lanes():
     bm, bn = TILES[128]
     packed = _sched.enumerate_packed(_sched.SHIFT_CAUSAL_RUNS, _pack(lens_q, lens_k, 128, 4, 2, 300), 132)["visits"]
     for b, (q, k) in enumerate(zip(lens_q, lens_k)):
-        if not _sched.mostly_full_band(_sched.Problem(1, 4, 2, q, k, bm, bn, _sched.MASK_CAUSAL)):
-            continue
-        dense = _sched.enumerate(_sched.DESCENDING_LANES,
-                                 _sched.Problem(1, 4, 2, q, k, bm, bn, _sched.MASK_CAUSAL, num_ctas=132))["visits"]
-        keys = ("head", "m_block", "n_block", "run", "wait_target")
-        mine = sorted(tuple(int(packed[c][i]) for c in keys) for i in range(len(packed["batch"]))
-                      if packed["batch"][i] == b)
-        assert mine == sorted(tuple(int(dense[c][i]) for c in keys) for i in range(len(dense["batch"]))), (q, k)
+        if _sched.mostly_full_band(_sched.Problem(1, 4, 2, q, k, bm, bn, _sched.MASK_CAUSAL)):
+            _assert_descending_lanes_visits(packed, b, q, k)
+
+
+def _assert_descending_lanes_visits(packed, b, seqlen_q, seqlen_k):
+    """Sequence b's packed visits (head, Q tile, KV tile, accumulation position) equal its dense call's under
+    descending_lanes (causal, hdim 128 tiles, 4 query heads on 2 KV heads, 132 CTAs)."""
+    bm, bn = TILES[128]
+    problem = _sched.Problem(1, 4, 2, seqlen_q, seqlen_k, bm, bn, _sched.MASK_CAUSAL, num_ctas=132)
+    dense = _sched.enumerate(_sched.DESCENDING_LANES, problem)["visits"]
+    keys = ("head", "m_block", "n_block", "run", "wait_target")
+    mine = sorted(tuple(int(packed[c][i]) for c in keys)
+                  for i in range(len(packed["batch"])) if packed["batch"][i] == b)
+    theirs = sorted(tuple(int(dense[c][i]) for c in keys) for i in range(len(dense["batch"])))
+    assert mine == theirs, (seqlen_q, seqlen_k)

@@ -96,9 +96,9 @@ def invariant_schedule(mask: str, kernel_head_dim: int, seqlen_k: int, gqa_ratio
     would fall back to LANES_ORDER on a full mask's geometry (csrc/schedule/schedule.h: its adds would wait,
     ShiftRuns::waits_free, i.e. seqlen_q below seqlen_k), LANES_SCHEDULE runs the same orders: on an H100 it ran
     1.4-2x faster than descending there (hdim 64/128, 512-4096 queries against 8192 keys, docs/tuning.md). On causal
-    bands with at least 3/4 of their KV tiles fully live (mostly_full_band, csrc/schedule/problem.h), LANES_SCHEDULE
-    too, unpaired there as on a full mask (lanes.h), where short_keys() is positive: the varlen calls take that rule
-    with short_k (seq_runs.h), so that dense and varlen calls keep one set of bits."""
+    masks LANES_SCHEDULE wherever the packed kernels run a sequence of these lengths in LANES_ORDER's orders under
+    short_keys() (varlen_runs_lanes_order: seq_runs.h's rule, which adds bands with at least 3/4 of their KV tiles
+    fully live, run unpaired there as on a full mask, lanes.h), so that dense and varlen calls keep one set of bits."""
     short = short_keys(mask, kernel_head_dim, gqa_ratio)
     if seqlen_k <= short:
         return LANES_SCHEDULE
@@ -107,7 +107,7 @@ def invariant_schedule(mask: str, kernel_head_dim: int, seqlen_k: int, gqa_ratio
         return pick
     if mask == "full" and _falls_back_to_lanes_order(pick, mask, seqlen_q, seqlen_k, tile):
         return LANES_SCHEDULE
-    if mask == "causal" and short > 0 and _mostly_full_band(mask, seqlen_q, seqlen_k, tile):
+    if varlen_runs_lanes_order(mask, seqlen_q, seqlen_k, tile, short):
         return LANES_SCHEDULE
     return pick
 
@@ -125,11 +125,6 @@ def _falls_back_to_lanes_order(schedule: str, mask: str, seqlen_q: int, seqlen_k
     """Whether the kernels run LANES_ORDER for `schedule` on one head of this geometry (the engine's resolve)."""
     resolved = _sched.resolve(SCHEDULE_IDS[schedule], _one_head(mask, seqlen_q, seqlen_k, tile))
     return resolved == SCHEDULE_IDS[LANES_ORDER]
-
-
-@functools.lru_cache(maxsize=4096)
-def _mostly_full_band(mask: str, seqlen_q: int, seqlen_k: int, tile: Tuple[int, int]) -> bool:
-    return _sched.mostly_full_band(_one_head(mask, seqlen_q, seqlen_k, tile))
 
 
 @functools.lru_cache(maxsize=4096)

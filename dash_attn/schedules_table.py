@@ -46,8 +46,8 @@ SHORT_SEQLEN_K = {("full", 64): 4096, ("full", 128): 4096, ("causal", 64): 1024,
 LANES_GQA_RATIO = {128: 4}
 # The schedule whose orders (and so bits) descending_lanes runs on another layout.
 LANES_ORDER = "descending"
-# short_keys() where every length runs LANES_ORDER's orders (the kernels take the bound as an int32).
-ANY_LENGTH = 2**31 - 1
+# short_keys() where every length runs LANES_ORDER's orders (csrc/schedule/seq_runs.h reads it as every band).
+ANY_LENGTH = _sched.EVERY_BAND
 
 # Varlen calls run a pack in one launch of the packed kernels or per run of equal lengths: a sequence must get the
 # same walk and orders whatever it is packed with. The pick is a function of the mask alone (with the kernel's head
@@ -97,17 +97,16 @@ def invariant_schedule(mask: str, kernel_head_dim: int, seqlen_k: int, gqa_ratio
     ShiftRuns::waits_free, i.e. seqlen_q below seqlen_k), LANES_SCHEDULE runs the same orders: on an H100 it ran
     1.4-2x faster than descending there (hdim 64/128, 512-4096 queries against 8192 keys, docs/tuning.md). On causal
     masks LANES_SCHEDULE wherever the packed kernels run a sequence of these lengths in LANES_ORDER's orders under
-    short_keys() (varlen_runs_lanes_order: seq_runs.h's rule, which adds bands with at least 3/4 of their KV tiles
-    fully live, run unpaired there as on a full mask, lanes.h), so that dense and varlen calls keep one set of bits."""
+    short_keys() (varlen_runs_lanes_order: seq_runs.h's runs_descending, square or taller bands up to that many keys
+    and bands with at least 3/4 of their KV tiles fully live, run unpaired there as on a full mask, lanes.h), so that
+    dense and varlen calls keep one set of bits. Without the geometry the band is taken as square."""
     short = short_keys(mask, kernel_head_dim, gqa_ratio)
-    if seqlen_k <= short:
-        return LANES_SCHEDULE
     pick = INVARIANT_SCHEDULES[mask]
-    if seqlen_q is None or tile is None:
-        return pick
-    if mask == "full" and _falls_back_to_lanes_order(pick, mask, seqlen_q, seqlen_k, tile):
-        return LANES_SCHEDULE
-    if varlen_runs_lanes_order(mask, seqlen_q, seqlen_k, tile, short):
+    if seqlen_q is None or tile is None:  # no geometry: a square band
+        return LANES_SCHEDULE if seqlen_k <= short else pick
+    if mask == "causal":
+        return LANES_SCHEDULE if varlen_runs_lanes_order(mask, seqlen_q, seqlen_k, tile, short) else pick
+    if seqlen_k <= short or (mask == "full" and _falls_back_to_lanes_order(pick, mask, seqlen_q, seqlen_k, tile)):
         return LANES_SCHEDULE
     return pick
 

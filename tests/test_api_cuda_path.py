@@ -245,10 +245,11 @@ def test_auto_schedule_uses_the_cost_model(fake_cuda, monkeypatch):
     assert fake_cuda.calls[0][1][15] == interface.SCHEDULE_IDS["shift"]
 
 
-@pytest.mark.parametrize("mask, expected", [(0, "descending_lanes"), (1, "descending_lanes"), (2, "descending")])
+@pytest.mark.parametrize("mask, expected", [(0, "descending_lanes"), (1, "shift_causal_runs"), (2, "descending")])
 def test_deterministic_auto_picks_by_shape_alone(fake_cuda, monkeypatch, mask, expected):
     """Deterministic `auto` never asks the model (whose pick depends on the SM count): the invariant pick for the
-    mask, head dim and key length (12 keys at hdim 64 here)."""
+    mask, head dim and lengths (10 queries, 12 keys at hdim 64 here: a causal band with fewer queries than keys
+    and not mostly full keeps the runs schedule)."""
     monkeypatch.setitem(sys.modules, "dash_attn.schedule", None)
     q, k, v, out, lse, dq, dk, dv = _bf16_inputs()
     for margin in (0, 18):

@@ -5,7 +5,7 @@ import pytest
 
 from dash_attn import _sched
 from dash_attn import schedule as S
-from dash_attn.schedules_table import SHORT_SEQLEN_K, gqa_runs_lanes, invariant_schedule
+from dash_attn.schedules_table import LANES_GQA_RATIO, SHORT_SEQLEN_K, gqa_runs_lanes, invariant_schedule
 from test_schedule_invariance import ALL_CTAS, BATCHES, SHAPES, TILES, _plan, alone, signature
 
 
@@ -116,6 +116,23 @@ def test_invariant_pick_where_shift_runs_would_wait(hdim):
         lanes = _plan("descending_lanes", "full", 1000, long, hdim, 4, 4, None, 3, ctas)
         runs = _plan("shift_runs", "full", 1000, long, hdim, 4, 4, None, 3, ctas)
         assert signature(lanes, 0) == signature(runs, 0) == alone("descending", "full", 1000, long, hdim, 4, 4, None)
+
+
+@pytest.mark.parametrize("hdim", [64, 128])
+def test_causal_short_bound_holds_for_square_bands(hdim):
+    """Under the key bound, causal bands with fewer queries than keys that are not mostly full keep the runs schedule
+    (descending_lanes' pairs are unequal there: measured 5-20% slower at hdim 128); square and taller bands, mostly
+    full bands, and GQA ratios of LANES_GQA_RATIO run descending_lanes."""
+    bound = SHORT_SEQLEN_K[("causal", hdim)]
+    tile = S.tile_shape(hdim, "causal")
+    for seqlen_q, seqlen_k in ((bound, bound), (bound + 512, bound), (bound // 8, bound)):
+        assert invariant_schedule("causal", hdim, seqlen_k, seqlen_q=seqlen_q, tile=tile) == "descending_lanes"
+    for seqlen_q in (bound // 2, 3 * bound // 4, bound - tile[1]):
+        p = S._problem("causal", seqlen_q, bound, *tile, 1, 1, 1, None, 1)
+        assert not _sched.mostly_full_band(p)
+        assert invariant_schedule("causal", hdim, bound, seqlen_q=seqlen_q, tile=tile) == "shift_causal_runs"
+        gqa = invariant_schedule("causal", 128, bound, LANES_GQA_RATIO[128], seqlen_q=seqlen_q, tile=tile)
+        assert gqa == "descending_lanes"
 
 
 @pytest.mark.parametrize("mask", ["full", "causal"])

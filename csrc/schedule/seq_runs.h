@@ -9,8 +9,8 @@
 // runs.h), so its bits equal a dense call's of that sequence under that schedule, whatever it is packed with and
 // wherever it sits in the pack. On causal masks a launch may also give a key count `short_k` up to which a sequence
 // runs Descending instead: deterministic `auto` passes the bound up to which its dense pick is descending_lanes
-// (descending's orders), and with it the sequences on mostly full bands run Descending too (entry_for), so that each
-// sequence gets its dense call's orders under `auto`. Full masks ignore it: ShiftRuns' walk depends on the tile shape
+// (descending's orders), and with it the sequences on mostly full bands run Descending too (runs_descending), so that
+// each sequence gets its dense call's orders under `auto`. Full masks ignore it: ShiftRuns' walk depends on the tile shape
 // alone, so there the table changes which CTA runs a tile and when, not the bits (the batch of the longest gives the
 // same); the full-mask kernels carry ShiftRuns' and Descending's visits (ptxas: 4 more spill bytes at hdim 64 and
 // 128).
@@ -85,6 +85,9 @@ struct SeqCausalRuns {
   }
   // Packs of up to this many sequences launch longest first; larger ones in pack order (the device sorts in one CTA).
   static constexpr int32_t kSortedSeqsMax = 1024;
+  // short_k under which every causal sequence runs Descending (deterministic `auto` where the GQA ratio makes
+  // descending_lanes the pick at every length: schedules_table.gqa_runs_lanes).
+  static constexpr int32_t kEveryBand = INT32_MAX;
   // Whether sequence a launches before sequence b (a != b): more Q rows first (a unit's length), then more keys,
   // then the lower index.
   DASH_HD static bool launches_before(const SeqEntry& a, int32_t ia, const SeqEntry& b, int32_t ib) {
@@ -101,12 +104,21 @@ struct SeqCausalRuns {
     s.seqs = nullptr;
     return s;
   }
-  // A sequence's entry before the scan fills first_unit: on causal masks Descending up to short_k keys and, where
-  // short_k is given (deterministic `auto`), on bands that are mostly full (problem.h), as its dense call under `auto`;
-  // else what the mask's per-sequence schedule resolves to on its lengths.
+  // Whether a causal sequence runs Descending under the launch's short_k (0: never; kEveryBand: always): on square or
+  // taller bands of up to short_k keys, where descending_lanes' pairs measured faster than the runs (docs/tuning.md),
+  // and on mostly full bands (problem.h). Bands with fewer queries than keys that are neither keep the runs: there
+  // a KV tile's rows are partly masked, so the pairs of descending_lanes are unequal and shift_causal_runs measured
+  // 5-20% faster (hdim 128, 1024-3072 queries against 2048-4096 keys).
+  DASH_HD static bool runs_descending(const Problem& s, int32_t short_k) {
+    if (short_k <= 0) return false;
+    if (short_k == kEveryBand || mostly_full_band(s)) return true;
+    return s.seqlen_k <= short_k && s.seqlen_q >= s.seqlen_k;
+  }
+  // A sequence's entry before the scan fills first_unit: on causal masks Descending where runs_descending, as its
+  // dense call under `auto`; else what the mask's per-sequence schedule resolves to on its lengths.
   DASH_HD static SeqEntry entry_for(const Problem& p, int32_t len_q, int32_t len_k, int32_t short_k) {
     const Problem s = alone(p, len_q, len_k);
-    if (p.mask == MaskKind::kCausal && (len_k <= short_k || (short_k > 0 && mostly_full_band(s)))) {
+    if (p.mask == MaskKind::kCausal && runs_descending(s, short_k)) {
       return SeqEntry{0, len_q, len_k, ScheduleKind::kDescending};
     }
     return SeqEntry{0, len_q, len_k, resolve_schedule(per_sequence_kind(p.mask), s)};

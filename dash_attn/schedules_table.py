@@ -46,8 +46,8 @@ SHORT_SEQLEN_K = {("full", 64): 4096, ("full", 128): 4096, ("causal", 64): 1024,
 LANES_GQA_RATIO = {128: 4}
 # The schedule whose orders (and so bits) descending_lanes runs on another layout.
 LANES_ORDER = "descending"
-# short_keys() where every length runs LANES_ORDER's orders (csrc/schedule/seq_runs.h reads it as every band).
-ANY_LENGTH = _sched.EVERY_BAND
+# short_keys() where square bands of every length run LANES_ORDER's orders (the kernels take the bound as an int32).
+ANY_LENGTH = 2**31 - 1
 
 # Varlen calls run a pack in one launch of the packed kernels or per run of equal lengths: a sequence must get the
 # same walk and orders whatever it is packed with. The pick is a function of the mask alone (with the kernel's head

@@ -221,7 +221,6 @@ PYBIND11_MODULE(_sched, m) {
   m.attr("AUTO") = static_cast<int32_t>(ScheduleKind::kAuto);
   // Resolved only (never requested): shift_causal_runs / shift_runs on a PackedProblem (schedule/seq_runs.h).
   m.attr("SEQ_CAUSAL_RUNS") = static_cast<int32_t>(ScheduleKind::kSeqCausalRuns);
-  m.attr("EVERY_BAND") = SeqCausalRuns::kEveryBand;
   m.attr("DEFAULT_TAIL_CHUNK_MIN") = kDefaultTailChunkMin;
   m.attr("MASK_FULL") = static_cast<int32_t>(MaskKind::kFull);
   m.attr("MASK_CAUSAL") = static_cast<int32_t>(MaskKind::kCausal);

@@ -85,9 +85,6 @@ struct SeqCausalRuns {
   }
   // Packs of up to this many sequences launch longest first; larger ones in pack order (the device sorts in one CTA).
   static constexpr int32_t kSortedSeqsMax = 1024;
-  // short_k under which every causal sequence runs Descending (deterministic `auto` where the GQA ratio makes
-  // descending_lanes the pick at every length: schedules_table.gqa_runs_lanes).
-  static constexpr int32_t kEveryBand = INT32_MAX;
   // Whether sequence a launches before sequence b (a != b): more Q rows first (a unit's length), then more keys,
   // then the lower index.
   DASH_HD static bool launches_before(const SeqEntry& a, int32_t ia, const SeqEntry& b, int32_t ib) {
@@ -104,15 +101,14 @@ struct SeqCausalRuns {
     s.seqs = nullptr;
     return s;
   }
-  // Whether a causal sequence runs Descending under the launch's short_k (0: never; kEveryBand: always): on square or
-  // taller bands of up to short_k keys, where descending_lanes' pairs measured faster than the runs (docs/tuning.md),
-  // and on mostly full bands (problem.h). Bands with fewer queries than keys that are neither keep the runs: there
-  // a KV tile's rows are partly masked, so the pairs of descending_lanes are unequal and shift_causal_runs measured
-  // 5-20% faster (hdim 128, 1024-3072 queries against 2048-4096 keys).
+  // Whether a causal sequence runs Descending under the launch's short_k (0: never): on square or taller bands of up
+  // to short_k keys, where descending_lanes' pairs measured faster than the runs (docs/tuning.md), and on mostly full
+  // bands (problem.h). Bands with fewer queries than keys that are neither keep the runs, at every GQA ratio: there
+  // a KV tile's rows are partly masked and the pairs of descending_lanes are unequal (measured, hdim 128, 1024-3072
+  // queries against 2048-4096 keys: shift_causal_runs 5-20% faster, GQA 4 included).
   DASH_HD static bool runs_descending(const Problem& s, int32_t short_k) {
     if (short_k <= 0) return false;
-    if (short_k == kEveryBand || mostly_full_band(s)) return true;
-    return s.seqlen_k <= short_k && s.seqlen_q >= s.seqlen_k;
+    return mostly_full_band(s) || (s.seqlen_k <= short_k && s.seqlen_q >= s.seqlen_k);
   }
   // A sequence's entry before the scan fills first_unit: on causal masks Descending where runs_descending, as its
   // dense call under `auto`; else what the mask's per-sequence schedule resolves to on its lengths.

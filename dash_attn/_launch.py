@@ -50,11 +50,11 @@ def _resolve_schedule_for(args: OpArgs, device: torch.device, batch: int, seqlen
     schedule, mask = args.schedule, args.mask
     if schedule == AUTO:
         mask_name, kernel_dim = MaskKind(mask).name.lower(), validation.kernel_head_dim(headdim, _supported_head_dims())
-        if args.deterministic:
+        if args.deterministic or gqa_runs_lanes(mask_name, kernel_dim, nheads // nheads_k):
+            # Non-deterministic too at those GQA ratios: the invariant pick (descending_lanes, or the runs schedule
+            # on causal bands it leaves to them) measured ahead of the model's there.
             schedule = invariant_schedule(mask_name, kernel_dim, seqlen_k, nheads // nheads_k, seqlen_q=seqlen_q,
                                           tile=_bwd_tile_shape(headdim, mask))
-        elif gqa_runs_lanes(mask_name, kernel_dim, nheads // nheads_k):
-            schedule = LANES_SCHEDULE
     if schedule == AUTO:
         block_m, block_n = _bwd_tile_shape(headdim, mask)
         ctas = max(1, _num_sms(device.index) - args.sm_margin)

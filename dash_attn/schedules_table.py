@@ -38,8 +38,9 @@ SCHEDULES: Tuple[str, ...] = (AUTO,) + DETERMINISTIC_SCHEDULES + NONDETERMINISTI
 # (never the SM count, sm_margin or the batch), so that its bits are invariant: every schedule here orders each dQ
 # tile's adds by the sequence's own geometry (csrc/schedule/runs.h, lanes.h). LANES_SCHEDULE runs up to
 # SHORT_SEQLEN_K[(mask, kernel head dim)] keys, and at any length where nheads / nheads_k reaches
-# LANES_GQA_RATIO[kernel head dim] (there in both modes: gqa_runs_lanes), measured faster there; elsewhere
-# INVARIANT_SCHEDULES[mask] (benchmarks/RESULTS.md has the columns). Read through invariant_schedule().
+# LANES_GQA_RATIO[kernel head dim] (there in both modes: gqa_runs_lanes), measured faster there, on causal masks
+# square or taller bands only (and mostly full ones at any length); elsewhere INVARIANT_SCHEDULES[mask]
+# (benchmarks/RESULTS.md has the columns). Read through invariant_schedule().
 INVARIANT_SCHEDULES = {"full": "shift_runs", "causal": "shift_causal_runs", "window": "descending"}
 LANES_SCHEDULE = "descending_lanes"
 SHORT_SEQLEN_K = {("full", 64): 4096, ("full", 128): 4096, ("causal", 64): 1024, ("causal", 128): 4096}
@@ -69,8 +70,10 @@ def runs_per_sequence(mask: str, schedule: str) -> bool:
 
 
 def gqa_runs_lanes(mask: str, kernel_head_dim: int, gqa_ratio: int) -> bool:
-    """Whether `auto` runs LANES_SCHEDULE for its GQA ratio (nheads // nheads_k), deterministic or not: with a KV
-    head's tiles on one group of lanes it measured faster than every other schedule of either mode there."""
+    """Whether `auto` takes invariant_schedule()'s pick for its GQA ratio (nheads // nheads_k), deterministic or not,
+    with short_keys() unbounded: LANES_SCHEDULE, a KV head's tiles on one group of lanes, measured faster than every
+    other schedule of either mode there on full masks and square causal bands; causal bands with fewer queries than
+    keys that are not mostly full keep the runs schedule (csrc/schedule/seq_runs.h, runs_descending)."""
     return mask != "window" and gqa_ratio >= LANES_GQA_RATIO.get(kernel_head_dim, gqa_ratio + 1)
 
 

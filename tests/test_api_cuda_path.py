@@ -261,15 +261,17 @@ def test_deterministic_auto_picks_by_shape_alone(fake_cuda, monkeypatch, mask, e
 
 @pytest.mark.parametrize("deterministic", [False, True])
 def test_auto_runs_lanes_with_gqa_4_at_hdim_128(fake_cuda, monkeypatch, deterministic):
-    """Past the short-key bound, both modes of `auto` run descending_lanes with 4 query heads per KV head at hdim 128
-    (schedules_table.gqa_runs_lanes), without asking the model."""
+    """Past the short-key bound, both modes of `auto` run descending_lanes on a square causal band with 4 query heads
+    per KV head at hdim 128 (schedules_table.gqa_runs_lanes), and shift_causal_runs on a band with half as many
+    queries as keys, without asking the model."""
     monkeypatch.setitem(sys.modules, "dash_attn.schedule", None)
-    q, k, v = qkv(seqlen_q=5000, seqlen_k=5000, nheads=8, nheads_k=2, headdim=128, dtype=torch.bfloat16)
-    out, lse = torch.empty_like(q), torch.empty(2, 8, 5000)
-    dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
-    interface._launch_bwd(out, q, k, v, out, lse, dq, dk, dv,
-                          op_args(mask=1, window=(-1, 0), deterministic=deterministic, schedule="auto"))
-    assert fake_cuda.calls[0][1][15] == interface.SCHEDULE_IDS["descending_lanes"]
+    for seqlen_q, expected in ((5000, "descending_lanes"), (2500, "shift_causal_runs")):
+        q, k, v = qkv(seqlen_q=seqlen_q, seqlen_k=5000, nheads=8, nheads_k=2, headdim=128, dtype=torch.bfloat16)
+        out, lse = torch.empty_like(q), torch.empty(2, 8, seqlen_q)
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        interface._launch_bwd(out, q, k, v, out, lse, dq, dk, dv,
+                              op_args(mask=1, window=(-1, 0), deterministic=deterministic, schedule="auto"))
+        assert fake_cuda.calls[-1][1][15] == interface.SCHEDULE_IDS[expected], seqlen_q
 
 
 def test_auto_schedule_falls_back_without_the_simulator(fake_cuda, monkeypatch):

@@ -121,8 +121,8 @@ def test_invariant_pick_where_shift_runs_would_wait(hdim):
 @pytest.mark.parametrize("hdim", [64, 128])
 def test_causal_short_bound_holds_for_square_bands(hdim):
     """Under the key bound, causal bands with fewer queries than keys that are not mostly full keep the runs schedule
-    (descending_lanes' pairs are unequal there: measured 5-20% slower at hdim 128); square and taller bands, mostly
-    full bands, and GQA ratios of LANES_GQA_RATIO run descending_lanes."""
+    (descending_lanes' pairs are unequal there: measured 5-20% slower at hdim 128), at GQA ratios of LANES_GQA_RATIO
+    too, where the bound is every length; square and taller bands and mostly full bands run descending_lanes."""
     bound = SHORT_SEQLEN_K[("causal", hdim)]
     tile = S.tile_shape(hdim, "causal")
     for seqlen_q, seqlen_k in ((bound, bound), (bound + 512, bound), (bound // 8, bound)):
@@ -132,7 +132,11 @@ def test_causal_short_bound_holds_for_square_bands(hdim):
         assert not _sched.mostly_full_band(p)
         assert invariant_schedule("causal", hdim, bound, seqlen_q=seqlen_q, tile=tile) == "shift_causal_runs"
         gqa = invariant_schedule("causal", 128, bound, LANES_GQA_RATIO[128], seqlen_q=seqlen_q, tile=tile)
-        assert gqa == "descending_lanes"
+        assert gqa == "shift_causal_runs"
+    long = 4 * bound
+    assert invariant_schedule("causal", 128, long, LANES_GQA_RATIO[128], seqlen_q=long, tile=tile) == "descending_lanes"
+    assert invariant_schedule("causal", 128, long, LANES_GQA_RATIO[128], seqlen_q=long // 2,
+                              tile=tile) == "shift_causal_runs"
 
 
 @pytest.mark.parametrize("mask", ["full", "causal"])

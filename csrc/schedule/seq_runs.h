@@ -105,7 +105,7 @@ struct SeqCausalRuns {
   // to short_k keys, where descending_lanes' pairs measured faster than the runs (docs/tuning.md), and on mostly full
   // bands (problem.h). Bands with fewer queries than keys that are neither keep the runs, at every GQA ratio: there
   // a KV tile's rows are partly masked and the pairs of descending_lanes are unequal (measured, hdim 128, 1024-3072
-  // queries against 2048-4096 keys: shift_causal_runs 5-20% faster, GQA 4 included).
+  // queries against 2048-4096 keys, GQA 1 and 4: shift_causal_runs 2-20% faster on all but one row, docs/tuning.md).
   DASH_HD static bool runs_descending(const Problem& s, int32_t short_k) {
     if (short_k <= 0) return false;
     return mostly_full_band(s) || (s.seqlen_k <= short_k && s.seqlen_q >= s.seqlen_k);

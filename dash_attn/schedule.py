@@ -24,6 +24,7 @@ import numpy as np
 from . import _sched
 from .schedules_table import DETERMINISTIC_SCHEDULES, DYNAMIC, MEASURED_RANKING, NONDETERMINISTIC_SCHEDULES
 from .schedules_table import MASK_IDS, SCHEDULE_IDS, invariant_schedule
+from .schedules_table import mask_id as _mask_id, problem as _problem
 from ._gantt import gantt, gantt_compare
 
 __all__ = ["SCHEDULES", "NONDETERMINISTIC_SCHEDULES", "SCHEDULE_IDS", "MASKS", "Plan", "SimResult", "tile_shape",
@@ -99,29 +100,12 @@ def tile_shape(hdim: int, mask: str = "full") -> Tuple[int, int]:
     return _BWD_TILES[_kernel_hdim(hdim)]
 
 
-def _mask_id(mask: str) -> int:
-    try:
-        return MASKS[mask]
-    except KeyError:
-        raise ValueError(f"mask must be one of {sorted(MASKS)}, got {mask!r}") from None
-
-
 def _schedule_id(schedule: str) -> int:
     try:
         return SCHEDULE_IDS[schedule]
     except KeyError:
         raise ValueError(f"schedule must be one of {SCHEDULES + NONDETERMINISTIC_SCHEDULES}, got {schedule!r} "
                          "(resolve 'auto' with choose())") from None
-
-
-def _problem(mask: str, seqlen_q: int, seqlen_k: int, block_m: int, block_n: int, nheads: int, batch: int,
-             num_ctas: int, window: Optional[Tuple[int, int]], nheads_k: Optional[int]) -> "_sched.Problem":
-    left, right = (-1, -1) if window is None else (int(window[0]), int(window[1]))
-    if mask == "window" and window is None:
-        raise ValueError("mask='window' needs window=(left, right)")
-    return _sched.Problem(batch=batch, nheads=nheads, nheads_k=nheads if nheads_k is None else nheads_k,
-                          seqlen_q=seqlen_q, seqlen_k=seqlen_k, block_m=block_m, block_n=block_n,
-                          mask=_mask_id(mask), window_left=left, window_right=right, num_ctas=num_ctas)
 
 
 @dataclasses.dataclass

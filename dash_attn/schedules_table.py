@@ -15,7 +15,7 @@ __all__ = ["AUTO", "MASK_IDS", "SCHEDULE_IDS", "DETERMINISTIC_SCHEDULES", "NONDE
            "DYNAMIC", "INVARIANT_SCHEDULES", "INVARIANT_VARLEN_SCHEDULES", "LANES_SCHEDULE", "SHORT_SEQLEN_K",
            "LANES_GQA_RATIO", "LANES_ORDER", "ANY_LENGTH", "gqa_runs_lanes", "short_keys", "varlen_short_keys",
            "invariant_schedule", "varlen_invariant_schedule", "varlen_runs_lanes_order", "runs_per_sequence",
-           "invariant_picks", "FALLBACK_SCHEDULE", "MEASURED_RANKING", "SHORT_NAMES"]
+           "invariant_picks", "mask_id", "problem", "FALLBACK_SCHEDULE", "MEASURED_RANKING", "SHORT_NAMES"]
 
 _TABLE = sorted(_sched.SCHEDULE_TABLE, key=lambda entry: entry[1])  # (name, id, deterministic), in id order
 
@@ -114,10 +114,29 @@ def invariant_schedule(mask: str, kernel_head_dim: int, seqlen_k: int, gqa_ratio
     return pick
 
 
+def mask_id(mask: str) -> int:
+    """The engine's id of a mask name (ValueError naming the choices otherwise)."""
+    try:
+        return MASK_IDS[mask]
+    except KeyError:
+        raise ValueError(f"mask must be one of {sorted(MASK_IDS)}, got {mask!r}") from None
+
+
+def problem(mask: str, seqlen_q: int, seqlen_k: int, block_m: int, block_n: int, nheads: int, batch: int,
+            num_ctas: int, window: Optional[Tuple[int, int]], nheads_k: Optional[int]) -> "_sched.Problem":
+    """The engine's Problem of a launch (mask name; window (left, right) for mask "window", else None; nheads_k None:
+    MHA)."""
+    kind = mask_id(mask)
+    if mask == "window" and window is None:
+        raise ValueError("mask='window' needs window=(left, right)")
+    left, right = (-1, -1) if window is None else (int(window[0]), int(window[1]))
+    return _sched.Problem(batch=batch, nheads=nheads, nheads_k=nheads if nheads_k is None else nheads_k,
+                          seqlen_q=seqlen_q, seqlen_k=seqlen_k, block_m=block_m, block_n=block_n,
+                          mask=kind, window_left=left, window_right=right, num_ctas=num_ctas)
+
+
 def _one_head(mask: str, seqlen_q: int, seqlen_k: int, tile: Tuple[int, int]) -> "_sched.Problem":
-    block_m, block_n = tile
-    return _sched.Problem(batch=1, nheads=1, nheads_k=1, seqlen_q=seqlen_q, seqlen_k=seqlen_k, block_m=block_m,
-                          block_n=block_n, mask=MASK_IDS[mask], window_left=-1, window_right=-1, num_ctas=1)
+    return problem(mask, seqlen_q, seqlen_k, *tile, 1, 1, 1, None, 1)
 
 
 # The engine queries below are cached per shape: every backward call of a training step asks them for the same

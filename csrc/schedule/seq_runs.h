@@ -9,11 +9,11 @@
 // runs.h), so its bits equal a dense call's of that sequence under that schedule, whatever it is packed with and
 // wherever it sits in the pack. On causal masks a launch may also give a key count `short_k` up to which a sequence
 // runs Descending instead: deterministic `auto` passes the bound up to which its dense pick is descending_lanes
-// (descending's orders), and with it the sequences on mostly full bands run Descending too (runs_descending), so that
-// each sequence gets its dense call's orders under `auto`. Full masks ignore it: ShiftRuns' walk depends on the tile shape
-// alone, so there the table changes which CTA runs a tile and when, not the bits (the batch of the longest gives the
-// same); the full-mask kernels carry ShiftRuns' and Descending's visits (ptxas: 4 more spill bytes at hdim 64 and
-// 128).
+// (descending's orders) on square bands, and with it the sequences on mostly full bands run Descending too
+// (runs_descending), so that each sequence gets its dense call's orders under `auto`. Full masks ignore it:
+// ShiftRuns' walk depends on the tile shape alone, so there the table changes which CTA runs a tile and when, not the
+// bits (the batch of the longest gives the same); the full-mask kernels carry ShiftRuns' and Descending's visits
+// (ptxas: 4 more spill bytes at hdim 64 and 128).
 //
 // Layout: the sequences one after another, longest first (up to kSortedSeqsMax sequences, else in pack order), so
 // that the last waves hold the shortest units; per sequence its KV heads one after another, per head the pair units

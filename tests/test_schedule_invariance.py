@@ -111,10 +111,14 @@ def test_varlen_pick_is_invariant_to_packing(mask, hdim):
     for longest in (333, 500, 1024, 1500, 5000):
         if runs_per_sequence(mask, schedule):
             # Deterministic `auto` adds short_k (its dense pick's orders up to short_keys keys); a named schedule not.
+            # Square sequences, and sequences with fewer queries than keys (on causal masks under short_k: mostly
+            # full bands run descending's orders, the others the runs', seq_runs.h runs_descending).
             for lens, short_k in itertools.product(([own, longest, own], [longest, own, 64], [own, 1, longest]),
                                                    {0, short_keys(mask, hdim)}):
-                pack = _sched.PackedProblem(S._problem(mask, 1, 1, bm, bn, 2, 1, 1, None, 1), lens, lens, short_k)
-                assert _sched.verify_packed(pack, 1, 256) == [], (schedule, lens, short_k)
+                for lens_q in (lens, [max(1, n // 2) for n in lens], [max(1, n // 8) for n in lens]):
+                    pack = _sched.PackedProblem(S._problem(mask, 1, 1, bm, bn, 2, 1, 1, None, 1), lens_q, lens,
+                                                short_k)
+                    assert _sched.verify_packed(pack, 1, 256) == [], (schedule, lens_q, lens, short_k)
             continue
         for ctas in (1, 7, 66, 132, 256):
             plan = _plan(schedule, mask, longest, longest, hdim, 2, 1, None, 3, ctas)

@@ -50,11 +50,12 @@ def _resolve_schedule_for(args: OpArgs, device: torch.device, batch: int, seqlen
     schedule, mask = args.schedule, args.mask
     if schedule == AUTO:
         mask_name, kernel_dim = MaskKind(mask).name.lower(), validation.kernel_head_dim(headdim, _supported_head_dims())
-        if args.deterministic or gqa_runs_lanes(mask_name, kernel_dim, nheads // nheads_k):
+        gqa_ratio = nheads // nheads_k
+        if args.deterministic or gqa_runs_lanes(mask_name, kernel_dim, gqa_ratio):
             # Non-deterministic too at those GQA ratios: descending_lanes measured ahead of the model's pick there,
             # and the runs schedule ahead of descending_lanes on the causal bands the invariant rule gives to the
             # runs (docs/tuning.md, seq_runs.h runs_descending).
-            schedule = invariant_schedule(mask_name, kernel_dim, seqlen_k, nheads // nheads_k, seqlen_q=seqlen_q,
+            schedule = invariant_schedule(mask_name, kernel_dim, seqlen_k, gqa_ratio, seqlen_q=seqlen_q,
                                           tile=_bwd_tile_shape(headdim, mask))
     if schedule == AUTO:
         block_m, block_n = _bwd_tile_shape(headdim, mask)

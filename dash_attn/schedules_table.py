@@ -105,11 +105,12 @@ def invariant_schedule(mask: str, kernel_head_dim: int, seqlen_k: int, gqa_ratio
     dense and varlen calls keep one set of bits. Without the geometry the band is taken as square."""
     short = short_keys(mask, kernel_head_dim, gqa_ratio)
     pick = INVARIANT_SCHEDULES[mask]
-    if seqlen_q is None or tile is None:  # no geometry: a square band
-        return LANES_SCHEDULE if seqlen_k <= short else pick
-    if mask == "causal":
+    geometry = seqlen_q is not None and tile is not None  # without it, a square band
+    if mask == "causal" and geometry:
         return LANES_SCHEDULE if varlen_runs_lanes_order(mask, seqlen_q, seqlen_k, tile, short) else pick
-    if seqlen_k <= short or (mask == "full" and _falls_back_to_lanes_order(pick, mask, seqlen_q, seqlen_k, tile)):
+    if seqlen_k <= short:
+        return LANES_SCHEDULE
+    if mask == "full" and geometry and _falls_back_to_lanes_order(pick, mask, seqlen_q, seqlen_k, tile):
         return LANES_SCHEDULE
     return pick
 

@@ -11,6 +11,7 @@ flag when the backward runs, not when the forward records it.
 """
 import contextlib
 import importlib
+import os
 
 import torch
 
@@ -277,6 +278,13 @@ class FlexImpl(Impl):
         return run
 
 
+# What the measurement build of FlashAttention-3 holds (../shared/tools/peers/build_fa3.py: bf16, head dims 64 and
+# 128, dense, no soft-capping or local windows). A call outside it reaches a kernel that was never compiled and
+# crashes the process (a segmentation fault at head dim 256), so those cells say n/a. A build with more head dims
+# names them in DASH_BENCH_FA3_HDIMS (comma list).
+FA3_BUILT_HDIMS = tuple(int(h) for h in os.environ.get("DASH_BENCH_FA3_HDIMS", "64,128").split(","))
+
+
 class Fa3Impl(Impl):
     def __init__(self, deterministic):
         self.deterministic = deterministic
@@ -292,7 +300,13 @@ class Fa3Impl(Impl):
                 self._module = importlib.import_module("flash_attn_interface")
             except ImportError as exc:
                 self._reason = f"flash_attn_interface (FlashAttention-3) not importable ({exc})"
-        return self._reason
+        if self._reason is not None:
+            return self._reason
+        if problem.headdim not in FA3_BUILT_HDIMS:
+            return f"FA3's measurement build holds head dims {FA3_BUILT_HDIMS} (DASH_BENCH_FA3_HDIMS)"
+        if problem.softcap > 0 or problem.windowed:
+            return "FA3's measurement build has no soft-capping or local windows"
+        return None
 
     def forward(self, q, k, v, problem):
         return _first(self._module.flash_attn_func(q, k, v, causal=problem.causal, window_size=tuple(problem.window),

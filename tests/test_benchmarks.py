@@ -259,3 +259,17 @@ def test_ab_objects_builds_a_git_variant_in_a_worktree(tmp_path, monkeypatch):
     args, command = ab_objects.parse(["--variant", "a=git:HEAD", "--variant", f"b={tmp_path}", "--objects", "x,y",
                                       "--", "true"])
     assert args.variants == {"a": "git:HEAD", "b": tmp_path.resolve()} and args.objects == ["x", "y"]
+
+
+def test_fa3_columns_only_where_its_measurement_build_has_kernels(monkeypatch):
+    """FA3's measurement build holds bf16 head dims 64/128, dense, without soft-capping: elsewhere its column says
+    n/a (a call would reach a kernel never compiled and crash the process)."""
+    import types
+
+    import peers
+    monkeypatch.setitem(sys.modules, "flash_attn_interface", types.ModuleType("flash_attn_interface"))
+    impl = peers.Fa3Impl(deterministic=False)
+    base = dict(batch=1, seqlen_q=1024, seqlen_k=1024, nheads=16, nheads_k=16, causal=True)
+    assert impl.unavailable_reason(bench_attn.Problem(headdim=128, **base)) is None
+    assert "head dims" in impl.unavailable_reason(bench_attn.Problem(headdim=256, **base))
+    assert "soft-capping" in impl.unavailable_reason(bench_attn.Problem(headdim=64, softcap=30.0, **base))

@@ -131,12 +131,17 @@ def test_causal_short_bound_holds_for_square_bands(hdim):
         p = S._problem("causal", seqlen_q, bound, *tile, 1, 1, 1, None, 1)
         assert not _sched.mostly_full_band(p)
         assert invariant_schedule("causal", hdim, bound, seqlen_q=seqlen_q, tile=tile) == "shift_causal_runs"
-        gqa = invariant_schedule("causal", 128, bound, LANES_GQA_RATIO[128], seqlen_q=seqlen_q, tile=tile)
-        assert gqa == "shift_causal_runs"
-    long = 4 * bound
-    assert invariant_schedule("causal", 128, long, LANES_GQA_RATIO[128], seqlen_q=long, tile=tile) == "descending_lanes"
-    assert invariant_schedule("causal", 128, long, LANES_GQA_RATIO[128], seqlen_q=long // 2,
-                              tile=tile) == "shift_causal_runs"
+
+
+def test_causal_gqa_bound_holds_for_square_bands():
+    """With LANES_GQA_RATIO (hdim 128) the bound is every length, for square and taller bands only: bands with fewer
+    queries than keys that are not mostly full keep the runs schedule there too."""
+    tile, ratio = S.tile_shape(128, "causal"), LANES_GQA_RATIO[128]
+    for seqlen_k in (SHORT_SEQLEN_K[("causal", 128)], 4 * SHORT_SEQLEN_K[("causal", 128)]):
+        assert invariant_schedule("causal", 128, seqlen_k, ratio, seqlen_q=seqlen_k, tile=tile) == "descending_lanes"
+        for seqlen_q in (seqlen_k // 2, 3 * seqlen_k // 4):
+            assert invariant_schedule("causal", 128, seqlen_k, ratio, seqlen_q=seqlen_q, tile=tile) == \
+                "shift_causal_runs"
 
 
 @pytest.mark.parametrize("mask", ["full", "causal"])

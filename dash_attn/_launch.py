@@ -13,9 +13,9 @@ from . import _kv_heads, validation
 from ._args import MaskKind, OpArgs
 from ._ext import (_bwd_tile_shape, _check_cuda, _device_guard, _held_head_dim, _kernel_head_dim, _l2_bytes, _num_sms,
                    _supported_head_dims)
-from .schedules_table import (AUTO, FALLBACK_SCHEDULE, LANES_SCHEDULE, SCHEDULE_IDS, gqa_runs_lanes, invariant_schedule,
-                              runs_per_sequence, varlen_invariant_schedule, varlen_runs_lanes_order,
-                              varlen_short_keys)
+from .schedules_table import (AUTO, FALLBACK_SCHEDULE, LANES_SCHEDULE, SCHEDULE_IDS, gqa_takes_invariant_pick,
+                              invariant_schedule, runs_per_sequence, varlen_invariant_schedule,
+                              varlen_runs_lanes_order, varlen_short_keys)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -51,7 +51,7 @@ def _resolve_schedule_for(args: OpArgs, device: torch.device, batch: int, seqlen
     if schedule == AUTO:
         mask_name, kernel_dim = MaskKind(mask).name.lower(), validation.kernel_head_dim(headdim, _supported_head_dims())
         gqa_ratio = nheads // nheads_k
-        if args.deterministic or gqa_runs_lanes(mask_name, kernel_dim, gqa_ratio):
+        if args.deterministic or gqa_takes_invariant_pick(mask_name, kernel_dim, gqa_ratio):
             # Non-deterministic too at those GQA ratios: descending_lanes measured ahead of the model's pick there,
             # and the runs schedule ahead of descending_lanes on the causal bands the invariant rule gives to the
             # runs (docs/tuning.md, seq_runs.h runs_descending).

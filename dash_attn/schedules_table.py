@@ -13,7 +13,8 @@ from . import _sched
 
 __all__ = ["AUTO", "MASK_IDS", "SCHEDULE_IDS", "DETERMINISTIC_SCHEDULES", "NONDETERMINISTIC_SCHEDULES", "SCHEDULES",
            "DYNAMIC", "INVARIANT_SCHEDULES", "INVARIANT_VARLEN_SCHEDULES", "LANES_SCHEDULE", "SHORT_SEQLEN_K",
-           "LANES_GQA_RATIO", "LANES_ORDER", "ANY_LENGTH", "gqa_runs_lanes", "short_keys", "varlen_short_keys",
+           "LANES_GQA_RATIO", "LANES_ORDER", "ANY_LENGTH", "gqa_takes_invariant_pick", "short_keys",
+           "varlen_short_keys",
            "invariant_schedule", "varlen_invariant_schedule", "varlen_runs_lanes_order", "runs_per_sequence",
            "invariant_picks", "mask_id", "problem", "FALLBACK_SCHEDULE", "MEASURED_RANKING", "SHORT_NAMES"]
 
@@ -38,8 +39,8 @@ SCHEDULES: Tuple[str, ...] = (AUTO,) + DETERMINISTIC_SCHEDULES + NONDETERMINISTI
 # (never the SM count, sm_margin or the batch), so that its bits are invariant: every schedule here orders each dQ
 # tile's adds by the sequence's own geometry (csrc/schedule/runs.h, lanes.h). LANES_SCHEDULE runs up to
 # SHORT_SEQLEN_K[(mask, kernel head dim)] keys, and at any length where nheads / nheads_k reaches
-# LANES_GQA_RATIO[kernel head dim] (there in both modes: gqa_runs_lanes), measured faster there, on causal masks
-# square or taller bands only (and mostly full ones at any length); elsewhere INVARIANT_SCHEDULES[mask]
+# LANES_GQA_RATIO[kernel head dim] (there in both modes: gqa_takes_invariant_pick), measured faster there, on causal
+# masks square or taller bands only (and mostly full ones at any length); elsewhere INVARIANT_SCHEDULES[mask]
 # (benchmarks/RESULTS.md has the columns). Read through invariant_schedule().
 INVARIANT_SCHEDULES = {"full": "shift_runs", "causal": "shift_causal_runs", "window": "descending"}
 LANES_SCHEDULE = "descending_lanes"
@@ -69,7 +70,7 @@ def runs_per_sequence(mask: str, schedule: str) -> bool:
     return schedule in SCHEDULE_IDS and _sched.runs_per_sequence(SCHEDULE_IDS[schedule], MASK_IDS[mask])
 
 
-def gqa_runs_lanes(mask: str, kernel_head_dim: int, gqa_ratio: int) -> bool:
+def gqa_takes_invariant_pick(mask: str, kernel_head_dim: int, gqa_ratio: int) -> bool:
     """Whether `auto` takes invariant_schedule()'s pick for its GQA ratio (nheads // nheads_k), deterministic or not,
     with short_keys() unbounded: LANES_SCHEDULE, a KV head's tiles on one group of lanes, measured faster than every
     other schedule of either mode there on full masks and square causal bands; causal bands with fewer queries than
@@ -79,8 +80,8 @@ def gqa_runs_lanes(mask: str, kernel_head_dim: int, gqa_ratio: int) -> bool:
 
 def short_keys(mask: str, kernel_head_dim: int, gqa_ratio: int = 1) -> int:
     """Keys up to which deterministic `auto` runs LANES_ORDER's orders (mask name, the head dim of the kernel that
-    runs, nheads // nheads_k): SHORT_SEQLEN_K, or every length where gqa_runs_lanes."""
-    if gqa_runs_lanes(mask, kernel_head_dim, gqa_ratio):
+    runs, nheads // nheads_k): SHORT_SEQLEN_K, or every length where gqa_takes_invariant_pick."""
+    if gqa_takes_invariant_pick(mask, kernel_head_dim, gqa_ratio):
         return ANY_LENGTH
     return SHORT_SEQLEN_K.get((mask, kernel_head_dim), 0)
 
@@ -170,7 +171,8 @@ def invariant_picks(mask: str) -> Tuple[str, ...]:
     """Every schedule deterministic `auto` can run for a mask, dense or varlen (what the invariance proofs cover)."""
     picks = {INVARIANT_SCHEDULES[mask], INVARIANT_VARLEN_SCHEDULES[mask]}
     picks.update(LANES_SCHEDULE for m, _ in SHORT_SEQLEN_K if m == mask)
-    picks.update(LANES_SCHEDULE for hdim, ratio in LANES_GQA_RATIO.items() if gqa_runs_lanes(mask, hdim, ratio))
+    picks.update(LANES_SCHEDULE for hdim, ratio in LANES_GQA_RATIO.items()
+                 if gqa_takes_invariant_pick(mask, hdim, ratio))
     return tuple(sorted(picks))
 
 

@@ -262,8 +262,8 @@ def test_deterministic_auto_picks_by_shape_alone(fake_cuda, monkeypatch, mask, e
 @pytest.mark.parametrize("deterministic", [False, True])
 def test_auto_runs_lanes_with_gqa_4_at_hdim_128(fake_cuda, monkeypatch, deterministic):
     """Past the short-key bound, both modes of `auto` run descending_lanes on a square causal band with 4 query heads
-    per KV head at hdim 128 (schedules_table.gqa_runs_lanes), and shift_causal_runs on a band with half as many
-    queries as keys, without asking the model."""
+    per KV head at hdim 128 (schedules_table.gqa_takes_invariant_pick), and shift_causal_runs on a band with half as
+    many queries as keys, without asking the model."""
     monkeypatch.setitem(sys.modules, "dash_attn.schedule", None)
     for seqlen_q, expected in ((5000, "descending_lanes"), (2500, "shift_causal_runs")):
         q, k, v = qkv(seqlen_q=seqlen_q, seqlen_k=5000, nheads=8, nheads_k=2, headdim=128, dtype=torch.bfloat16)

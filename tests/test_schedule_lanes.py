@@ -5,7 +5,7 @@ import pytest
 
 from dash_attn import _sched
 from dash_attn import schedule as S
-from dash_attn.schedules_table import LANES_GQA_RATIO, SHORT_SEQLEN_K, gqa_runs_lanes, invariant_schedule
+from dash_attn.schedules_table import LANES_GQA_RATIO, SHORT_SEQLEN_K, gqa_takes_invariant_pick, invariant_schedule
 from test_schedule_invariance import ALL_CTAS, BATCHES, SHAPES, TILES, _plan, alone, signature
 
 
@@ -152,4 +152,5 @@ def test_invariant_pick_of_gqa(mask):
     assert invariant_schedule(mask, 128, long, 2) != "descending_lanes"
     assert invariant_schedule(mask, 64, long, 4) != "descending_lanes"
     assert invariant_schedule("window", 128, long, 4) == "descending"
-    assert gqa_runs_lanes(mask, 128, 4) and not gqa_runs_lanes(mask, 128, 2) and not gqa_runs_lanes(mask, 256, 8)
+    assert gqa_takes_invariant_pick(mask, 128, 4)
+    assert not gqa_takes_invariant_pick(mask, 128, 2) and not gqa_takes_invariant_pick(mask, 256, 8)

@@ -67,7 +67,8 @@ def check_backward(batch, seqlen_q, seqlen_k, nheads, nheads_k, headdim, dtype, 
 
 
 # Ragged last tiles, odd KV-tile counts, seqlen_q != seqlen_k both ways (bottom-right causal, masked rows).
-BWD_SEQLENS = [(1, 1), (17, 17), (113, 257), (257, 113), (1023, 1023)]
+# 400 x 900: a causal band whose first 3 KV tiles are fully live.
+BWD_SEQLENS = [(1, 1), (17, 17), (113, 257), (257, 113), (400, 900), (1023, 1023)]
 
 
 @pytest.mark.gpu

@@ -253,3 +253,36 @@ def test_mostly_full_causal_sequences_dense_and_packed(hdim):
         for i in order:
             for name, a, b in zip("qkv", got[i], dense[i]):
                 assert torch.equal(a, b[0]), f"d{name} of sequence {i} packed as {order} differs from its dense call"
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("hdim", [64, 128, 256])
+def test_causal_bands_with_fully_live_tiles(hdim, dtype):
+    """Causal bands with fewer queries than keys whose first KV tiles are fully live (their pairs are unequal, so a
+    head's units do not stay in step): the same bits across sm_margin, batch position and packing, dense and varlen
+    alike, for `auto` and the named shift_causal_runs."""
+    if hdim not in supported_head_dims():
+        pytest.skip(f"hdim {hdim} not built")
+    gen = torch.Generator(device="cuda").manual_seed(SEED + 7)
+    shapes = [(700, 1300), (1024, 3000), (333, 333)]
+    seqs = [(_rand(gen, (1, sq, 4, hdim), dtype), _rand(gen, (1, sk, 2, hdim), dtype),
+             _rand(gen, (1, sk, 2, hdim), dtype), _rand(gen, (1, sq, 4, hdim), dtype)) for sq, sk in shapes]
+    for schedule in ("auto", "shift_causal_runs"):
+        dense = [_grads(*s, True, (-1, -1), 0.0, schedule=schedule) for s in seqs]
+        for i, s in enumerate(seqs[:2]):
+            for margin in (18, 100):
+                got = _grads(*s, True, (-1, -1), 0.0, sm_margin=margin, schedule=schedule)
+                assert all(torch.equal(a, b) for a, b in zip(got, dense[i])), f"{schedule} {shapes[i]} sm_margin {margin}"
+            other = [_rand(gen, t.shape, dtype) for t in s]
+            for pos in (0, 2):
+                parts = [other, other]
+                parts.insert(pos, s)
+                got = _grads(*(torch.cat([p[j] for p in parts]) for j in range(4)), True, (-1, -1), 0.0,
+                             schedule=schedule)
+                assert all(torch.equal(a[pos:pos + 1], b) for a, b in zip(got, dense[i])), \
+                    f"{schedule} {shapes[i]} at {pos} of 3"
+        for order in ([0, 1, 2], [2, 1, 0]):
+            got = _varlen_grads(seqs, order, True, 54, schedule=schedule)
+            for i in order:
+                assert all(torch.equal(a, b[0]) for a, b in zip(got[i], dense[i])), \
+                    f"{schedule} {shapes[i]} packed as {order} differs from its dense call"

@@ -330,3 +330,20 @@ def test_run_retries_the_out_of_memory_cases_one_at_a_time(tmp_path):
                                                   "why": "out of GPU memory beside the other workers"}
     assert json.loads((out / "parallel" / "summary.json").read_text())["failed"] == 2
     assert proc.returncode != 0  # test_wrong still fails
+
+
+def test_a_budgeted_run_with_workers_keeps_time_for_the_retry(tmp_path):
+    """With workers, retries and --budget, the parallel run gets the budget less run.RETRY_SHARE of it, so that the
+    cases that ran out of GPU memory beside the others still get their one-at-a-time run."""
+    import run
+    hopper = tmp_path / "hopper"
+    hopper.mkdir()
+    (hopper / "test_flash_attn.py").write_text("")
+
+    def budget_of(*flags):
+        args, extra = run._parse(["--fa3", str(hopper), "--budget", "100", *flags])
+        command = run.pytest_command(run.parallel_args(args), extra, tmp_path)
+        return float(command[command.index("--fa3-budget") + 1])
+
+    assert budget_of("--workers", "4") == pytest.approx(100 * (1 - run.RETRY_SHARE))
+    assert budget_of("--workers", "4", "--no-retry") == budget_of() == 100

@@ -12,7 +12,7 @@ from collections import OrderedDict
 from typing import Dict, List, Tuple
 
 from . import _sched
-from .schedules_table import MASK_IDS
+from .schedules_table import MASK_IDS, problem
 
 
 def tiles(mask: str, seqlen_q: int, block_m: int, nheads: int, batch: int, num_sms: int) -> Dict:
@@ -20,9 +20,11 @@ def tiles(mask: str, seqlen_q: int, block_m: int, nheads: int, batch: int, num_s
     return _sched.fwd_tiles(MASK_IDS[mask], seqlen_q, block_m, nheads, batch, num_sms)
 
 
-def _key_tiles(mask: str, m_block: int, seqlen: int, block_m: int, block_n: int) -> int:
-    n = math.ceil(seqlen / block_n)
-    return n if mask == "full" else min(n, math.ceil(min(seqlen, (m_block + 1) * block_m) / block_n))
+def _key_tiles(mask: str, seqlen: int, block_m: int, block_n: int) -> List[int]:
+    """Key tiles each query tile of a seqlen x seqlen band reads (all from the first: full or causal), by m_block: the
+    band arithmetic of csrc/schedule/problem.h (n_block_range), which the forward's key_tiles follows too."""
+    p = problem(mask, seqlen, seqlen, block_m, block_n, 1, 1, 1, None, 1)
+    return [_sched.n_block_range(p, m)[1] for m in range(_sched.num_m_blocks(p))]
 
 
 def kv_traffic(mask: str, seqlen: int, block_m: int, block_n: int, headdim: int, nheads: int, batch: int,
@@ -32,6 +34,7 @@ def kv_traffic(mask: str, seqlen: int, block_m: int, block_n: int, headdim: int,
     epilogue."""
     d = tiles(mask, seqlen, block_m, nheads, batch, num_sms)
     ctas: List[List[Tuple[int, int, int]]] = d["ctas"]
+    key_tiles = _key_tiles(mask, seqlen, block_m, block_n)
     tile_bytes = 2 * block_n * headdim * elem_bytes
     capacity = max(1, l2_bytes // tile_bytes)
     lru: "OrderedDict[Tuple[int, int, int], None]" = OrderedDict()
@@ -54,10 +57,10 @@ def kv_traffic(mask: str, seqlen: int, block_m: int, block_n: int, headdim: int,
             lru[key] = None
             if len(lru) > capacity:
                 lru.popitem(last=False)
-        if k + 1 < _key_tiles(mask, m, seqlen, block_m, block_n):
+        if k + 1 < key_tiles[m]:
             heapq.heappush(events, (t + step, c, i, k + 1))
         else:
             heapq.heappush(events, (t + step + 1.0, c, i + 1, 0))
-    work = sum(_key_tiles(mask, m, seqlen, block_m, block_n) * step + 1.0 for cta in ctas for _, _, m in cta)
+    work = sum(key_tiles[m] * step + 1.0 for cta in ctas for _, _, m in cta)
     compulsory = batch * nheads * math.ceil(seqlen / block_n) * tile_bytes
     return misses * tile_bytes, compulsory, makespan / (work / len(ctas))

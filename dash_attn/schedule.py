@@ -24,7 +24,7 @@ import numpy as np
 from . import _sched
 from .schedules_table import DETERMINISTIC_SCHEDULES, DYNAMIC, MEASURED_RANKING, NONDETERMINISTIC_SCHEDULES
 from .schedules_table import MASK_IDS, SCHEDULE_IDS, invariant_schedule
-from .schedules_table import mask_id as _mask_id, problem as _problem
+from .schedules_table import problem as _problem
 from ._gantt import gantt, gantt_compare
 
 __all__ = ["SCHEDULES", "NONDETERMINISTIC_SCHEDULES", "SCHEDULE_IDS", "MASKS", "Plan", "SimResult", "tile_shape",

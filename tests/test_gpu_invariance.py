@@ -272,7 +272,8 @@ def test_causal_bands_with_fully_live_tiles(hdim, dtype):
         for i, s in enumerate(seqs[:2]):
             for margin in (18, 100):
                 got = _grads(*s, True, (-1, -1), 0.0, sm_margin=margin, schedule=schedule)
-                assert all(torch.equal(a, b) for a, b in zip(got, dense[i])), f"{schedule} {shapes[i]} sm_margin {margin}"
+                assert all(torch.equal(a, b) for a, b in zip(got, dense[i])), \
+                    f"{schedule} {shapes[i]} sm_margin {margin}"
             other = [_rand(gen, t.shape, dtype) for t in s]
             for pos in (0, 2):
                 parts = [other, other]

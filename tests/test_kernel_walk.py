@@ -10,7 +10,7 @@ import subprocess
 import numpy as np
 import pytest
 
-from dash_attn import schedule
+from dash_attn import schedule, schedules_table
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 COLUMNS = ("cta", "item", "step", "batch", "head", "head_k", "n_block", "m_block", "wait_target", "run")
@@ -97,7 +97,7 @@ def kernel_walks(exe, problems, mask):
     """Per problem (batch, nheads, nheads_k, seqlen_q, seqlen_k, block_m, block_n, ctas, schedule name): the visits
     the kernel's producer walks, one row per visit in COLUMNS' order."""
     left, right = WINDOWS[mask]
-    tail = f"{schedule._mask_id(mask)} {left} {right}"
+    tail = f"{schedules_table.mask_id(mask)} {left} {right}"
     lines = [" ".join(str(x) for x in pr[:8]) + f" {schedule.SCHEDULE_IDS[pr[8]]} {tail}" for pr in problems]
     out = subprocess.run([str(exe)], input="\n".join(lines) + "\n", check=True, capture_output=True, text=True).stdout
     blocks = out.split("end\n")[:-1]

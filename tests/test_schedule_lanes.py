@@ -139,7 +139,7 @@ def test_causal_gqa_bound_holds_for_square_bands():
     tile, ratio = S.tile_shape(128, "causal"), LANES_GQA_RATIO[128]
     for seqlen_k in (SHORT_SEQLEN_K[("causal", 128)], 4 * SHORT_SEQLEN_K[("causal", 128)]):
         assert invariant_schedule("causal", 128, seqlen_k, ratio, seqlen_q=seqlen_k, tile=tile) == "descending_lanes"
-        for seqlen_q in (seqlen_k // 2, 3 * seqlen_k // 4):
+        for seqlen_q in (seqlen_k // 2, 3 * seqlen_k // 4, seqlen_k - tile[1]):
             assert invariant_schedule("causal", 128, seqlen_k, ratio, seqlen_q=seqlen_q, tile=tile) == \
                 "shift_causal_runs"
 

@@ -298,9 +298,10 @@ def _simulate_problem(schedule: str, p, c: float, r: float, deterministic: bool,
 
 def simulate(plan: Plan, c: float = 1.0, r: float = 0.5, deterministic: bool = True, dispatch: str = "static",
              record: bool = True, l2: L2Model = L2Model()) -> SimResult:
-    """Run the DASH DAG model on a plan. dispatch='static' is what the kernel does; 'greedy' (idle CTAs take the
-    next work unit in launch order) and 'greedy_head_major' (next KV tile in (batch, head, KV index) order) are
-    model-only references. `l2` adds the L2 term (l2_model). A varlen plan is simulated as one launch per sequence,
+    """Run the DASH DAG model on a plan. dispatch='static' deals the units as most kernels do; 'greedy' (idle CTAs
+    take the next work unit in launch order) is what the kernels run where they claim units at run time (`dynamic`;
+    `shift_causal_runs` in the batched causal kernels; the packed kernels' sequence runs); 'greedy_head_major' (next
+    KV tile in (batch, head, KV index) order) is a model-only reference. `l2` adds the L2 term (l2_model). A varlen plan is simulated as one launch per sequence,
     back to back."""
     if plan.sequences:
         parts = [simulate(s, c, r, deterministic, dispatch, record=False, l2=l2) for s in plan.sequences]

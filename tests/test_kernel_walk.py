@@ -2,7 +2,9 @@
 compiled here for the host), equals the schedule engine's plan (dash_attn.schedule.plan, on which the invariance and
 deadlock proofs run): the same items, steps and visits on every CTA, for full, causal and window masks, shift's split
 tail included. The walk below mirrors bwd_producer.h's producer_loop: the whole waves (ItemPhase::kWhole), then the
-tail's items (ItemPhase::kTail). Not here: units claimed at run time (dynamic, the packed kernels' sequence table)."""
+tail's items (ItemPhase::kTail). Units claimed at run time: shift_causal_runs' in the causal kernels, whose walk (item k
+of the claim order, whichever CTA claims it) must hold the plan's visits unit by unit; not here: dynamic's claims
+(no fixed order) and the packed kernels' sequence table."""
 import pathlib
 import shutil
 import subprocess
@@ -53,7 +55,9 @@ template <MaskKind M, int BM, int BN>
 void walk(sched::Problem p, ScheduleKind kind) {
   using F = Batched<M, BM, BN>;
   const ScheduleRef s(p, kind);
-  for (int32_t cta = 0; cta < p.num_ctas; ++cta) {
+  // Claimed units: every CTA sees the one claim order, walked once here.
+  const int32_t ctas = s.template claims_runs_units<F>() ? 1 : p.num_ctas;
+  for (int32_t cta = 0; cta < ctas; ++cta) {
     const int64_t k = walk_phase<F, ItemPhase::kWhole>(s, cta, 0);
     if constexpr (ScheduleRef::splits_tail<F>()) walk_phase<F, ItemPhase::kTail>(s, cta, k);
   }
@@ -112,6 +116,25 @@ def plan_rows(pr, mask):
     return np.stack([np.asarray(visits[c], dtype=np.int64) for c in COLUMNS], axis=1)
 
 
+def assert_claimed_walk(got, want, pr):
+    """The claim order's walk (item k: tile k % 2 of unit k // 2) against the dealt plan: the same visits, and each
+    claimed unit holds the tiles of one dealt unit in the dealt order, the units in launch order."""
+    visit = slice(2, 10)  # step .. run: what a visit does, whichever CTA runs it
+    assert np.array_equal(np.unique(got[:, visit], axis=0), np.unique(want[:, visit], axis=0)), pr
+    assert len(got) == len(want), pr
+    tile = [3, 5, 6]  # batch, head_k, n_block
+    claimed = [tuple(got[got[:, 1] == k][0, tile]) for k in np.unique(got[:, 1])]
+    dealt = []  # per CTA, its tiles in execution order; pairs of one unit are consecutive on a CTA
+    for c in np.unique(want[:, 0]):
+        rows = want[want[:, 0] == c]
+        for k in np.unique(rows[:, 1]):
+            dealt.append(tuple(rows[rows[:, 1] == k][0, tile]))
+    assert sorted(claimed) == sorted(dealt), pr
+    units = got[:, 1] // 2
+    for u in np.unique(units):
+        assert len(np.unique(got[units == u][:, tile], axis=0)) <= 2, pr
+
+
 def sorted_rows(rows):
     return rows[np.lexsort((rows[:, 2], rows[:, 1], rows[:, 0]))]
 
@@ -124,6 +147,9 @@ def test_kernel_walk_equals_the_engines_plan(walker, hdim, mask):
     split = 0  # problems where shift ran a tile in pieces on several CTAs (its split tail)
     for pr, got in zip(problems, kernel_walks(walker, problems, mask)):
         want = plan_rows(pr, mask)
+        if mask == "causal" and pr[8] == "shift_causal_runs":
+            assert_claimed_walk(got, want, pr)
+            continue
         assert got.shape == want.shape, pr
         assert np.array_equal(sorted_rows(got), sorted_rows(want)), pr
         tiles_on_ctas = np.unique(got[:, [0, 3, 5, 6]], axis=0)[:, 1:]

@@ -5,7 +5,9 @@ Proven here (the same C++ headers the kernels include, through dash_attn._sched)
                every KV head is run exactly once (fully masked ones too: they still write dK = dV = 0);
   fixed order  the wait targets of each dQ tile are a permutation 0..k-1 of its k contributors, identical when
                planned again;
-  no deadlock  the static persistent grid (CTA c runs its items in order, spinning on each semaphore) finishes.
+  no deadlock  the static persistent grid (CTA c runs its items in order, spinning on each semaphore) finishes, and
+               so does the grid that claims the units in launch order where the kernels claim them (dynamic, and
+               shift_causal_runs in the batched causal kernels, whose claimed units must hold the dealt items);
 The bulk sweep uses the C++ checker (its live-tile table is rebuilt element by element, independently of the
 schedules' range arithmetic); a smaller sweep re-derives everything here in numpy/Python.
 """

@@ -80,9 +80,11 @@ struct ProducerWarp {
   // the end of the phase's items.
   template <ItemPhase kPhase>
   CUTLASS_DEVICE bool start_item() {
-    // ScheduleKind::kDynamic: a unit is one item. The sequence table's schedule: two, claimed at the first.
+    // ScheduleKind::kDynamic: a unit is one item. shift_causal_runs' units and the sequence table's: two, claimed at
+    // the first.
     if constexpr (ScheduleRef::claims_units<T>()) {
       if (p.sched.template dynamic<T>()) claim_unit(1);
+      if (p.sched.template claims_runs_units<T>() && (word(kItemLo) & 1) == 0) claim_unit(2);
     }
     if constexpr (ScheduleRef::takes_seq_table<T>()) {
       if (p.sched.template claims_seq_units<T>() && (word(kItemLo) & 1) == 0) claim_unit(2);
@@ -127,6 +129,10 @@ struct ProducerWarp {
         skip_tile = tile.n_block * T::kBlockN >= rows.len_k;
         nv = 0;
       }
+    } else if constexpr (ScheduleRef::claims_units<T>()) {
+      // The second item of a claimed middle unit (ShiftCausalRuns::claimed_item) lies past the last KV tile: no
+      // visits, no dK/dV rows.
+      skip_tile = nv == 0 && tile.n_block * T::kBlockN >= p.sched.problem.seqlen_k;
     }
     const sched::StepRange steps = p.sched.template item_steps<kPhase>(cta_index(), it, nv);
     set_word(kStepLo, steps.lo);

@@ -41,10 +41,11 @@ struct ScheduleRef {
   static constexpr bool splits_tail() {
     return !Fixed::kPacked && Fixed::kMask == MaskKind::kFull;
   }
-  // Kernels that claim their units at run time (ScheduleKind::kDynamic, schedule/dynamic.h): the batched causal ones,
-  // where units differ in length. The claim and election code cost the producer warp (24 registers) a few spill
-  // bytes in the full and window kernels, which gain nothing from it (equal units) or were not measured with it;
-  // launch_bwd_main runs shift_causal for kDynamic there.
+  // Kernels that claim their units at run time (ScheduleKind::kDynamic, schedule/dynamic.h, and shift_causal_runs'
+  // units, runs.h): the batched causal ones, where units differ in length or a static deal starts some of a head's
+  // units a wave late. The claim and election code cost the producer warp (24 registers) a few spill bytes in the
+  // full and window kernels, which gain nothing from it (equal units) or were not measured with it; launch_bwd_main
+  // runs shift_causal for kDynamic there, and the window kernels deal shift_causal_runs' units.
   template <class Fixed>
   static constexpr bool claims_units() {
     return !Fixed::kPacked && Fixed::kMask == MaskKind::kCausal;
@@ -52,6 +53,12 @@ struct ScheduleRef {
   template <class Fixed>
   DASH_HD bool dynamic() const {
     return claims_units<Fixed>() && kind == ScheduleKind::kDynamic;
+  }
+  // shift_causal_runs' units claimed at run time, two items each (ShiftCausalRuns::claimed_item): the bits of the
+  // static deal.
+  template <class Fixed>
+  DASH_HD bool claims_runs_units() const {
+    return claims_units<Fixed>() && kind == ScheduleKind::kShiftCausalRuns;
   }
   // Kernels that run descending_lanes' layout: the full and causal ones, batched and packed, where deterministic
   // `auto` picks it (dash_attn/schedules_table.py); the window kernels run it as descending, with the same bits, and
@@ -88,8 +95,9 @@ struct ScheduleRef {
       if constexpr (splits_tail<Fixed>()) {
         if (tail.active) return tail.waves;
       }
-      // Claimed units: item k is the unit of launch index k, whichever CTA claimed it (sequence table: of index k / 2).
+      // Claimed units: item k is the unit of launch index k, whichever CTA claimed it (two-item units: of index k / 2).
       if (dynamic<Fixed>()) return sched::Dynamic::num_units(pm);
+      if (claims_runs_units<Fixed>()) return 2 * sched::ShiftCausalRuns::num_claimed_units(pm);
       if (claims_seq_units<Fixed>()) return 2 * int64_t{sched::SeqCausalRuns::total_units(pm)};
       return dispatch<Fixed>([&](auto s) { return decltype(s)::num_items(pm, cta); });
     }
@@ -101,6 +109,7 @@ struct ScheduleRef {
       return sched::Shift::Units::tile_of_unit(pm, tail.unit_of_item(cta, k));
     } else {
       if (dynamic<Fixed>()) return sched::Dynamic::unit(pm, k);
+      if (claims_runs_units<Fixed>()) return sched::ShiftCausalRuns::claimed_item(pm, k >> 1, (k & 1) != 0);
       if (claims_seq_units<Fixed>()) return sched::SeqCausalRuns::unit_item(pm, k >> 1, (k & 1) != 0);
       return dispatch<Fixed>([&](auto s) { return decltype(s)::item(pm, cta, k); });
     }

@@ -2,6 +2,7 @@
 // The live-tile table is rebuilt element by element, independently of m_block_range/n_block_range.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -24,6 +25,37 @@ inline std::vector<uint8_t> live_tiles_bruteforce(const Problem& p) {
     for (int64_t n = k_lo / p.block_n; n <= k_hi / p.block_n; ++n) live[m * N + n] = 1;
   }
   return live;
+}
+
+// The batched causal kernels claim shift_causal_runs' units at run time (ShiftCausalRuns::claimed_item,
+// bwd_tile_scheduler.h): each claimed unit must hold the items the static deal gives that unit, in the same order (so
+// the bits are the deal's), its second item past the last KV tile where the deal has one item.
+inline void check_claimed_runs(const Problem& p, const Enumeration& e,
+                               const std::function<void(const std::string&)>& fail) {
+  const int32_t N = num_n_blocks(p);
+  const int64_t units = ShiftCausalRuns::num_claimed_units(p);
+  std::vector<std::vector<KvTile>> dealt(static_cast<size_t>(units));
+  for (const ItemRecord& it : e.items) {
+    if (it.unit < 0 || it.unit >= units) {
+      fail("item of unit " + std::to_string(it.unit) + " outside the claimed units");
+      return;
+    }
+    dealt[static_cast<size_t>(it.unit)].push_back(KvTile{it.batch, it.head_k, it.n_block});
+  }
+  auto same = [](const KvTile& a, const KvTile& b) {
+    return a.batch == b.batch && a.head_k == b.head_k && a.n_block == b.n_block;
+  };
+  for (int64_t u = 0; u < units; ++u) {
+    const KvTile first = ShiftCausalRuns::claimed_item(p, u, false), second = ShiftCausalRuns::claimed_item(p, u, true);
+    const auto& d = dealt[static_cast<size_t>(u)];
+    const bool ok = second.n_block == N ? d.size() == 1 && same(d[0], first) &&
+                                              ShiftCausalRuns::num_visits(p, second) == 0
+                                        : d.size() == 2 && same(d[0], first) && same(d[1], second);
+    if (!ok) {
+      fail("claimed unit " + std::to_string(u) + " differs from the dealt one");
+      return;
+    }
+  }
 }
 
 // Checks one schedule for CTA counts [cta_lo, cta_hi]; returns human-readable errors (at most max_errors).
@@ -114,6 +146,14 @@ inline std::vector<std::string> verify(ScheduleKind kind, Problem p, int32_t cta
     SimOptions o;
     const SimResult s = simulate(kind, p, o);
     if (s.deadlock) fail(ctas, "deadlock after " + std::to_string(s.visits_done) + " visits");
+    if (resolved == ScheduleKind::kShiftCausalRuns) {
+      // What the batched causal kernels run: the same units, claimed in launch order.
+      check_claimed_runs(p, e, [&](const std::string& what) { fail(ctas, what); });
+      SimOptions claimed;
+      claimed.dispatch = Dispatch::kGreedy;
+      const SimResult d = simulate(kind, p, claimed);
+      if (d.deadlock) fail(ctas, "claimed units: deadlock after " + std::to_string(d.visits_done) + " visits");
+    }
     if (kind == ScheduleKind::kDynamic) {
       // What the kernel runs: claims in launch order, each tile's first add elected at load time (simulate.h).
       o.deterministic = false;

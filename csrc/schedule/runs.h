@@ -100,6 +100,27 @@ struct ShiftCausalRuns {
     return ShiftCausal::item_paired<true>(p, cta, k);
   }
   DASH_HD static int32_t num_visits(const Problem& p, const KvTile& t) { return ShiftRuns::num_visits(p, t); }
+  // The batched causal kernels claim the units at run time instead (bwd_tile_scheduler.h), two items a unit in launch
+  // order: the pair units (long tile, then short), then the middle units (the middle tile, then tile N, which has no
+  // visits and stores nothing). The items, walks and positions are those dealt above, so the bits are the same; the
+  // claims start every unit in launch order, where the deal starts some of a head's units a wave late.
+  DASH_HD static int64_t num_claimed_units(const Problem& p) { return ShiftCausal::total_units(p, layout(p)); }
+  DASH_HD static KvTile claimed_item(const Problem& p, int64_t unit, bool second) {
+    const Layout l = layout(p);
+    int64_t head_index;
+    int32_t n;
+    if (unit < l.pair_units) {
+      const DivMod64 qr = divmod_nonneg(unit, l.Q);
+      head_index = qr.q;
+      const int32_t u = l.Q - 1 - static_cast<int32_t>(qr.r);
+      n = second ? l.N - 1 - u : u;
+    } else {
+      head_index = unit - l.pair_units;
+      n = second ? l.N : l.Q;
+    }
+    const DivMod64 bh = divmod_nonneg(head_index, p.nheads_k);
+    return KvTile{static_cast<int32_t>(bh.q), static_cast<int32_t>(bh.r), n};
+  }
 
   // Contributors of Q tile m are the KV tiles [0, hi); longs are [0, Q), shorts [N - Q, N), the middle Q.
   DASH_HD static int32_t contributors(const Problem& p, int32_t m, int32_t run) {

@@ -32,7 +32,7 @@ DETERMINISTIC_SCHEDULES: Tuple[str, ...] = tuple(name for name, _, deterministic
 NONDETERMINISTIC_SCHEDULES: Tuple[str, ...] = tuple(name for name, _, deterministic in _TABLE if not deterministic)
 # Backward schedule names accepted by `schedule=`.
 SCHEDULES: Tuple[str, ...] = (AUTO,) + DETERMINISTIC_SCHEDULES + NONDETERMINISTIC_SCHEDULES
-# The one schedule whose units are claimed at run time (csrc/schedule/dynamic.h).
+# The one schedule without a fixed dQ accumulation order (csrc/schedule/dynamic.h).
 (DYNAMIC,) = NONDETERMINISTIC_SCHEDULES
 
 # `auto` with deterministic=True: a function of the mask, the kernel's head dim, seqlen_k and the GQA ratio alone

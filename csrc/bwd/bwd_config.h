@@ -289,7 +289,7 @@ constexpr float kNoKeyScore = 1e30f;
 //   semaphores int32 (dq_runs, batch, nheads, num_m_blocks, dq_parts)  completed dQ adds per accumulator part
 //   split_partials fp32 (2 * split_ctas, 2, block_n * d)  partial dK, dV of the pieces of shift's split tail
 //   split_counters int32 (split_ctas)  pieces finished per tail unit (schedule/tail_split.h, bwd_epilogue.h)
-//   unit_counter uint64  next unclaimed unit (ScheduleKind::kDynamic)
+//   unit_counter uint64  next unclaimed unit (units claimed at run time: bwd_tile_scheduler.h)
 //   dq_claims  int32 (batch, nheads, num_m_blocks)  visits loaded per Q tile (kDynamic: elects each tile's first add)
 //   seq_table  SeqEntry (batch + 1), int32 (batch)  packed calls scheduled per sequence (seq_table_call)
 // Index of a Q tile in the per-tile regions (dq_accum tiles, semaphores): the preprocess, the dQ writer and the

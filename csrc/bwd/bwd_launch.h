@@ -43,7 +43,7 @@ struct BwdWorkspaceViews {
   cutlass::bfloat16_t* gemm_stats;  // RowStats::kGemmInit kernels only, else null
   float* split_partials;            // shift's split tail (split_tail_ctas > 0), else null
   int32_t* split_counters;
-  unsigned long long* unit_counter;  // ScheduleKind::kDynamic's claims (all calls; zeroed by the preprocess)
+  unsigned long long* unit_counter;  // claimed units' counter (all calls; zeroed by the preprocess)
   int32_t* dq_claims;
   float* sink_partials;  // each Q tile's share of d sink (calls with learnable sinks)
   sched::SeqEntry* seq_table;  // packed calls scheduled per sequence (seq_table_call), else null

@@ -301,8 +301,8 @@ def simulate(plan: Plan, c: float = 1.0, r: float = 0.5, deterministic: bool = T
     """Run the DASH DAG model on a plan. dispatch='static' deals the units as most kernels do; 'greedy' (idle CTAs
     take the next work unit in launch order) is what the kernels run where they claim units at run time (`dynamic`;
     `shift_causal_runs` in the batched causal kernels; the packed kernels' sequence runs); 'greedy_head_major' (next
-    KV tile in (batch, head, KV index) order) is a model-only reference. `l2` adds the L2 term (l2_model). A varlen plan is simulated as one launch per sequence,
-    back to back."""
+    KV tile in (batch, head, KV index) order) is a model-only reference. `l2` adds the L2 term (l2_model). A varlen
+    plan is simulated as one launch per sequence, back to back."""
     if plan.sequences:
         parts = [simulate(s, c, r, deterministic, dispatch, record=False, l2=l2) for s in plan.sequences]
         zeros = np.zeros(plan.num_ctas)

@@ -106,20 +106,7 @@ struct ShiftCausalRuns {
   // claims start every unit in launch order, where the deal starts some of a head's units a wave late.
   DASH_HD static int64_t num_claimed_units(const Problem& p) { return ShiftCausal::total_units(p, layout(p)); }
   DASH_HD static KvTile claimed_item(const Problem& p, int64_t unit, bool second) {
-    const Layout l = layout(p);
-    int64_t head_index;
-    int32_t n;
-    if (unit < l.pair_units) {
-      const DivMod64 qr = divmod_nonneg(unit, l.Q);
-      head_index = qr.q;
-      const int32_t u = l.Q - 1 - static_cast<int32_t>(qr.r);
-      n = second ? l.N - 1 - u : u;
-    } else {
-      head_index = unit - l.pair_units;
-      n = second ? l.N : l.Q;
-    }
-    const DivMod64 bh = divmod_nonneg(head_index, p.nheads_k);
-    return KvTile{static_cast<int32_t>(bh.q), static_cast<int32_t>(bh.r), n};
+    return ShiftCausal::unit_tile<true>(p, layout(p), unit, second);
   }
 
   // Contributors of Q tile m are the KV tiles [0, hi); longs are [0, Q), shorts [N - Q, N), the middle Q.

@@ -78,17 +78,23 @@ struct ShiftCausal {
   DASH_HD static KvTile item_paired(const Problem& p, int32_t cta, int64_t k) {
     const Layout l = layout(p);
     const int64_t pairs = Snake::units_on(l.pair_units, p.num_ctas, cta);
+    if (k < 2 * pairs) return unit_tile<kDescendingUnits>(p, l, Snake::unit_at(p.num_ctas, cta, k / 2), k % 2 != 0);
+    return unit_tile<kDescendingUnits>(p, l, Snake::unit_at(p.num_ctas, cta, pairs + (k - 2 * pairs)), false);
+  }
+  // Tile `second` (else the first) of the unit of launch index `unit`: a pair unit's long tile u, then its short tile
+  // N-1-u; a middle unit's middle tile Q, then tile N, past the last (no visits; only claimed units reach it, runs.h).
+  template <bool kDescendingUnits>
+  DASH_HD static KvTile unit_tile(const Problem& p, const Layout& l, int64_t unit, bool second) {
     int64_t head_index;
     int32_t n;
-    if (k < 2 * pairs) {
-      const int64_t unit = Snake::unit_at(p.num_ctas, cta, k / 2);
+    if (unit < l.pair_units) {
       const DivMod64 qr = divmod_nonneg(unit, l.Q);
       head_index = qr.q;
       const int32_t u = kDescendingUnits ? l.Q - 1 - static_cast<int32_t>(qr.r) : static_cast<int32_t>(qr.r);
-      n = (k % 2 == 0) ? u : l.N - 1 - u;
+      n = second ? l.N - 1 - u : u;
     } else {
-      head_index = Snake::unit_at(p.num_ctas, cta, pairs + (k - 2 * pairs)) - l.pair_units;
-      n = l.Q;
+      head_index = unit - l.pair_units;
+      n = second ? l.N : l.Q;
     }
     const DivMod64 bh = divmod_nonneg(head_index, p.nheads_k);
     return KvTile{static_cast<int32_t>(bh.q), static_cast<int32_t>(bh.r), n};

@@ -82,12 +82,9 @@ struct ProducerWarp {
   CUTLASS_DEVICE bool start_item() {
     // ScheduleKind::kDynamic: a unit is one item. shift_causal_runs' units and the sequence table's: two, claimed at
     // the first.
-    if constexpr (ScheduleRef::claims_units<T>()) {
+    if constexpr (ScheduleRef::claims_units<T>() || ScheduleRef::takes_seq_table<T>()) {
       if (p.sched.template dynamic<T>()) claim_unit(1);
-      if (p.sched.template claims_runs_units<T>() && (word(kItemLo) & 1) == 0) claim_unit(2);
-    }
-    if constexpr (ScheduleRef::takes_seq_table<T>()) {
-      if (p.sched.template claims_seq_units<T>() && (word(kItemLo) & 1) == 0) claim_unit(2);
+      if (p.sched.template claims_item_pairs<T>() && (word(kItemLo) & 1) == 0) claim_unit(2);
     }
     const int64_t it = item_index();
     if (it >= p.sched.template num_items<T, kPhase>(cta_index())) return false;

@@ -79,6 +79,12 @@ struct ScheduleRef {
   DASH_HD bool claims_seq_units() const {
     return takes_seq_table<Fixed>() && kind == ScheduleKind::kSeqCausalRuns;
   }
+  // Units of two items claimed at run time (shift_causal_runs' and the sequence table's): the producer claims one at
+  // every even item index.
+  template <class Fixed>
+  DASH_HD bool claims_item_pairs() const {
+    return claims_runs_units<Fixed>() || claims_seq_units<Fixed>();
+  }
   // The schedule of `kind`, applied (schedule.h): kernels that never claim units compile no Dynamic code, full-mask
   // kernels none of the paired causal schedules (a full mask never resolves to them).
   template <class Fixed, class F>

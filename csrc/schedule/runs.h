@@ -85,19 +85,32 @@ struct ShiftRuns {
 
 // Bands without a left bound (causal, causal-like windows), any tile counts and seqlen_q != seqlen_k. Per (batch, KV
 // head) with N KV tiles, Q = N / 2 pairs: unit u pairs long tile u with short tile N-1-u on one CTA, so units carry
-// equal work and a head's units stay in step. The long tile walks up from its first live Q tile lo_u and arrives at
-// Q tile m at step m - lo_u: the longs arrive in descending u (run 0). The short tile then walks down from the last
-// Q tile and arrives at step (M - lo_u) + (M - 1 - m): the shorts arrive in descending u too (run 1). With odd N the
-// middle tile Q is a unit of its own, launched after every pair unit of the grid, and adds last in run 1. Pair units
-// launch head-major in descending u. Falls back to ShiftRuns for a full mask and to Descending with a left bound.
+// equal work and a head's units stay in step. With odd N the middle tile Q is a unit of its own, launched after every
+// pair unit of the grid, and adds last in run 1. Falls back to ShiftRuns for a full mask and to Descending with a left
+// bound. Two walks, by the band's shape alone:
+// - Stepped (some long tile starts below Q tile 0: square and taller bands, and wide ones where fewer than half of the
+//   KV tiles see every Q tile): the long tile walks up from its first live Q tile lo_u and arrives at Q tile m at step
+//   m - lo_u: the longs arrive in descending u (run 0). The short tile then walks down from the last Q tile and
+//   arrives at step (M - lo_u) + (M - 1 - m): the shorts arrive in descending u too (run 1). Units launch head-major
+//   in descending u.
+// - Rotated (every long tile sees every Q tile: seqlen_q at most about half of seqlen_k). There the stepped walk
+//   brings every long tile to a Q tile at the same step, and every short tile too, so each dQ chain takes one add
+//   after the other. Instead unit u starts at r_u = the short tile's first live Q tile: the long tile walks Q tiles
+//   r_u .. M-1 (run 0, arriving at m at step m - r_u), then wraps to 0 .. r_u - 1 (run 1, step M - r_u + m); the short
+//   tile then walks up from r_u (run 1, step M + m - r_u). r_u falls as u grows, so both runs take the units in
+//   ascending u, one after another as they arrive; every unit adds once to run 1 of every Q tile. Units launch
+//   head-major in ascending u. Units whose short tile also sees every Q tile (r_u = 0) still meet in step.
 struct ShiftCausalRuns {
   DASH_HD static bool applies(const Problem& p) { return ShiftCausal::applies(p); }
   using Layout = ShiftCausal::Layout;
   DASH_HD static Layout layout(const Problem& p) { return ShiftCausal::layout(p); }
+  DASH_HD static bool rotated(const Layout& l) { return l.Q > 0 && l.Rs == 0; }
+  // The pair unit of index r among its head's units, in launch order.
+  DASH_HD static int32_t unit_of_index(const Layout& l, int32_t r) { return rotated(l) ? r : l.Q - 1 - r; }
 
   DASH_HD static int64_t num_items(const Problem& p, int32_t cta) { return ShiftCausal::num_items_applied(p, cta); }
   DASH_HD static KvTile item(const Problem& p, int32_t cta, int64_t k) {
-    return ShiftCausal::item_paired<true>(p, cta, k);
+    return rotated(layout(p)) ? ShiftCausal::item_paired<false>(p, cta, k) : ShiftCausal::item_paired<true>(p, cta, k);
   }
   DASH_HD static int32_t num_visits(const Problem& p, const KvTile& t) { return ShiftRuns::num_visits(p, t); }
   // The batched causal kernels claim the units at run time instead (bwd_tile_scheduler.h), two items a unit in launch
@@ -106,13 +119,20 @@ struct ShiftCausalRuns {
   // claims start every unit in launch order, where the deal starts some of a head's units a wave late.
   DASH_HD static int64_t num_claimed_units(const Problem& p) { return ShiftCausal::total_units(p, layout(p)); }
   DASH_HD static KvTile claimed_item(const Problem& p, int64_t unit, bool second) {
-    return ShiftCausal::unit_tile<true>(p, layout(p), unit, second);
+    const Layout l = layout(p);
+    return rotated(l) ? ShiftCausal::unit_tile<false>(p, l, unit, second)
+                      : ShiftCausal::unit_tile<true>(p, l, unit, second);
   }
 
   // Contributors of Q tile m are the KV tiles [0, hi); longs are [0, Q), shorts [N - Q, N), the middle Q.
   DASH_HD static int32_t contributors(const Problem& p, int32_t m, int32_t run) {
     const Layout l = layout(p);
     const int32_t hi = n_block_range(p, m).hi;
+    if (rotated(l)) {
+      // Run 0: the long tiles of the units with r_u <= m, i.e. whose short tile is live at m; run 1: every unit.
+      if (run == 0) return l.Q - rotated_first_unit(l, hi);
+      return l.Q + (l.has_middle && hi > l.Q ? 1 : 0);
+    }
     if (run == 0) return hi < l.Q ? hi : l.Q;
     const int32_t shorts = hi > l.N - l.Q ? hi - (l.N - l.Q) : 0;
     return shorts + (l.has_middle && hi > l.Q ? 1 : 0);
@@ -121,6 +141,7 @@ struct ShiftCausalRuns {
     const Layout l = layout(p);
     const StepSplit st = split_step(step, group_size(p), t.head_k);
     const int32_t n = t.n_block;
+    if (rotated(l)) return rotated_visit(p, l, n, st);
     if (n < l.Q) {  // long: up from its first live Q tile
       const int32_t m = m_block_range(p, n).lo + st.s;
       return Visit{st.head, m, contributors(p, m, 0) - 1 - n, 0};
@@ -131,6 +152,27 @@ struct ShiftCausalRuns {
       return Visit{st.head, m, hi > l.N - l.Q ? hi - (l.N - l.Q) : 0, 1};
     }
     return Visit{st.head, m, n - (l.N - l.Q), 1};  // short: every short below it contributes to m too
+  }
+
+ private:
+  // The first unit whose short tile is live at a Q tile whose contributors are the KV tiles [0, hi).
+  DASH_HD static int32_t rotated_first_unit(const Layout& l, int32_t hi) {
+    const int32_t u0 = l.N - hi;
+    return u0 < 0 ? 0 : (u0 > l.Q ? l.Q : u0);
+  }
+  DASH_HD static Visit rotated_visit(const Problem& p, const Layout& l, int32_t n, const StepSplit& st) {
+    if (l.has_middle && n == l.Q) {  // up from its first live Q tile, after every pair unit
+      return Visit{st.head, m_block_range(p, n).lo + st.s, l.Q, 1};
+    }
+    const bool is_long = n < l.Q;
+    const int32_t u = is_long ? n : l.N - 1 - n;
+    const int32_t r = m_block_range(p, l.N - 1 - u).lo;
+    if (is_long && st.s < l.M - r) {
+      const int32_t m = r + st.s;
+      return Visit{st.head, m, u - rotated_first_unit(l, n_block_range(p, m).hi), 0};
+    }
+    const int32_t m = is_long ? st.s - (l.M - r) : r + st.s;
+    return Visit{st.head, m, u, 1};
   }
 };
 

@@ -15,15 +15,15 @@
 // bits (the batch of the longest gives the same); the full-mask kernels carry ShiftRuns' and Descending's visits
 // (ptxas: 4 more spill bytes at hdim 64 and 128).
 //
-// Layout: the sequences one after another, longest first (up to kSortedSeqsMax sequences, else in pack order), so
-// that the last waves hold the shortest units; per sequence its KV heads one after another, per head the pair units
-// in descending u, then the middle unit; a Descending sequence by KV tile index, per index its KV heads: its longest
-// tiles first, which the claims balance best (head by head, the last heads' longest tiles would start last). Dealt
-// to the CTAs as every static schedule deals its units (Snake). A unit is two items: the long and the short tile of
-// a pair, or one tile (a middle tile; a tile of a ShiftRuns or Descending sequence) and then a tile index past the
-// sequence's last KV tile, which has no visits and which the kernel skips; so a CTA's item count depends on the unit
-// total alone. ShiftRuns sequences take their tiles in descending KV index, Descending ones in ascending index: each
-// in the order its accumulation positions follow.
+// Layout: the sequences one after another, longest first (up to kSortedSeqsMax sequences, else in pack order), so that
+// the last waves hold the shortest units; per sequence its KV heads one after another, per head the pair units in
+// ShiftCausalRuns' launch order (unit_of_index), then the middle unit; a Descending sequence by KV tile index, per
+// index its KV heads: its longest tiles first, which the claims balance best (head by head, the last heads' longest
+// tiles would start last). Dealt to the CTAs as every static schedule deals its units (Snake). A unit is two items: the
+// long and the short tile of a pair, or one tile (a middle tile; a tile of a ShiftRuns or Descending sequence) and then
+// a tile index past the sequence's last KV tile, which has no visits and which the kernel skips; so a CTA's item count
+// depends on the unit total alone. ShiftRuns sequences take their tiles in descending KV index, Descending ones in
+// ascending index: each in the order its accumulation positions follow.
 //
 // The kernels claim the units at run time, in launch order (a global counter, as ScheduleKind::kDynamic does): the
 // units of sequences of different lengths differ in length, and a static deal then starts some units before the
@@ -166,9 +166,10 @@ struct SeqCausalRuns {
     }
     int32_t n;
     if (e.kind == ScheduleKind::kShiftCausalRuns) {
-      const int32_t Q = N / 2;
+      const ShiftCausalRuns::Layout l = ShiftCausalRuns::layout(alone(p, e.len_q, e.len_k));
+      const int32_t Q = l.Q;
       if (r < Q) {
-        const int32_t u = Q - 1 - r;
+        const int32_t u = ShiftCausalRuns::unit_of_index(l, r);
         n = second ? N - 1 - u : u;
       } else {
         n = second ? N : Q;  // the middle tile, then nothing

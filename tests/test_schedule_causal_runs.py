@@ -1,0 +1,45 @@
+"""shift_causal_runs' rotated walk (csrc/schedule/runs.h): on causal bands where every long tile sees every Q tile,
+the units of a head that start together reach each dQ chain one after another, in the chain's order, so no add waits
+for one that arrives at the same step or later. The stepped walk there brings every long tile, and then every short
+tile, to a Q tile at the same step."""
+import collections
+
+import numpy as np
+import pytest
+
+from dash_attn import schedule as S
+
+# (block_m, block_n, seqlen_q, seqlen_k, strict): hdim 128 and 64 tiles, half-full bands. Not strict: 4000 x 8192, where
+# the short tiles of two units see every Q tile too (r_u = 0), so those two arrive together.
+SHAPES = [(64, 128, 4096, 8192, True), (128, 128, 4096, 8192, True), (128, 128, 2100, 4096, True),
+          (64, 128, 4000, 8192, False)]
+
+
+def _chains(block_m, block_n, seqlen_q, seqlen_k):
+    """Per dQ chain (batch, head, m_block, run): the arrival steps of its adds in accumulation order, counted from the
+    start of each unit (one unit per CTA: a grid as large as the units)."""
+    p0 = S.plan("shift_causal_runs", "causal", seqlen_q, seqlen_k, block_m, block_n, 2, 1, 1)
+    units = -(-p0.num_n_blocks // 2) * 2
+    plan = S.plan("shift_causal_runs", "causal", seqlen_q, seqlen_k, block_m, block_n, 2, 1, units)
+    v = plan.visits
+    first_len = collections.Counter((int(c), int(i)) for c, i in zip(v["cta"], v["item"]))
+    chains = collections.defaultdict(list)
+    for k in range(v["cta"].size):
+        c, i = int(v["cta"][k]), int(v["item"][k])
+        arrival = int(v["step"][k]) + (first_len[(c, 0)] if i == 1 else 0)
+        key = (int(v["batch"][k]), int(v["head"][k]), int(v["m_block"][k]), int(v["run"][k]))
+        chains[key].append((int(v["wait_target"][k]), arrival))
+    return {key: [a for _, a in sorted(adds)] for key, adds in chains.items()}
+
+
+@pytest.mark.parametrize("block_m, block_n, seqlen_q, seqlen_k, strict", SHAPES)
+def test_rotated_walk_arrives_in_chain_order(block_m, block_n, seqlen_q, seqlen_k, strict):
+    for key, arrivals in _chains(block_m, block_n, seqlen_q, seqlen_k).items():
+        gaps = np.diff(arrivals)
+        assert np.all(gaps > 0 if strict else gaps >= 0), f"chain {key}: arrival steps {arrivals}"
+
+
+def test_stepped_walk_arrives_in_chain_order_on_square_bands():
+    """Square bands keep the stepped walk, whose long tiles start at distinct Q tiles: in chain order there too."""
+    for key, arrivals in _chains(64, 128, 4096, 4096).items():
+        assert np.all(np.diff(arrivals) > 0), f"chain {key}: arrival steps {arrivals}"

@@ -68,6 +68,8 @@ __global__ void __launch_bounds__(T::kNumMmaThreads) bwd_postprocess_kernel(cons
   int32_t contributors[sched::kMaxDqRuns];
   const float4* acc[sched::kMaxDqRuns];
   const int32_t runs = sched::dq_runs(p.schedule);
+  // Unrolled, so that both arrays stay in registers (a rolled loop put them on the stack).
+  CUTLASS_PRAGMA_UNROLL
   for (int run = 0; run < sched::kMaxDqRuns; ++run) {
     contributors[run] = run < runs ? sched::tile_contributors(p.schedule, p.problem, batch, m_block, run) : 0;
     acc[run] = reinterpret_cast<const float4*>(p.dq_accum +

@@ -130,7 +130,7 @@ struct ShiftCausalRuns {
     const int32_t hi = n_block_range(p, m).hi;
     if (rotated(l)) {
       // Run 0: the long tiles of the units with r_u <= m, i.e. whose short tile is live at m; run 1: every unit.
-      if (run == 0) return l.Q - rotated_first_unit(l, hi);
+      if (run == 0) return l.Q - rotated_first_unit(l.N, l.Q, hi);
       return l.Q + (l.has_middle && hi > l.Q ? 1 : 0);
     }
     if (run == 0) return hi < l.Q ? hi : l.Q;
@@ -156,9 +156,9 @@ struct ShiftCausalRuns {
 
  private:
   // The first unit whose short tile is live at a Q tile whose contributors are the KV tiles [0, hi).
-  DASH_HD static int32_t rotated_first_unit(const Layout& l, int32_t hi) {
-    const int32_t u0 = l.N - hi;
-    return u0 < 0 ? 0 : (u0 > l.Q ? l.Q : u0);
+  DASH_HD static int32_t rotated_first_unit(int32_t N, int32_t Q, int32_t hi) {
+    const int32_t u0 = N - hi;
+    return u0 < 0 ? 0 : (u0 > Q ? Q : u0);
   }
   DASH_HD static Visit rotated_visit(const Problem& p, const Layout& l, int32_t n, const StepSplit& st) {
     if (l.has_middle && n == l.Q) {  // up from its first live Q tile, after every pair unit
@@ -169,7 +169,7 @@ struct ShiftCausalRuns {
     const int32_t r = m_block_range(p, l.N - 1 - u).lo;
     if (is_long && st.s < l.M - r) {
       const int32_t m = r + st.s;
-      return Visit{st.head, m, u - rotated_first_unit(l, n_block_range(p, m).hi), 0};
+      return Visit{st.head, m, u - rotated_first_unit(l.N, l.Q, n_block_range(p, m).hi), 0};
     }
     const int32_t m = is_long ? st.s - (l.M - r) : r + st.s;
     return Visit{st.head, m, u, 1};

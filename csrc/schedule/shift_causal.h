@@ -72,8 +72,8 @@ struct ShiftCausal {
   DASH_HD static KvTile item_applied(const Problem& p, int32_t cta, int64_t k) { return item_paired<false>(p, cta, k); }
 
   // Item k of a CTA under the pairing: items 2i and 2i+1 are the long and short tile of the CTA's i-th pair unit,
-  // later items middle tiles. kDescendingUnits: a head's pair units launch in descending u (ShiftCausalRuns, runs.h),
-  // else ascending.
+  // later items middle tiles. kDescendingUnits: a head's pair units launch in descending u (ShiftCausalRuns' stepped
+  // walk, runs.h), else ascending (shift_causal, and ShiftCausalRuns' rotated walk).
   template <bool kDescendingUnits>
   DASH_HD static KvTile item_paired(const Problem& p, int32_t cta, int64_t k) {
     const Layout l = layout(p);

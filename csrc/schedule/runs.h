@@ -105,12 +105,13 @@ struct ShiftCausalRuns {
   using Layout = ShiftCausal::Layout;
   DASH_HD static Layout layout(const Problem& p) { return ShiftCausal::layout(p); }
   DASH_HD static bool rotated(const Layout& l) { return l.Q > 0 && l.Rs == 0; }
-  // The pair unit of index r among its head's units, in launch order.
-  DASH_HD static int32_t unit_of_index(const Layout& l, int32_t r) { return rotated(l) ? r : l.Q - 1 - r; }
+  // The pair unit of index r among its head's units, in launch order (descending u unless rotated).
+  DASH_HD static int32_t unit_of_index(const Layout& l, int32_t r) { return ShiftCausal::pair_unit(l, r, !rotated(l)); }
 
   DASH_HD static int64_t num_items(const Problem& p, int32_t cta) { return ShiftCausal::num_items_applied(p, cta); }
   DASH_HD static KvTile item(const Problem& p, int32_t cta, int64_t k) {
-    return rotated(layout(p)) ? ShiftCausal::item_paired<false>(p, cta, k) : ShiftCausal::item_paired<true>(p, cta, k);
+    const Layout l = layout(p);
+    return rotated(l) ? ShiftCausal::item_paired<false>(p, l, cta, k) : ShiftCausal::item_paired<true>(p, l, cta, k);
   }
   DASH_HD static int32_t num_visits(const Problem& p, const KvTile& t) { return ShiftRuns::num_visits(p, t); }
   // The batched causal kernels claim the units at run time instead (bwd_tile_scheduler.h), two items a unit in launch

@@ -69,14 +69,21 @@ struct ShiftCausal {
     return 2 * pairs + (units - pairs);
   }
 
-  DASH_HD static KvTile item_applied(const Problem& p, int32_t cta, int64_t k) { return item_paired<false>(p, cta, k); }
+  DASH_HD static KvTile item_applied(const Problem& p, int32_t cta, int64_t k) {
+    return item_paired<false>(p, layout(p), cta, k);
+  }
+
+  // The pair unit u of index r among its head's pair units in launch order. descending_units: they launch in
+  // descending u (ShiftCausalRuns' stepped walk, runs.h), else ascending (shift_causal, and ShiftCausalRuns' rotated
+  // walk).
+  DASH_HD static int32_t pair_unit(const Layout& l, int32_t r, bool descending_units) {
+    return descending_units ? l.Q - 1 - r : r;
+  }
 
   // Item k of a CTA under the pairing: items 2i and 2i+1 are the long and short tile of the CTA's i-th pair unit,
-  // later items middle tiles. kDescendingUnits: a head's pair units launch in descending u (ShiftCausalRuns' stepped
-  // walk, runs.h), else ascending (shift_causal, and ShiftCausalRuns' rotated walk).
+  // later items middle tiles.
   template <bool kDescendingUnits>
-  DASH_HD static KvTile item_paired(const Problem& p, int32_t cta, int64_t k) {
-    const Layout l = layout(p);
+  DASH_HD static KvTile item_paired(const Problem& p, const Layout& l, int32_t cta, int64_t k) {
     const int64_t pairs = Snake::units_on(l.pair_units, p.num_ctas, cta);
     if (k < 2 * pairs) return unit_tile<kDescendingUnits>(p, l, Snake::unit_at(p.num_ctas, cta, k / 2), k % 2 != 0);
     return unit_tile<kDescendingUnits>(p, l, Snake::unit_at(p.num_ctas, cta, pairs + (k - 2 * pairs)), false);
@@ -90,7 +97,7 @@ struct ShiftCausal {
     if (unit < l.pair_units) {
       const DivMod64 qr = divmod_nonneg(unit, l.Q);
       head_index = qr.q;
-      const int32_t u = kDescendingUnits ? l.Q - 1 - static_cast<int32_t>(qr.r) : static_cast<int32_t>(qr.r);
+      const int32_t u = pair_unit(l, static_cast<int32_t>(qr.r), kDescendingUnits);
       n = second ? l.N - 1 - u : u;
     } else {
       head_index = unit - l.pair_units;

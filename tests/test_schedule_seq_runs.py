@@ -122,7 +122,7 @@ def test_claimed_units_start_in_launch_order():
 @pytest.mark.parametrize("hdim", sorted(TILES))
 @pytest.mark.parametrize("short_k", [0, 700])
 def test_mostly_full_bands_run_descending(short_k, hdim):
-    """With short_k (deterministic `auto`) a causal sequence with at least 3/4 of its KV tiles fully live
+    """With short_k (deterministic `auto`) a causal sequence with more than 3/4 of its KV tiles fully live
     (mostly_full_band) runs descending's orders whatever its key count, as its dense call under `auto` does; the named
     shift_causal_runs (short_k 0) keeps its runs. Each exactly as alone, deadlock-free, on every CTA count."""
     bm, bn = TILES[hdim]

@@ -5,7 +5,7 @@ PIP := $(PYTHON) -m pip
 NVCC ?= nvcc
 CHECK_HDIM ?= 128
 CHECK_DTYPE ?= bf16
-# The build configuration is csrc/build_config.py's (nvcc flags, DASH_ENABLE_* defines, where CUTLASS is) and the
+# The build configuration is csrc/build_config.py's (nvcc flags, defines, where CUTLASS is) and the
 # instantiation files are csrc/instantiations/generate.py's (`--list`): both run only when a recipe needs them.
 # $(call run_py,ARGS): what `$(PYTHON) ARGS` prints; printing nothing stops make (the script said why on stderr).
 run_py = $(or $(shell $(PYTHON) $(1)),$(error $(PYTHON) $(1): no answer))

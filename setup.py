@@ -20,8 +20,9 @@ Environment knobs:
                              folder (else the nvidia-cutlass==4.2.0.0 wheel is located without importing it; see
                              third_party/)
 
-The nvcc flags, the DASH_ENABLE_* defines and the CUTLASS lookup are csrc/build_config.py's, the instantiation files
-csrc/instantiations/generate.py's axis table (shared with the Makefile and csrc/bench/bench.mk).
+The nvcc flags, the defines (DASH_ENABLE_*, the schedule fingerprint), the CUTLASS lookup and the check of prebuilt
+objects are csrc/build_config.py's, the instantiation files csrc/instantiations/generate.py's axis table (shared with
+the Makefile and csrc/bench/bench.mk).
 """
 import importlib.util
 import os
@@ -119,7 +120,14 @@ def _split_prebuilt(sources):
             objects.append(str(obj.resolve()))
         else:
             kept.append(src)
+    try:
+        fingerprint = build_config.check_prebuilt(objects)
+    except ValueError as err:
+        raise SystemExit(f"dash_attn: DASH_ATTN_PREBUILT_DIR={directory}: {err}") from None
     print(f"dash_attn: linking {len(objects)} prebuilt kernel objects from {directory}")
+    if fingerprint is not None and fingerprint != build_config.schedule_fingerprint():
+        print("dash_attn: note: they were compiled from other csrc/schedule/ headers than this tree's (one set, so "
+              "they link; dash_attn._sched describes this tree's schedules)")
     return kept, objects
 
 
@@ -130,7 +138,7 @@ def cuda_extension():
     dtypes = _env_list("DASH_ATTN_DTYPES", ALL_DTYPES)
     softcap = os.environ.get("DASH_ATTN_SOFTCAP", "1") != "0"
     packed = os.environ.get("DASH_ATTN_PACKED", "1") != "0"
-    defines = build_config.enable_defines(hdims, dtypes, softcap, packed)
+    defines = build_config.build_defines(hdims, dtypes, softcap, packed)
     inst = build_config.axes.instantiation_files("csrc/instantiations/", hdims=hdims, dtypes=dtypes,
                                                  score_mods=["none", "softcap"] if softcap else ["none"],
                                                  layouts=["batched", "packed"] if packed else ["batched"])

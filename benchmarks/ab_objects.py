@@ -8,7 +8,9 @@ run after each link, the variants alternating round by round, and one table of t
 A variant is a folder of instantiation objects (`make prebuild` names them) or a git revision, whose `--objects` are
 compiled first (a worktree of that revision, `make build/prebuilt/NAME.o`, all cores). The objects a variant does not
 hold are compiled here once, with the build's head dims and dtypes (DASH_ATTN_HDIMS, DASH_ATTN_DTYPES, ...), and
-reused by every link, so a relink takes seconds: give every variant the same object names. The benchmark command
+reused by every link, so a relink takes seconds: give every variant the same object names. Objects compiled from
+different csrc/schedule/ headers do not link together (setup.py refuses them: their inline host-side schedule
+code would mix), so a variant that changes the schedule holds a whole set (`make prebuild`). The benchmark command
 gets `--out <folder>` appended and must write a JSON file there whose "results" rows carry "tflops" (bench_attn.py's
 bench_attn.json, bench_varlen.py's bench_varlen.json); a cell is a row's other fields. Variants alternate
 (A B A B ...), so that a slow spell of the GPU does not fall on one of them only; peers timed in the same runs (FA3,

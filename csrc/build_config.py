@@ -1,5 +1,6 @@
-"""The kernels' build configuration, in one place: the nvcc flags, the DASH_ENABLE_* defines of a build subset, and
-where the CUTLASS headers are. The instantiation axes and file names are csrc/instantiations/generate.py's.
+"""The kernels' build configuration, in one place: the nvcc flags, the defines of a build subset (DASH_ENABLE_* and
+the schedule fingerprint), where the CUTLASS headers are, and the check that prebuilt kernel objects can be linked
+together. The instantiation axes and file names are csrc/instantiations/generate.py's.
 
 setup.py imports this file; the Makefile and csrc/bench/bench.mk run it (standard library only, imports nothing of
 the package, never imports cutlass_library):
@@ -10,9 +11,13 @@ the package, never imports cutlass_library):
   python3 csrc/build_config.py --defines [--hdims 64 128] [--dtypes bf16] [--softcap] [--packed]
 """
 import argparse
+import hashlib
 import importlib.util
 import os
 import pathlib
+import re
+import shutil
+import subprocess
 import sys
 
 HERE = pathlib.Path(__file__).resolve().parent
@@ -53,6 +58,58 @@ def enable_defines(hdims, dtypes, softcap=False, packed=False):
             + (["-DDASH_ENABLE_SOFTCAP"] if softcap else []) + (["-DDASH_ENABLE_PACKED"] if packed else []))
 
 
+# The schedule's host functions are inline and shared by name between the kernel objects of one link (nvcc emits
+# resolve_schedule as a weak symbol, and the linker keeps one copy for all of them): objects compiled from different
+# schedule headers would launch one object's kernel with another object's host-side resolution, and the kernel then
+# waits for adds that never come. So every object that compiles the schedule code carries a fingerprint of
+# csrc/schedule/ in a local symbol (csrc/schedule/fingerprint.h), and a link takes prebuilt objects of one fingerprint
+# only (check_prebuilt).
+SCHEDULE_DIR = HERE / "schedule"
+FINGERPRINT_SYMBOL = "dash_schedule_fingerprint_"
+
+
+def schedule_fingerprint(directory=SCHEDULE_DIR):
+    """12 hex digits of a hash over the schedule headers' names and contents."""
+    digest = hashlib.sha256()
+    for path in sorted(pathlib.Path(directory).glob("*.h")):
+        digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return digest.hexdigest()[:12]
+
+
+def build_defines(hdims, dtypes, softcap=False, packed=False):
+    """Every -D flag of a kernel TU of this build subset: enable_defines() and the schedule fingerprint."""
+    return enable_defines(hdims, dtypes, softcap, packed) + [f"-DDASH_SCHEDULE_FINGERPRINT={schedule_fingerprint()}"]
+
+
+def object_fingerprints(objects):
+    """{object: the schedule fingerprint it carries, or None (it compiles no schedule code, or predates the mark)},
+    read with `nm`; None for every object where `nm` is missing."""
+    nm = shutil.which("nm")
+    pattern = re.compile(rf"{FINGERPRINT_SYMBOL}([0-9a-f]{{12}})")
+    found = {}
+    for obj in objects:
+        out = subprocess.run([nm, str(obj)], capture_output=True, text=True).stdout if nm else ""
+        match = pattern.search(out)
+        found[str(obj)] = match.group(1) if match else None
+    return found
+
+
+def check_prebuilt(objects):
+    """Raises ValueError where prebuilt kernel objects carry more than one schedule fingerprint (compiled from
+    different csrc/schedule/ headers: see FINGERPRINT_SYMBOL); returns their fingerprint (None where none carries
+    one)."""
+    groups = {}
+    for obj, fingerprint in object_fingerprints(objects).items():
+        if fingerprint is not None:
+            groups.setdefault(fingerprint, []).append(pathlib.Path(obj).name)
+    if len(groups) > 1:
+        listing = "; ".join(f"{fp}: {', '.join(sorted(names)[:4])}{' ...' if len(names) > 4 else ''}"
+                            for fp, names in sorted(groups.items()))
+        raise ValueError("prebuilt kernel objects compiled from different csrc/schedule/ headers cannot be linked "
+                         f"together (their host-side schedule code would mix); rebuild them as one set: {listing}")
+    return next(iter(groups), None)
+
+
 class CutlassNotFound(Exception):
     pass
 
@@ -86,7 +143,7 @@ def main(argv=None):
     what = parser.add_mutually_exclusive_group(required=True)
     what.add_argument("--nvcc-flags", action="store_true", help="print NVCC_FLAGS")
     what.add_argument("--cutlass-include", action="store_true", help="print CUTLASS's include folder")
-    what.add_argument("--defines", action="store_true", help="print the DASH_ENABLE_* defines of a build subset")
+    what.add_argument("--defines", action="store_true", help="print the defines of a build subset (build_defines)")
     parser.add_argument("--hdims", nargs="*", default=[], metavar="H")
     parser.add_argument("--dtypes", nargs="*", default=[], metavar="DT")
     parser.add_argument("--softcap", action="store_true", help="the build has the soft-capped kernels")
@@ -107,7 +164,7 @@ def main(argv=None):
             print(f"build_config.py --defines: unsupported value(s) {bad}; head dims {list(axes.HDIMS)}, dtypes "
                   f"{list(axes.DTYPES)}", file=sys.stderr)
             return 2
-        print(" ".join(enable_defines(args.hdims, args.dtypes, args.softcap, args.packed)))
+        print(" ".join(build_defines(args.hdims, args.dtypes, args.softcap, args.packed)))
     return 0
 
 

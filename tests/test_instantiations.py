@@ -7,6 +7,8 @@ template) or link a kernel the dispatcher does not expect, so this CPU test catc
 """
 import importlib.util
 import pathlib
+import re
+import shutil
 import subprocess
 import sys
 
@@ -85,7 +87,8 @@ def test_build_config_defines_and_flags():
     assert "arch=compute_90a,code=sm_90a" in cfg.NVCC_FLAGS
     out = subprocess.run([sys.executable, str(BUILD_CONFIG), "--defines", "--hdims", "128", "--dtypes", "bf16"],
                          capture_output=True, text=True, check=True).stdout.split()
-    assert out == ["-DDASH_ENABLE_HDIM_128", "-DDASH_ENABLE_BF16"]
+    assert out == ["-DDASH_ENABLE_HDIM_128", "-DDASH_ENABLE_BF16",
+                   f"-DDASH_SCHEDULE_FINGERPRINT={cfg.schedule_fingerprint()}"]
     assert cfg.axes.HDIMS == _generator().HDIMS
 
 
@@ -99,3 +102,33 @@ def test_build_config_cutlass_dir(tmp_path, monkeypatch):
     monkeypatch.setenv("CUTLASS_DIR", str(tmp_path))
     out = subprocess.run([sys.executable, str(BUILD_CONFIG), "--cutlass-include"], capture_output=True, text=True)
     assert out.returncode == 0 and out.stdout.strip() == str(tmp_path / "include")
+
+
+def test_schedule_fingerprint_and_the_prebuilt_check(tmp_path):
+    """Objects compiled from different csrc/schedule/ headers must not be linked together (their inline host-side
+    schedule code is shared by name): each carries the headers' fingerprint, and check_prebuilt refuses a mixed set."""
+    cfg = _load("build_config", BUILD_CONFIG)
+    fingerprint = cfg.schedule_fingerprint()
+    assert re.fullmatch("[0-9a-f]{12}", fingerprint)
+    copy = tmp_path / "schedule"
+    shutil.copytree(cfg.SCHEDULE_DIR, copy)
+    assert cfg.schedule_fingerprint(copy) == fingerprint
+    (copy / "runs.h").write_text((copy / "runs.h").read_text() + "\n")
+    assert cfg.schedule_fingerprint(copy) != fingerprint
+
+    cxx = shutil.which("g++") or shutil.which("c++")
+    if cxx is None or shutil.which("nm") is None:
+        pytest.skip("needs a C++ compiler and nm")
+    objects = {}
+    for name, value in (("a", fingerprint), ("b", fingerprint), ("other", "0123456789ab"), ("unmarked", None)):
+        src, obj = tmp_path / f"{name}.cpp", tmp_path / f"{name}.o"
+        src.write_text('#include "schedule/problem.h"\n')
+        defines = [f"-DDASH_SCHEDULE_FINGERPRINT={value}"] if value else []
+        subprocess.run([cxx, "-std=c++17", "-c", f"-I{ROOT / 'csrc'}", *defines, str(src), "-o", str(obj)], check=True)
+        objects[name] = obj
+    assert cfg.object_fingerprints([objects["a"], objects["unmarked"]]) == {str(objects["a"]): fingerprint,
+                                                                          str(objects["unmarked"]): None}
+    assert cfg.check_prebuilt([objects["a"], objects["b"], objects["unmarked"]]) == fingerprint
+    assert cfg.check_prebuilt([objects["unmarked"]]) is None
+    with pytest.raises(ValueError, match="different csrc/schedule/ headers"):
+        cfg.check_prebuilt([objects["a"], objects["other"]])

@@ -35,7 +35,7 @@ bench_config := h$(subst $(bench_space),-,$(bench_hdims))_$(subst $(bench_space)
                 $(if $(filter 1,$(SOFTCAP)),_softcap)
 bench_obj_dir := $(BENCH_BUILD_DIR)/obj_$(bench_config)
 
-# The build configuration comes from csrc/build_config.py (nvcc flags, DASH_ENABLE_* defines, CUTLASS headers:
+# The build configuration comes from csrc/build_config.py (nvcc flags, defines, CUTLASS headers:
 # $(CUTLASS_DIR)[/include], else the cutlass_library package's, located without importing it) and the kernel TUs
 # from csrc/instantiations/generate.py --list. Each is evaluated once, and only when a recipe or the link needs it,
 # so including this fragment never runs Python. A query that prints nothing stops make; the

@@ -6,6 +6,7 @@
 
 #include "common/host_device.h"
 #include "common/params.h"
+#include "schedule/fingerprint.h"
 
 namespace dash::sched {
 

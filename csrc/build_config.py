@@ -81,32 +81,40 @@ def build_defines(hdims, dtypes, softcap=False, packed=False):
     return enable_defines(hdims, dtypes, softcap, packed) + [f"-DDASH_SCHEDULE_FINGERPRINT={schedule_fingerprint()}"]
 
 
+# The schedule function nvcc emits out of line and shared by name (weak): an object that defines it compiles the
+# schedule code on the host.
+SHARED_SCHEDULE_SYMBOL = "resolve_schedule"
+UNMARKED = "unmarked"
+
+
 def object_fingerprints(objects):
-    """{object: the schedule fingerprint it carries, or None (it compiles no schedule code, or predates the mark)},
-    read with `nm`; None for every object where `nm` is missing."""
+    """{object: the schedule fingerprint it carries; UNMARKED where it has the shared schedule code but no mark (built
+    before the mark existed); None where it has neither (no schedule code)}, read with `nm`. Without `nm`, None for
+    every object."""
     nm = shutil.which("nm")
     pattern = re.compile(rf"{FINGERPRINT_SYMBOL}([0-9a-f]{{12}})")
     found = {}
     for obj in objects:
         out = subprocess.run([nm, str(obj)], capture_output=True, text=True).stdout if nm else ""
         match = pattern.search(out)
-        found[str(obj)] = match.group(1) if match else None
+        found[str(obj)] = match.group(1) if match else (UNMARKED if SHARED_SCHEDULE_SYMBOL in out else None)
     return found
 
 
 def check_prebuilt(objects):
-    """Raises ValueError where prebuilt kernel objects carry more than one schedule fingerprint (compiled from
-    different csrc/schedule/ headers: see FINGERPRINT_SYMBOL); returns their fingerprint (None where none carries
-    one)."""
+    """Raises ValueError where prebuilt kernel objects with schedule code do not all carry one fingerprint (compiled
+    from different csrc/schedule/ headers, or before the mark: see FINGERPRINT_SYMBOL); returns that fingerprint (None
+    where no object has schedule code)."""
     groups = {}
     for obj, fingerprint in object_fingerprints(objects).items():
         if fingerprint is not None:
             groups.setdefault(fingerprint, []).append(pathlib.Path(obj).name)
-    if len(groups) > 1:
+    if len(groups) > 1 or UNMARKED in groups:
         listing = "; ".join(f"{fp}: {', '.join(sorted(names)[:4])}{' ...' if len(names) > 4 else ''}"
                             for fp, names in sorted(groups.items()))
-        raise ValueError("prebuilt kernel objects compiled from different csrc/schedule/ headers cannot be linked "
-                         f"together (their host-side schedule code would mix); rebuild them as one set: {listing}")
+        raise ValueError("prebuilt kernel objects must all be compiled from one version of csrc/schedule/ (their "
+                         "host-side schedule code is shared by name in the link); rebuild them as one set (`make "
+                         f"prebuild`). Fingerprints: {listing}")
     return next(iter(groups), None)
 
 

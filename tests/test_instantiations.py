@@ -126,9 +126,19 @@ def test_schedule_fingerprint_and_the_prebuilt_check(tmp_path):
         defines = [f"-DDASH_SCHEDULE_FINGERPRINT={value}"] if value else []
         subprocess.run([cxx, "-std=c++17", "-c", f"-I{ROOT / 'csrc'}", *defines, str(src), "-o", str(obj)], check=True)
         objects[name] = obj
-    assert cfg.object_fingerprints([objects["a"], objects["unmarked"]]) == {str(objects["a"]): fingerprint,
-                                                                          str(objects["unmarked"]): None}
-    assert cfg.check_prebuilt([objects["a"], objects["b"], objects["unmarked"]]) == fingerprint
-    assert cfg.check_prebuilt([objects["unmarked"]]) is None
-    with pytest.raises(ValueError, match="different csrc/schedule/ headers"):
-        cfg.check_prebuilt([objects["a"], objects["other"]])
+    # An object without schedule code (no mark, no shared schedule symbol) goes with any set.
+    plain = tmp_path / "plain.o"
+    (tmp_path / "plain.cpp").write_text("int plain() { return 1; }\n")
+    subprocess.run([cxx, "-c", str(tmp_path / "plain.cpp"), "-o", str(plain)], check=True)
+    # An object with the shared schedule symbol but no mark (built before the mark) stands for unknown headers.
+    legacy = tmp_path / "legacy.o"
+    (tmp_path / "legacy.cpp").write_text(f"int {cfg.SHARED_SCHEDULE_SYMBOL}_stand_in() {{ return 2; }}\n")
+    subprocess.run([cxx, "-c", str(tmp_path / "legacy.cpp"), "-o", str(legacy)], check=True)
+    got = cfg.object_fingerprints([objects["a"], objects["unmarked"], plain, legacy])
+    assert got == {str(objects["a"]): fingerprint, str(objects["unmarked"]): None, str(plain): None,
+                   str(legacy): cfg.UNMARKED}
+    assert cfg.check_prebuilt([objects["a"], objects["b"], objects["unmarked"], plain]) == fingerprint
+    assert cfg.check_prebuilt([plain]) is None
+    for mixed in ([objects["a"], objects["other"]], [objects["a"], legacy], [legacy]):
+        with pytest.raises(ValueError, match="one set"):
+            cfg.check_prebuilt(mixed)

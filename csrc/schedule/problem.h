@@ -260,7 +260,7 @@ DASH_HD inline int32_t fully_live_tiles(const Problem& p) {
 // Deterministic `auto` runs descending's orders there (schedules_table.invariant_schedule, seq_runs.h), and
 // descending_lanes lays its tiles out unpaired, as on a full mask (lanes.h). At exactly 3/4 (seqlen_q = seqlen_k / 4)
 // shift_causal_runs' rotated walk gives a quarter of its units distinct start tiles and ran 2-11% faster than
-// descending_lanes (docs/tuning.md); at 7/8 descending_lanes ran 7-14% faster.
+// descending_lanes (docs/tuning.md); at 7/8 descending_lanes ran 7-17% faster.
 DASH_HD inline bool mostly_full_band(const Problem& p) {
   const int32_t N = num_n_blocks(p);
   return N > 0 && 4 * static_cast<int64_t>(fully_live_tiles(p)) > 3 * static_cast<int64_t>(N);

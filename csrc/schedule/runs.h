@@ -93,18 +93,21 @@ struct ShiftRuns {
 //   m - lo_u: the longs arrive in descending u (run 0). The short tile then walks down from the last Q tile and
 //   arrives at step (M - lo_u) + (M - 1 - m): the shorts arrive in descending u too (run 1). Units launch head-major
 //   in descending u.
-// - Rotated (every long tile sees every Q tile: seqlen_q at most about half of seqlen_k). There the stepped walk
-//   brings every long tile to a Q tile at the same step, and every short tile too, so each dQ chain takes one add
-//   after the other. Instead unit u starts at r_u = the short tile's first live Q tile: the long tile walks Q tiles
-//   r_u .. M-1 (run 0, arriving at m at step m - r_u), then wraps to 0 .. r_u - 1 (run 1, step M - r_u + m); the short
-//   tile then walks up from r_u (run 1, step M + m - r_u). r_u falls as u grows, so both runs take the units in
-//   ascending u, one after another as they arrive; every unit adds once to run 1 of every Q tile. Units launch
-//   head-major in ascending u. Units whose short tile also sees every Q tile (r_u = 0) still meet in step.
+// - Rotated (causal masks where every long tile sees every Q tile: seqlen_q at most about half of seqlen_k). There
+//   the stepped walk brings every long tile to a Q tile at the same step, and every short tile too, so each dQ chain
+//   takes one add after the other. Instead unit u starts at r_u = the short tile's first live Q tile: the long tile
+//   walks Q tiles r_u .. M-1 (run 0, arriving at m at step m - r_u), then wraps to 0 .. r_u - 1 (run 1, step
+//   M - r_u + m); the short tile then walks up from r_u (run 1, step M + m - r_u). r_u falls as u grows, so both
+//   runs take the units in ascending u, one after another as they arrive; every unit adds once to run 1 of every Q
+//   tile. Units launch head-major in ascending u. Units whose short tile also sees every Q tile (r_u = 0) still meet
+//   in step.
 struct ShiftCausalRuns {
   DASH_HD static bool applies(const Problem& p) { return ShiftCausal::applies(p); }
   using Layout = ShiftCausal::Layout;
   DASH_HD static Layout layout(const Problem& p) { return ShiftCausal::layout(p); }
-  DASH_HD static bool rotated(const Layout& l) { return l.Q > 0 && l.Rs == 0; }
+  // Causal masks only: the window kernels, which run this schedule on windows without a left bound (never under
+  // `auto`), keep the stepped walk, whose code the rotated one pushed into spills there (hdim 128: 60 -> 96 bytes).
+  DASH_HD static bool rotated(const Layout& l) { return l.causal && l.Q > 0 && l.Rs == 0; }
   // The pair unit of index r among its head's units, in launch order (descending u unless rotated).
   DASH_HD static int32_t unit_of_index(const Layout& l, int32_t r) { return ShiftCausal::pair_unit(l, r, !rotated(l)); }
 

@@ -65,20 +65,22 @@ def enable_defines(hdims, dtypes, softcap=False, packed=False):
 # csrc/schedule/ in a local symbol (csrc/schedule/fingerprint.h), and a link takes prebuilt objects of one fingerprint
 # only (check_prebuilt).
 SCHEDULE_DIR = HERE / "schedule"
-FINGERPRINT_SYMBOL = "dash_schedule_fingerprint_"
+FINGERPRINT_SYMBOL = "dash_schedule_fingerprint_"  # followed by FINGERPRINT_DIGITS hex digits
+FINGERPRINT_DIGITS = 12
 
 
 def schedule_fingerprint(directory=SCHEDULE_DIR):
-    """12 hex digits of a hash over the schedule headers' names and contents."""
+    """FINGERPRINT_DIGITS hex digits of a hash over the schedule headers' names and contents."""
     digest = hashlib.sha256()
     for path in sorted(pathlib.Path(directory).glob("*.h")):
         digest.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
-    return digest.hexdigest()[:12]
+    return digest.hexdigest()[:FINGERPRINT_DIGITS]
 
 
 def build_defines(hdims, dtypes, softcap=False, packed=False):
     """Every -D flag of a kernel TU of this build subset: enable_defines() and the schedule fingerprint."""
-    return enable_defines(hdims, dtypes, softcap, packed) + [f"-DDASH_SCHEDULE_FINGERPRINT={schedule_fingerprint()}"]
+    return (enable_defines(hdims, dtypes, softcap, packed)
+            + [f"-DDASH_SCHEDULE_FINGERPRINT_SYMBOL={FINGERPRINT_SYMBOL}{schedule_fingerprint()}"])
 
 
 # The schedule function nvcc emits out of line and shared by name (weak): an object that defines it compiles the
@@ -92,7 +94,7 @@ def object_fingerprints(objects):
     before the mark existed); None where it has neither (no schedule code)}, read with `nm`. Without `nm`, None for
     every object."""
     nm = shutil.which("nm")
-    pattern = re.compile(rf"{FINGERPRINT_SYMBOL}([0-9a-f]{{12}})")
+    pattern = re.compile(rf"{FINGERPRINT_SYMBOL}([0-9a-f]{{{FINGERPRINT_DIGITS}}})")
     found = {}
     for obj in objects:
         out = subprocess.run([nm, str(obj)], capture_output=True, text=True).stdout if nm else ""

@@ -88,7 +88,7 @@ def test_build_config_defines_and_flags():
     out = subprocess.run([sys.executable, str(BUILD_CONFIG), "--defines", "--hdims", "128", "--dtypes", "bf16"],
                          capture_output=True, text=True, check=True).stdout.split()
     assert out == ["-DDASH_ENABLE_HDIM_128", "-DDASH_ENABLE_BF16",
-                   f"-DDASH_SCHEDULE_FINGERPRINT={cfg.schedule_fingerprint()}"]
+                   f"-DDASH_SCHEDULE_FINGERPRINT_SYMBOL={cfg.FINGERPRINT_SYMBOL}{cfg.schedule_fingerprint()}"]
     assert cfg.axes.HDIMS == _generator().HDIMS
 
 
@@ -109,7 +109,7 @@ def test_schedule_fingerprint_and_the_prebuilt_check(tmp_path):
     schedule code is shared by name): each carries the headers' fingerprint, and check_prebuilt refuses a mixed set."""
     cfg = _load("build_config", BUILD_CONFIG)
     fingerprint = cfg.schedule_fingerprint()
-    assert re.fullmatch("[0-9a-f]{12}", fingerprint)
+    assert re.fullmatch(f"[0-9a-f]{{{cfg.FINGERPRINT_DIGITS}}}", fingerprint)
     copy = tmp_path / "schedule"
     shutil.copytree(cfg.SCHEDULE_DIR, copy)
     assert cfg.schedule_fingerprint(copy) == fingerprint
@@ -123,7 +123,7 @@ def test_schedule_fingerprint_and_the_prebuilt_check(tmp_path):
     for name, value in (("a", fingerprint), ("b", fingerprint), ("other", "0123456789ab"), ("unmarked", None)):
         src, obj = tmp_path / f"{name}.cpp", tmp_path / f"{name}.o"
         src.write_text('#include "schedule/problem.h"\n')
-        defines = [f"-DDASH_SCHEDULE_FINGERPRINT={value}"] if value else []
+        defines = [f"-DDASH_SCHEDULE_FINGERPRINT_SYMBOL={cfg.FINGERPRINT_SYMBOL}{value}"] if value else []
         subprocess.run([cxx, "-std=c++17", "-c", f"-I{ROOT / 'csrc'}", *defines, str(src), "-o", str(obj)], check=True)
         objects[name] = obj
     # An object without schedule code (no mark, no shared schedule symbol) goes with any set.

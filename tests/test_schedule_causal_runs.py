@@ -18,9 +18,8 @@ SHAPES = [(64, 128, 4096, 8192, True), (128, 128, 4096, 8192, True), (128, 128, 
 def _chains(block_m, block_n, seqlen_q, seqlen_k):
     """Per dQ chain (batch, head, m_block, run): the arrival steps of its adds in accumulation order, counted from the
     start of each unit (one unit per CTA: a grid as large as the units)."""
-    p0 = S.plan("shift_causal_runs", "causal", seqlen_q, seqlen_k, block_m, block_n, 2, 1, 1)
-    units = -(-p0.num_n_blocks // 2) * 2
-    plan = S.plan("shift_causal_runs", "causal", seqlen_q, seqlen_k, block_m, block_n, 2, 1, units)
+    tiles = -(-seqlen_k // block_n)
+    plan = S.plan("shift_causal_runs", "causal", seqlen_q, seqlen_k, block_m, block_n, 2, 1, tiles + tiles % 2)
     v = plan.visits
     first_len = collections.Counter((int(c), int(i)) for c, i in zip(v["cta"], v["item"]))
     chains = collections.defaultdict(list)

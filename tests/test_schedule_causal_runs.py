@@ -7,6 +7,7 @@ import collections
 import numpy as np
 import pytest
 
+from dash_attn import _sched
 from dash_attn import schedule as S
 
 # (block_m, block_n, seqlen_q, seqlen_k, strict): hdim 128 and 64 tiles, half-full bands. Not strict: 4000 x 8192, where
@@ -18,7 +19,7 @@ SHAPES = [(64, 128, 4096, 8192, True), (128, 128, 4096, 8192, True), (128, 128, 
 def _chains(block_m, block_n, seqlen_q, seqlen_k):
     """Per dQ chain (batch, head, m_block, run): the arrival steps of its adds in accumulation order, counted from the
     start of each unit (one unit per CTA: a grid as large as the units)."""
-    tiles = -(-seqlen_k // block_n)
+    tiles = _sched.num_n_blocks(_sched.Problem(1, 2, 2, seqlen_q, seqlen_k, block_m, block_n, _sched.MASK_CAUSAL))
     plan = S.plan("shift_causal_runs", "causal", seqlen_q, seqlen_k, block_m, block_n, 2, 1, tiles + tiles % 2)
     v = plan.visits
     first_len = collections.Counter((int(c), int(i)) for c, i in zip(v["cta"], v["item"]))

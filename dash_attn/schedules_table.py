@@ -102,7 +102,7 @@ def invariant_schedule(mask: str, kernel_head_dim: int, seqlen_k: int, gqa_ratio
     1.4-2x faster than descending there (hdim 64/128, 512-4096 queries against 8192 keys, docs/tuning.md). On causal
     masks LANES_SCHEDULE wherever the packed kernels run a sequence of these lengths in LANES_ORDER's orders under
     short_keys() (varlen_runs_lanes_order: seq_runs.h's runs_descending, square or taller bands up to that many keys
-    and bands with more than 3/4 of their KV tiles fully live, run unpaired there as on a full mask, lanes.h), so that
+    and mostly full bands, problem.h's mostly_full_band, run unpaired there as on a full mask, lanes.h), so that
     dense and varlen calls keep one set of bits. Without the geometry the band is taken as square."""
     short = short_keys(mask, kernel_head_dim, gqa_ratio)
     pick = INVARIANT_SCHEDULES[mask]

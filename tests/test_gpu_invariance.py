@@ -233,23 +233,23 @@ def test_full_mask_sequences_where_shift_runs_would_wait(hdim):
 
 @pytest.mark.parametrize("hdim", [64, 128])
 def test_mostly_full_causal_sequences_dense_and_packed(hdim):
-    """Causal bands with more than 3/4 of their KV tiles fully live (seqlen_q well below seqlen_k): deterministic
-    `auto` runs descending's orders there, dense (descending_lanes, unpaired) and per sequence of a pack alike, so a
-    sequence's bits equal its dense call's whatever the pack's order and sm_margin. Beside them bands under the key
-    bound (short_keys) that are taller than wide (descending's orders) or wider but not mostly full (the runs'; 1024 x
-    4096 has exactly 3/4 of its KV tiles fully live)."""
+    """Mostly full causal bands (mostly_full_band, seqlen_q well below seqlen_k): deterministic `auto` runs descending's
+    orders there, dense (descending_lanes, unpaired) and per sequence of a pack alike, so a sequence's bits equal its
+    dense call's whatever the pack's order and sm_margin. Beside them bands under the key bound (short_keys) that are
+    taller than wide (descending's orders) or wider but not mostly full (the runs'; 1024 x 4096 has exactly 3/4 of its
+    KV tiles fully live, 384 x 2048 13/16: mostly full at hdim 64, not at hdim 128)."""
     if hdim not in supported_head_dims():
         pytest.skip(f"hdim {hdim} not built")
     gen = torch.Generator(device="cuda").manual_seed(SEED + 6)
-    shapes = [(150, 1500), (700, 700), (600, 5000), (64, 4500), (500, 1000), (900, 700), (1024, 4096)]
+    shapes = [(150, 1500), (700, 700), (600, 5000), (64, 4500), (500, 1000), (900, 700), (1024, 4096), (384, 2048)]
     block_m, block_n = tile_shape(hdim, "causal")
     assert [_sched.mostly_full_band(_sched.Problem(1, 4, 2, sq, sk, block_m, block_n, _sched.MASK_CAUSAL))
-            for sq, sk in shapes] == [True, False, True, True, False, False, False]
+            for sq, sk in shapes] == [True, False, True, True, False, False, False, hdim == 64]
     seqs = [(_rand(gen, (1, sq, 4, hdim), torch.bfloat16), _rand(gen, (1, sk, 2, hdim), torch.bfloat16),
              _rand(gen, (1, sk, 2, hdim), torch.bfloat16), _rand(gen, (1, sq, 4, hdim), torch.bfloat16))
             for sq, sk in shapes]
     dense = [_grads(q, k, v, dout, True, (-1, -1), 0.0) for q, k, v, dout in seqs]
-    for order, margin in (([0, 1, 2, 3, 4, 5, 6], 0), ([5, 3, 6, 2, 4, 1, 0], 18)):
+    for order, margin in (([0, 1, 2, 3, 4, 5, 6, 7], 0), ([5, 3, 7, 6, 2, 4, 1, 0], 18)):
         got = _varlen_grads(seqs, order, True, margin)
         for i in order:
             for name, a, b in zip("qkv", got[i], dense[i]):

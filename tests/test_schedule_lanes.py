@@ -92,8 +92,8 @@ def test_invariant_pick_switches_at_the_bound(mask, hdim):
 def test_invariant_pick_where_shift_runs_would_wait(hdim):
     """Where shift_runs would fall back to descending (full masks, seqlen_q below seqlen_k, ShiftRuns::waits_free),
     deterministic `auto` runs descending_lanes, whose orders are descending's: the pick changes the layout, not the
-    bits. Causal bands with more than 3/4 of their KV tiles fully live (mostly_full_band) run descending_lanes too, unpaired
-    (at hdim 64 and 128, which have a lanes bound that varlen calls can carry)."""
+    bits. Mostly full causal bands (mostly_full_band) run descending_lanes too, unpaired (at hdim 64 and 128, which have
+    a lanes bound that varlen calls can carry)."""
     long = max(SHORT_SEQLEN_K.values()) + 1
     for mask in ("full", "causal", "window"):
         tile = S.tile_shape(hdim, mask)

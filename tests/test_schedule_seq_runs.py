@@ -122,18 +122,21 @@ def test_claimed_units_start_in_launch_order():
 @pytest.mark.parametrize("hdim", sorted(TILES))
 @pytest.mark.parametrize("short_k", [0, 700])
 def test_mostly_full_bands_run_descending(short_k, hdim):
-    """With short_k (deterministic `auto`) a causal sequence with more than 3/4 of its KV tiles fully live
-    (mostly_full_band) runs descending's orders whatever its key count, as its dense call under `auto` does; the named
-    shift_causal_runs (short_k 0) keeps its runs. Each exactly as alone, deadlock-free, on every CTA count."""
+    """With short_k (deterministic `auto`) a mostly full causal sequence (mostly_full_band: more than 13/16 of its KV
+    tiles fully live where Q tiles are at most half as tall as KV tiles, else more than 3/4) runs descending's orders
+    whatever its key count, as its dense call under `auto` does; the named shift_causal_runs (short_k 0) keeps its
+    runs. Each exactly as alone, deadlock-free, on every CTA count."""
     bm, bn = TILES[hdim]
-    # 512 x 2048: exactly 3/4 of the KV tiles fully live at every tile width, which is not mostly full.
-    lens_q, lens_k = [150, 600, 40, 1000, 2000, 512], [1500, 5000, 3000, 1000, 2600, 2048]
+    sixteenths = 13 if 2 * bm <= bn else 12
+    # 512 x 2048: exactly 3/4 of the KV tiles fully live at every tile width, which is not mostly full; 384 x 2048:
+    # 13/16 at 128-key tiles and 26/32 at 64-key ones, mostly full only where the bound is 3/4.
+    lens_q, lens_k = [150, 600, 40, 1000, 2000, 512, 384], [1500, 5000, 3000, 1000, 2600, 2048, 2048]
     packed = _pack(lens_q, lens_k, hdim, 4, 2, short_k)
     assert _sched.verify_packed(packed, *CTA_RANGE) == []
     for kind, q, k in zip(packed.kinds, lens_q, lens_k):
         alone = _sched.Problem(1, 4, 2, q, k, bm, bn, _sched.MASK_CAUSAL)
         mostly_full = _sched.mostly_full_band(alone)
-        assert mostly_full == (4 * ((k - q + 1) // bn) > 3 * -(-k // bn)), (q, k)
+        assert mostly_full == (16 * ((k - q + 1) // bn) > sixteenths * -(-k // bn)), (q, k)
         if short_k and (mostly_full or k <= short_k):
             assert kind == _sched.DESCENDING, (q, k)
         else:
@@ -141,6 +144,7 @@ def test_mostly_full_bands_run_descending(short_k, hdim):
     assert any(_sched.mostly_full_band(_sched.Problem(1, 4, 2, q, k, bm, bn, _sched.MASK_CAUSAL)) and k > 700
                for q, k in zip(lens_q, lens_k))
     assert not _sched.mostly_full_band(_sched.Problem(1, 4, 2, 512, 2048, bm, bn, _sched.MASK_CAUSAL))
+    assert _sched.mostly_full_band(_sched.Problem(1, 4, 2, 384, 2048, bm, bn, _sched.MASK_CAUSAL)) == (hdim != 128)
 
 
 def test_mostly_full_bands_take_the_dense_orders_of_descending_lanes():

@@ -256,14 +256,17 @@ DASH_HD inline int32_t fully_live_tiles(const Problem& p) {
   return f < N ? f : N;
 }
 
-// A causal band with more than 3/4 of its KV tiles fully live (seqlen_q well below seqlen_k): nearly a full mask.
-// Deterministic `auto` runs descending's orders there (schedules_table.invariant_schedule, seq_runs.h), and
-// descending_lanes lays its tiles out unpaired, as on a full mask (lanes.h). At exactly 3/4 (seqlen_q = seqlen_k / 4)
-// shift_causal_runs' rotated walk gives a quarter of its units distinct start tiles and ran 2-11% faster than
-// descending_lanes (docs/tuning.md); at 7/8 descending_lanes ran 7-17% faster.
+// A causal band that is nearly a full mask: more than 13/16 of its KV tiles fully live where Q tiles are at most half
+// as tall as KV tiles (hdim 128), more than 3/4 elsewhere. Deterministic `auto` runs descending's orders there
+// (schedules_table.invariant_schedule, seq_runs.h), and descending_lanes lays its tiles out unpaired, as on a full mask
+// (lanes.h). Below the bound shift_causal_runs' rotated walk gives its units distinct start tiles: at 3/4 (seqlen_q =
+// seqlen_k / 4) it ran 2-11% faster than descending_lanes, and at hdim 128 also at 13/16 (1536 x 8192, 3-4%); at 7/8
+// descending_lanes ran 7-17% faster (docs/tuning.md). One compare in sixteenths: a second one pushed the hdim-256
+// packed causal kernels past their spill allowance.
 DASH_HD inline bool mostly_full_band(const Problem& p) {
   const int32_t N = num_n_blocks(p);
-  return N > 0 && 4 * static_cast<int64_t>(fully_live_tiles(p)) > 3 * static_cast<int64_t>(N);
+  const int64_t sixteenths = 2 * p.block_m <= p.block_n ? 13 : 12;
+  return N > 0 && 16 * static_cast<int64_t>(fully_live_tiles(p)) > sixteenths * static_cast<int64_t>(N);
 }
 
 }  // namespace dash::sched

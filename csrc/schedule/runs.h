@@ -104,17 +104,21 @@ struct ShiftRuns {
 struct ShiftCausalRuns {
   DASH_HD static bool applies(const Problem& p) { return ShiftCausal::applies(p); }
   using Layout = ShiftCausal::Layout;
-  DASH_HD static Layout layout(const Problem& p) { return ShiftCausal::layout(p); }
-  // Causal masks only: the window kernels, which run this schedule on windows without a left bound (never under
-  // `auto`), keep the stepped walk, whose code the rotated one pushed into spills there (hdim 128: 60 -> 96 bytes).
-  DASH_HD static bool rotated(const Layout& l) { return l.causal && l.Q > 0 && l.Rs == 0; }
+  // Rotated on causal masks only: the window kernels, which run this schedule on windows without a left bound (never
+  // under `auto`), keep the stepped walk, whose code the rotated one pushed into spills there (hdim 128: 60 -> 96
+  // bytes).
+  DASH_HD static Layout layout(const Problem& p) {
+    Layout l = ShiftCausal::layout(p);
+    l.rotated = p.mask == MaskKind::kCausal && l.Q > 0 && l.Rs == 0;
+    return l;
+  }
   // The pair unit of index r among its head's units, in launch order (descending u unless rotated).
-  DASH_HD static int32_t unit_of_index(const Layout& l, int32_t r) { return ShiftCausal::pair_unit(l, r, !rotated(l)); }
+  DASH_HD static int32_t unit_of_index(const Layout& l, int32_t r) { return ShiftCausal::pair_unit(l, r, !l.rotated); }
 
   DASH_HD static int64_t num_items(const Problem& p, int32_t cta) { return ShiftCausal::num_items_applied(p, cta); }
   DASH_HD static KvTile item(const Problem& p, int32_t cta, int64_t k) {
     const Layout l = layout(p);
-    return rotated(l) ? ShiftCausal::item_paired<false>(p, l, cta, k) : ShiftCausal::item_paired<true>(p, l, cta, k);
+    return ShiftCausal::item_paired(p, l, cta, k, !l.rotated);
   }
   DASH_HD static int32_t num_visits(const Problem& p, const KvTile& t) { return ShiftRuns::num_visits(p, t); }
   // The batched causal kernels claim the units at run time instead (bwd_tile_scheduler.h), two items a unit in launch
@@ -124,15 +128,14 @@ struct ShiftCausalRuns {
   DASH_HD static int64_t num_claimed_units(const Problem& p) { return ShiftCausal::total_units(p, layout(p)); }
   DASH_HD static KvTile claimed_item(const Problem& p, int64_t unit, bool second) {
     const Layout l = layout(p);
-    return rotated(l) ? ShiftCausal::unit_tile<false>(p, l, unit, second)
-                      : ShiftCausal::unit_tile<true>(p, l, unit, second);
+    return ShiftCausal::unit_tile(p, l, unit, second, !l.rotated);
   }
 
   // Contributors of Q tile m are the KV tiles [0, hi); longs are [0, Q), shorts [N - Q, N), the middle Q.
   DASH_HD static int32_t contributors(const Problem& p, int32_t m, int32_t run) {
     const Layout l = layout(p);
     const int32_t hi = n_block_range(p, m).hi;
-    if (rotated(l)) {
+    if (l.rotated) {
       // Run 0: the long tiles of the units with r_u <= m, i.e. whose short tile is live at m; run 1: every unit.
       if (run == 0) return l.Q - rotated_first_unit(l.N, l.Q, hi);
       return l.Q + (l.has_middle && hi > l.Q ? 1 : 0);
@@ -145,7 +148,7 @@ struct ShiftCausalRuns {
     const Layout l = layout(p);
     const StepSplit st = split_step(step, group_size(p), t.head_k);
     const int32_t n = t.n_block;
-    if (rotated(l)) return rotated_visit(p, l, n, st);
+    if (l.rotated) return rotated_visit(p, l, n, st);
     if (n < l.Q) {  // long: up from its first live Q tile
       const int32_t m = m_block_range(p, n).lo + st.s;
       return Visit{st.head, m, contributors(p, m, 0) - 1 - n, 0};

@@ -167,12 +167,11 @@ struct SeqCausalRuns {
     int32_t n;
     if (e.kind == ScheduleKind::kShiftCausalRuns) {
       const ShiftCausalRuns::Layout l = ShiftCausalRuns::layout(alone(p, e.len_q, e.len_k));
-      const int32_t Q = l.Q;
-      if (r < Q) {
+      if (r < l.Q) {
         const int32_t u = ShiftCausalRuns::unit_of_index(l, r);
         n = second ? N - 1 - u : u;
       } else {
-        n = second ? N : Q;  // the middle tile, then nothing
+        n = second ? N : l.Q;  // the middle tile, then nothing
       }
     } else {
       n = second ? N : (e.kind == ScheduleKind::kShiftRuns ? N - 1 - r : r);

@@ -25,7 +25,7 @@ struct ShiftCausal {
     int32_t N, M, Q;  // KV tiles, Q tiles, pairs
     int32_t Rs, R;    // rectangle [Rs, M) of Q tiles that every long tile visits, R = M - Rs
     bool has_middle;
-    bool causal;         // a causal mask (not a window without a left bound): ShiftCausalRuns' rotated walk
+    bool rotated;        // ShiftCausalRuns' rotated walk (runs.h); false in ShiftCausal's own layout
     int64_t pair_units;  // pair units in the whole grid (middle units follow them)
   };
   enum class Role : int32_t { kLong, kShort, kMiddle };
@@ -40,7 +40,7 @@ struct ShiftCausal {
     l.Rs = l.Q > 0 ? m_block_range(p, l.Q - 1).lo : 0;
     l.R = l.M - l.Rs;
     l.has_middle = (l.N & 1) != 0;
-    l.causal = p.mask == MaskKind::kCausal;
+    l.rotated = false;
     l.pair_units = num_kv_heads_total(p) * l.Q;
     return l;
   }
@@ -72,7 +72,7 @@ struct ShiftCausal {
   }
 
   DASH_HD static KvTile item_applied(const Problem& p, int32_t cta, int64_t k) {
-    return item_paired<false>(p, layout(p), cta, k);
+    return item_paired(p, layout(p), cta, k, false);
   }
 
   // The pair unit u of index r among its head's pair units in launch order. descending_units: they launch in
@@ -84,22 +84,21 @@ struct ShiftCausal {
 
   // Item k of a CTA under the pairing: items 2i and 2i+1 are the long and short tile of the CTA's i-th pair unit,
   // later items middle tiles.
-  template <bool kDescendingUnits>
-  DASH_HD static KvTile item_paired(const Problem& p, const Layout& l, int32_t cta, int64_t k) {
+  DASH_HD static KvTile item_paired(const Problem& p, const Layout& l, int32_t cta, int64_t k, bool descending_units) {
     const int64_t pairs = Snake::units_on(l.pair_units, p.num_ctas, cta);
-    if (k < 2 * pairs) return unit_tile<kDescendingUnits>(p, l, Snake::unit_at(p.num_ctas, cta, k / 2), k % 2 != 0);
-    return unit_tile<kDescendingUnits>(p, l, Snake::unit_at(p.num_ctas, cta, pairs + (k - 2 * pairs)), false);
+    if (k < 2 * pairs) return unit_tile(p, l, Snake::unit_at(p.num_ctas, cta, k / 2), k % 2 != 0, descending_units);
+    return unit_tile(p, l, Snake::unit_at(p.num_ctas, cta, pairs + (k - 2 * pairs)), false, descending_units);
   }
   // Tile `second` (else the first) of the unit of launch index `unit`: a pair unit's long tile u, then its short tile
   // N-1-u; a middle unit's middle tile Q, then tile N, past the last (no visits; only claimed units reach it, runs.h).
-  template <bool kDescendingUnits>
-  DASH_HD static KvTile unit_tile(const Problem& p, const Layout& l, int64_t unit, bool second) {
+  DASH_HD static KvTile unit_tile(const Problem& p, const Layout& l, int64_t unit, bool second,
+                                  bool descending_units) {
     int64_t head_index;
     int32_t n;
     if (unit < l.pair_units) {
       const DivMod64 qr = divmod_nonneg(unit, l.Q);
       head_index = qr.q;
-      const int32_t u = pair_unit(l, static_cast<int32_t>(qr.r), kDescendingUnits);
+      const int32_t u = pair_unit(l, static_cast<int32_t>(qr.r), descending_units);
       n = second ? l.N - 1 - u : u;
     } else {
       head_index = unit - l.pair_units;

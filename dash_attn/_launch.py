@@ -14,8 +14,8 @@ from ._args import MaskKind, OpArgs
 from ._ext import (_bwd_tile_shape, _check_cuda, _device_guard, _held_head_dim, _kernel_head_dim, _l2_bytes, _num_sms,
                    _supported_head_dims)
 from .schedules_table import (AUTO, FALLBACK_SCHEDULE, LANES_SCHEDULE, SCHEDULE_IDS, gqa_takes_invariant_pick,
-                              invariant_schedule, runs_per_sequence, varlen_invariant_schedule,
-                              varlen_runs_lanes_order, varlen_short_keys)
+                              invariant_schedule, runs_per_sequence, short_keys, varlen_invariant_schedule,
+                              varlen_runs_lanes_order)
 
 
 # ----------------------------------------------------------------------------------------------------------------------
@@ -70,9 +70,9 @@ def _with_varlen_schedule(args: OpArgs, q: torch.Tensor, k: torch.Tensor, v: tor
                           lengths: Optional[Tuple[List[int], List[int]]] = None) -> Tuple[OpArgs, int]:
     """A varlen call's arguments and short_k. Deterministic `auto` takes the varlen invariant pick for the mask, the
     same for the packed kernels and for runs of equal lengths, so that neither the path nor the neighbours change the
-    bits. On causal masks a sequence of up to short_k keys runs LANES_ORDER's orders, as its dense call under `auto`
-    does (schedules_table.varlen_short_keys): the packed kernels take short_k, runs of equal lengths run
-    LANES_SCHEDULE there (_run_schedule). Otherwise short_k is 0.
+    bits. A sequence of up to short_k keys (schedules_table.short_keys, the dense bound; on causal masks square and
+    mostly full bands) runs LANES_ORDER's orders, as its dense call under `auto` does: the packed kernels take
+    short_k, runs of equal lengths run LANES_SCHEDULE there (_run_schedule). Otherwise short_k is 0.
     The non-deterministic `auto` takes the same pick on packs of unequal lengths (_unequal_pack; lengths: the
     sequences' q and k lengths, where the host has them): the cost model's pick for a batch of the longest sequence
     runs every sequence's tiles in the longest one's pattern, and ran such packs 1.04-1.98x (causal) and 1.2-1.4x
@@ -87,7 +87,7 @@ def _with_varlen_schedule(args: OpArgs, q: torch.Tensor, k: torch.Tensor, v: tor
     pick = varlen_invariant_schedule(mask_name)
     if not runs_per_sequence(mask_name, pick):
         return args._replace(schedule=pick), 0
-    return args._replace(schedule=pick), varlen_short_keys(mask_name, kernel_dim, gqa_ratio)
+    return args._replace(schedule=pick), short_keys(mask_name, kernel_dim, gqa_ratio)
 
 
 def _unequal_pack(mask_name: str, lengths: Optional[Tuple[List[int], List[int]]]) -> bool:

@@ -14,7 +14,6 @@ from . import _sched
 __all__ = ["AUTO", "MASK_IDS", "SCHEDULE_IDS", "DETERMINISTIC_SCHEDULES", "NONDETERMINISTIC_SCHEDULES", "SCHEDULES",
            "DYNAMIC", "INVARIANT_SCHEDULES", "INVARIANT_VARLEN_SCHEDULES", "LANES_SCHEDULE", "SHORT_SEQLEN_K",
            "LANES_GQA_RATIO", "LANES_ORDER", "ANY_LENGTH", "gqa_takes_invariant_pick", "short_keys",
-           "varlen_short_keys",
            "invariant_schedule", "varlen_invariant_schedule", "varlen_runs_lanes_order", "runs_per_sequence",
            "invariant_picks", "mask_id", "problem", "FALLBACK_SCHEDULE", "MEASURED_RANKING", "SHORT_NAMES"]
 
@@ -53,13 +52,14 @@ ANY_LENGTH = 2**31 - 1
 
 # Varlen calls run a pack in one launch of the packed kernels or per run of equal lengths: a sequence must get the
 # same walk and orders whatever it is packed with. The pick is a function of the mask alone (with the kernel's head
-# dim, which fixes the tiles, and, per sequence, varlen_short_keys(), that fixes the bits). Read through
+# dim, which fixes the tiles, and, per sequence, short_keys(), that fixes the bits). Read through
 # varlen_invariant_schedule().
 # - Causal bands: shift_causal_runs, which the packed kernels run on every sequence's own geometry
 #   (runs_per_sequence, csrc/schedule/seq_runs.h), each sequence of up to short_keys() keys in LANES_ORDER's orders:
 #   so every sequence gets the orders of its dense call under `auto` (dash_attn._launch._with_varlen_schedule).
-# - Full masks: shift_runs, on every sequence's own geometry too; its walk depends on the tile shape alone, so a
-#   sequence gets the bits of a dense shift_runs call (dense `auto` runs descending_lanes up to short_keys() keys).
+# - Full masks: shift_runs, on every sequence's own geometry too, each sequence of up to short_keys() keys in
+#   LANES_ORDER's orders, as its dense call under `auto` (descending_lanes there); shift_runs' walk depends on the
+#   tile shape alone, so a longer sequence gets the bits of its dense shift_runs call.
 # - Windows: descending.
 INVARIANT_VARLEN_SCHEDULES = {"full": "shift_runs", "causal": "shift_causal_runs", "window": "descending"}
 
@@ -84,13 +84,6 @@ def short_keys(mask: str, kernel_head_dim: int, gqa_ratio: int = 1) -> int:
     if gqa_takes_invariant_pick(mask, kernel_head_dim, gqa_ratio):
         return ANY_LENGTH
     return SHORT_SEQLEN_K.get((mask, kernel_head_dim), 0)
-
-
-def varlen_short_keys(mask: str, kernel_head_dim: int, gqa_ratio: int = 1) -> int:
-    """Keys up to which a varlen call's sequences run LANES_ORDER's orders under deterministic `auto` (the packed
-    kernels' short_k): short_keys() on causal masks, 0 elsewhere (full masks run shift_runs at every length; the
-    kernels read the bound on causal masks only, csrc/schedule/seq_runs.h)."""
-    return short_keys(mask, kernel_head_dim, gqa_ratio) if mask == "causal" else 0
 
 
 def invariant_schedule(mask: str, kernel_head_dim: int, seqlen_k: int, gqa_ratio: int = 1,
@@ -155,7 +148,7 @@ def varlen_runs_lanes_order(mask: str, seqlen_q: int, seqlen_k: int, tile: Tuple
     """Whether the packed kernels run a sequence of these lengths in LANES_ORDER's orders under the launch's short_k
     (csrc/schedule/seq_runs.h, entry_for, read through the engine): a varlen run of equal lengths launched as a
     batch then takes LANES_SCHEDULE, so that both paths, and the dense call, give one set of bits."""
-    if mask != "causal" or short_k <= 0:
+    if short_k <= 0:
         return False
     pack = _sched.PackedProblem(_one_head(mask, 1, 1, tile), [seqlen_q], [seqlen_k], short_k)
     return pack.kinds[0] == SCHEDULE_IDS[LANES_ORDER]
@@ -163,7 +156,7 @@ def varlen_runs_lanes_order(mask: str, seqlen_q: int, seqlen_k: int, tile: Tuple
 
 def varlen_invariant_schedule(mask: str) -> str:
     """Deterministic `auto`'s pick for a varlen call (mask name): its bits depend on the mask and the head dim alone
-    (and, where it runs every sequence on its own geometry, on the sequence's own keys through varlen_short_keys())."""
+    (and, where it runs every sequence on its own geometry, on the sequence's own keys through short_keys())."""
     return INVARIANT_VARLEN_SCHEDULES[mask]
 
 

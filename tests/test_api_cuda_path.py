@@ -359,7 +359,7 @@ def test_host_copies_of_cu_seqlens_are_reused_until_the_tensors_change():
     ids=["causal-unequal", "causal-equal", "full-unequal", "full-equal", "window-unequal", "full-unequal-gqa4"])
 def test_nondeterministic_auto_runs_unequal_packs_per_sequence(fake_cuda, monkeypatch, mask, lens, headdim, expected):
     """Non-deterministic `auto` on a full or causal pack of unequal lengths takes the deterministic pick (every sequence
-    on its own geometry, short_k included on causal masks), also where dense `auto` runs descending_lanes for the GQA
+    on its own geometry, short_k included), also where dense `auto` runs descending_lanes for the GQA
     ratio (GQA 4 at hdim 128); a pack of equal lengths or a window keeps `auto`, which the model resolves."""
     monkeypatch.setitem(sys.modules, "dash_attn.schedule", None)
     monkeypatch.setattr(_varlen, "_runs_beat_packed", lambda *args: False)
@@ -371,7 +371,9 @@ def test_nondeterministic_auto_runs_unequal_packs_per_sequence(fake_cuda, monkey
     interface._varlen_bwd_cuda(fake_cuda, torch.randn_like(q), q, k, v, out, lse, cu_q, cu_k, cu_q.tolist(),
                                cu_k.tolist(), args)
     schedule = expected if expected != "auto" else interface.FALLBACK_SCHEDULE
-    short_k = schedules_table.varlen_short_keys("causal", headdim) if expected == "shift_causal_runs" else 0
+    gqa_ratio = nheads // k.shape[-2]
+    runs_schedule = expected in ("shift_causal_runs", "shift_runs")
+    short_k = schedules_table.short_keys(mask, headdim, gqa_ratio) if runs_schedule else 0
     assert fake_cuda.calls  # full masks launch once per length class (dash_attn/_seq_bands.py)
     for name, launch in fake_cuda.calls:
         assert name == "varlen_bwd" and launch[-6:-3] == (False, interface.SCHEDULE_IDS[schedule], short_k)

@@ -119,10 +119,8 @@ def test_varlen_invariant_to_packing(hdim, mask, dtype):
         got = _varlen_grads(seqs, order, causal, margin, window=window)[0]
         for name, a, b in zip("qkv", got, ref):
             assert torch.equal(a, b), f"d{name} of sequence 0 changed when packed as {order} (sm_margin {margin})"
-    # Causal masks and windows: the dense call under `auto` (test_varlen_auto_gives_causal_sequences_their_dense_
-    # bits; windows run descending either way); full masks: under the varlen pick (README).
-    schedule = varlen_invariant_schedule("full") if mask == "full" else "auto"
-    dense = _grads(*seqs[0], causal, window, 0.0, schedule=schedule)
+    # The dense call under `auto` (test_varlen_auto_gives_sequences_their_dense_bits; windows run descending either way).
+    dense = _grads(*seqs[0], causal, window, 0.0)
     for name, a, b in zip("qkv", ref, (g[0] for g in dense)):
         assert torch.equal(a, b), f"d{name} of the varlen call differs from the dense call"
 
@@ -130,28 +128,29 @@ def test_varlen_invariant_to_packing(hdim, mask, dtype):
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("hdim", [64, 128, 256])
 @pytest.mark.parametrize("path", ["packed", "runs"])
-def test_varlen_auto_gives_causal_sequences_their_dense_bits(hdim, dtype, path, monkeypatch):
-    """Deterministic `auto` on causal packs: each sequence gets the orders of its dense call under `auto`
-    (descending_lanes' up to schedules_table.short_keys keys, shift_causal_runs' above), on the packed kernels and on
+@pytest.mark.parametrize("mask", ["causal", "full"])
+def test_varlen_auto_gives_sequences_their_dense_bits(mask, hdim, dtype, path, monkeypatch):
+    """Deterministic `auto` on causal and full packs: each sequence gets the orders of its dense call under `auto`
+    (descending_lanes' up to schedules_table.short_keys keys, the runs schedule's above), on the packed kernels and on
     runs of equal lengths launched as batches alike, so its bits follow neither its neighbours nor the path; and
     equal the dense call's."""
     if hdim not in supported_head_dims():
         pytest.skip(f"hdim {hdim} not built")
     from dash_attn import _varlen
     monkeypatch.setattr(_varlen, "_runs_beat_packed", lambda *args: path == "runs")
-    short = short_keys("causal", hdim)
+    causal, short = mask == "causal", short_keys(mask, hdim)
     gen = torch.Generator(device="cuda").manual_seed(SEED + 3)
     lens = sorted({max(short, 64), short + 1, 200, 1100})
     seqs = [_seq(gen, n, 4, 2, hdim, dtype) for n in lens]
     orders = [list(range(len(lens))), list(reversed(range(len(lens)))), [len(lens) - 1]]
-    ref = _varlen_grads(seqs, orders[0], True)
+    ref = _varlen_grads(seqs, orders[0], causal)
     for order in orders[1:]:
-        got = _varlen_grads(seqs, order, True, 18)
+        got = _varlen_grads(seqs, order, causal, 18)
         for i in order:
             for name, a, b in zip("qkv", got[i], ref[i]):
                 assert torch.equal(a, b), f"d{name} of sequence {i} changed when packed as {order} ({path})"
     for i in range(len(lens)):
-        dense = _grads(*seqs[i], True, (-1, -1), 0.0)
+        dense = _grads(*seqs[i], causal, (-1, -1), 0.0)
         for name, a, b in zip("qkv", ref[i], (g[0] for g in dense)):
             assert torch.equal(a, b), f"d{name} of sequence {i} ({lens[i]} keys): varlen differs from dense"
 

@@ -58,17 +58,34 @@ def test_every_sequence_takes_the_kind_it_takes_alone():
 @pytest.mark.parametrize("pack", PACKS, ids=lambda p: "+".join(f"{q}x{k}" for q, k in zip(*p)))
 @pytest.mark.parametrize("short_k", [0, 1000])
 def test_full_mask_sequences_run_as_alone(short_k, pack, hdim):
-    """Full masks: shift_runs on every sequence (short_k is read on causal masks only), descending where its adds
-    would wait (ShiftRuns::waits_free: here 500 x 830), each sequence exactly as alone, deadlock-free dealt and
-    claimed, on every CTA count."""
+    """Full masks: shift_runs on every sequence, descending where its adds would wait (ShiftRuns::waits_free: here
+    500 x 830) and, with short_k (deterministic `auto`), on sequences of up to short_k keys, whatever their queries;
+    each sequence exactly as alone, deadlock-free dealt and claimed, on every CTA count."""
     bm, bn = TILES[hdim]
     packed = _sched.PackedProblem(_sched.Problem(1, 8, 2, 1, 1, bm, bn, _sched.MASK_FULL), *pack, short_k)
     lens_q, lens_k = pack
     for kind, q, k in zip(packed.kinds, lens_q, lens_k):
         alone = _sched.Problem(1, 8, 2, q, k, bm, bn, _sched.MASK_FULL)
-        if q > 0 and k > 0:
+        if 0 < k <= short_k:
+            assert kind == _sched.DESCENDING, (q, k)
+        elif q > 0 and k > 0:
             assert kind == _sched.resolve(_sched.SHIFT_RUNS, alone) in (_sched.SHIFT_RUNS, _sched.DESCENDING)
     assert _sched.verify_packed(packed, *CTA_RANGE) == []
+
+
+def test_short_full_mask_sequences_take_the_dense_orders_of_descending_lanes():
+    """Full masks: a sequence of up to short_k keys gets the visits of its dense call under descending_lanes,
+    deterministic `auto`'s dense pick there, at every seqlen_q."""
+    lens_q, lens_k = [333, 1500, 64, 777, 200], [333, 1500, 900, 700, 3000]
+    bm, bn = TILES[128]
+    pack = _sched.PackedProblem(_sched.Problem(1, 4, 2, 1, 1, bm, bn, _sched.MASK_FULL), lens_q, lens_k, 1000)
+    packed = _sched.enumerate_packed(_sched.SHIFT_RUNS, pack, 132)["visits"]
+    checked = 0
+    for b, (q, k) in enumerate(zip(lens_q, lens_k)):
+        if k <= 1000:
+            _assert_descending_lanes_visits(packed, b, q, k, _sched.MASK_FULL)
+            checked += 1
+    assert checked == 3
 
 
 @pytest.mark.parametrize("hdim", sorted(TILES))
@@ -158,11 +175,11 @@ def test_mostly_full_bands_take_the_dense_orders_of_descending_lanes():
             _assert_descending_lanes_visits(packed, b, q, k)
 
 
-def _assert_descending_lanes_visits(packed, b, seqlen_q, seqlen_k):
+def _assert_descending_lanes_visits(packed, b, seqlen_q, seqlen_k, mask=_sched.MASK_CAUSAL):
     """Sequence b's packed visits (head, Q tile, KV tile, accumulation position) equal its dense call's under
-    descending_lanes (causal, hdim 128 tiles, 4 query heads on 2 KV heads, 132 CTAs)."""
+    descending_lanes (hdim 128 tiles, 4 query heads on 2 KV heads, 132 CTAs)."""
     bm, bn = TILES[128]
-    problem = _sched.Problem(1, 4, 2, seqlen_q, seqlen_k, bm, bn, _sched.MASK_CAUSAL, num_ctas=132)
+    problem = _sched.Problem(1, 4, 2, seqlen_q, seqlen_k, bm, bn, mask, num_ctas=132)
     dense = _sched.enumerate(_sched.DESCENDING_LANES, problem)["visits"]
     keys = ("head", "m_block", "n_block", "run", "wait_target")
     mine = sorted(tuple(int(packed[c][i]) for c in keys)

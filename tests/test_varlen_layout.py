@@ -4,11 +4,11 @@ geometry (schedules_table.runs_per_sequence) any pack runs in one launch, whatev
 import pytest
 import torch
 
-from dash_attn import _ext, _launch, _varlen
+from dash_attn import _ext, _launch, _sched, _varlen
 from dash_attn._args import MaskKind, OpArgs
 from dash_attn.schedule import tile_shape
-from dash_attn.schedules_table import (ANY_LENGTH, AUTO, invariant_schedule, runs_per_sequence, short_keys,
-                                       varlen_invariant_schedule)
+from dash_attn.schedules_table import (ANY_LENGTH, AUTO, LANES_ORDER, LANES_SCHEDULE, SCHEDULE_IDS, invariant_schedule,
+                                       problem, runs_per_sequence, short_keys, varlen_invariant_schedule)
 
 
 @pytest.fixture(autouse=True)
@@ -36,23 +36,31 @@ def test_deterministic_auto_takes_the_masks_pick(mask):
         (_args(mask, schedule="descending"), 0)
 
 
+@pytest.mark.parametrize("mask", ["causal", "full"])
 @pytest.mark.parametrize("hdim, gqa", [(64, 1), (128, 1), (128, 4), (256, 1)])
-def test_deterministic_auto_gives_causal_sequences_their_dense_pick(hdim, gqa):
-    """short_k: the keys up to which a causal sequence runs LANES_ORDER's orders, as dense `auto` does; full masks
-    and windows take none. A run of equal lengths launched as a batch runs dense `auto`'s pick."""
-    short = short_keys("causal", hdim, gqa)
-    assert _launch._with_varlen_schedule(_args(MaskKind.CAUSAL), *_tensors(hdim, 4 * gqa, 4))[1] == short
-    assert short == ANY_LENGTH or invariant_schedule("causal", hdim, short + 1, gqa) == "shift_causal_runs"
-    assert _launch._with_varlen_schedule(_args(MaskKind.FULL), *_tensors(hdim, 4 * gqa, 4))[1] == 0
+def test_deterministic_auto_gives_sequences_their_dense_pick(hdim, gqa, mask):
+    """short_k: the keys up to which a causal or full-mask sequence runs LANES_ORDER's orders, as dense `auto` does;
+    windows take none. A run of equal lengths launched as a batch runs dense `auto`'s pick."""
+    kind = MaskKind[mask.upper()]
+    runs = varlen_invariant_schedule(mask)
+    short = short_keys(mask, hdim, gqa)
+    assert _launch._with_varlen_schedule(_args(kind), *_tensors(hdim, 4 * gqa, 4))[1] == short
+    assert short == ANY_LENGTH or invariant_schedule(mask, hdim, short + 1, gqa) == runs
     assert _launch._with_varlen_schedule(_args(MaskKind.WINDOW), *_tensors(hdim, 4 * gqa, 4))[1] == 0
-    args = _args(MaskKind.CAUSAL, schedule="shift_causal_runs")
-    tile = tile_shape(hdim, "causal")
+    args = _args(kind, schedule=runs)
+    tile = tile_shape(hdim, mask)
     for seqlen_k in (1, 1000, 1024, 1025, 4096, 4097, 20000):
         for seqlen_q in {seqlen_k, max(1, seqlen_k // 8), 3000}:
-            # A sequence's dense pick under `auto`, geometry included: mostly full bands run LANES_ORDER's orders too.
-            want = invariant_schedule("causal", hdim, seqlen_k, gqa, seqlen_q=seqlen_q, tile=tile)
-            assert _launch._run_schedule(args, seqlen_q, seqlen_k, short, tile).schedule == want, (seqlen_q, seqlen_k)
-            assert _launch._run_schedule(args, seqlen_q, seqlen_k, 0, tile).schedule == "shift_causal_runs"
+            # A sequence's dense pick under `auto`, geometry included: mostly full causal bands and full masks where
+            # shift_runs would wait run LANES_ORDER's orders too (without a key bound, hdim 256, the run keeps the runs
+            # schedule, which resolves to LANES_ORDER there: the same orders).
+            want = invariant_schedule(mask, hdim, seqlen_k, gqa, seqlen_q=seqlen_q, tile=tile)
+            got = _launch._run_schedule(args, seqlen_q, seqlen_k, short, tile).schedule
+            own = problem(mask, seqlen_q, seqlen_k, *tile, 4 * gqa, 1, 1, None, 4)
+            assert got == want or (want == LANES_SCHEDULE and got == runs and short == 0
+                                   and _sched.resolve(SCHEDULE_IDS[runs], own) == SCHEDULE_IDS[LANES_ORDER]), \
+                (seqlen_q, seqlen_k)
+            assert _launch._run_schedule(args, seqlen_q, seqlen_k, 0, tile).schedule == runs
 
 
 def test_causal_packs_run_per_sequence():

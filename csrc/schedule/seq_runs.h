@@ -7,13 +7,12 @@
 // what the mask's runs schedule resolves to on its own lengths (causal: ShiftCausalRuns; ShiftRuns where every tile
 // pair is live; Descending where it has no Q rows. Full: ShiftRuns; Descending where ShiftRuns' adds would wait,
 // runs.h), so its bits equal a dense call's of that sequence under that schedule, whatever it is packed with and
-// wherever it sits in the pack. On causal masks a launch may also give a key count `short_k` up to which a sequence
-// runs Descending instead: deterministic `auto` passes the bound up to which its dense pick is descending_lanes
-// (descending's orders) on square bands, and with it the sequences on mostly full bands run Descending too
-// (runs_descending), so that each sequence gets its dense call's orders under `auto`. Full masks ignore it:
-// ShiftRuns' walk depends on the tile shape alone, so there the table changes which CTA runs a tile and when, not the
-// bits (the batch of the longest gives the same); the full-mask kernels carry ShiftRuns' and Descending's visits
-// (ptxas: 4 more spill bytes at hdim 64 and 128).
+// wherever it sits in the pack. A launch may also give a key count `short_k` up to which a sequence runs Descending
+// instead: deterministic `auto` passes the bound up to which its dense pick is descending_lanes (descending's orders),
+// on full masks at every seqlen_q and on causal masks on square bands, where the sequences on mostly full bands run
+// Descending too (runs_descending), so that each sequence gets its dense call's orders under `auto`. The full-mask
+// kernels carry ShiftRuns' and Descending's visits (ptxas: 4 more spill bytes at hdim 64 and 128); the choice is made
+// once per sequence, in the table.
 //
 // Layout: the sequences one after another, longest first (up to kSortedSeqsMax sequences, else in pack order), so that
 // the last waves hold the shortest units; per sequence its KV heads one after another, per head the pair units in
@@ -101,22 +100,22 @@ struct SeqCausalRuns {
     s.seqs = nullptr;
     return s;
   }
-  // Whether a causal sequence runs Descending under the launch's short_k (0: never): on square or taller bands of up
-  // to short_k keys, where descending_lanes' pairs measured faster than the runs (docs/tuning.md), and on mostly full
-  // bands (problem.h). Bands with fewer queries than keys that are neither keep the runs, at every GQA ratio: there
+  // Whether a sequence runs Descending under the launch's short_k (0: never), as its dense call under `auto` runs
+  // descending_lanes: on full masks up to short_k keys; on causal masks on square or taller bands of up to short_k
+  // keys, where descending_lanes' pairs measured faster than the runs (docs/tuning.md), and on mostly full bands
+  // (problem.h). Causal bands with fewer queries than keys that are neither keep the runs, at every GQA ratio: there
   // a KV tile's rows are partly masked and the pairs of descending_lanes are unequal (measured, hdim 128, 1024-3072
   // queries against 2048-4096 keys, GQA 1 and 4: shift_causal_runs 2-20% faster on all but one row, docs/tuning.md).
   DASH_HD static bool runs_descending(const Problem& s, int32_t short_k) {
     if (short_k <= 0) return false;
+    if (s.mask == MaskKind::kFull) return s.seqlen_k <= short_k;
     return mostly_full_band(s) || (s.seqlen_k <= short_k && s.seqlen_q >= s.seqlen_k);
   }
-  // A sequence's entry before the scan fills first_unit: on causal masks Descending where runs_descending, as its
-  // dense call under `auto`; else what the mask's per-sequence schedule resolves to on its lengths.
+  // A sequence's entry before the scan fills first_unit: Descending where runs_descending, as its dense call under
+  // `auto`; else what the mask's per-sequence schedule resolves to on its lengths.
   DASH_HD static SeqEntry entry_for(const Problem& p, int32_t len_q, int32_t len_k, int32_t short_k) {
     const Problem s = alone(p, len_q, len_k);
-    if (p.mask == MaskKind::kCausal && runs_descending(s, short_k)) {
-      return SeqEntry{0, len_q, len_k, ScheduleKind::kDescending};
-    }
+    if (runs_descending(s, short_k)) return SeqEntry{0, len_q, len_k, ScheduleKind::kDescending};
     return SeqEntry{0, len_q, len_k, resolve_schedule(per_sequence_kind(p.mask), s)};
   }
   // Units of one KV head of a sequence with N KV tiles: pairs and the middle tile, or one per tile.

@@ -3,6 +3,7 @@ and dV are bitwise the same whatever the SM count left by sm_margin, the batch a
 or (varlen) the sequences packed with it and their order. The CPU side proves the orders (test_schedule_invariance.py);
 this checks the bits, with random other content so that nothing but the sequence itself is shared.
 """
+import itertools
 import os
 
 import pytest
@@ -11,7 +12,7 @@ import torch
 import dash_attn
 from dash_attn import _sched
 from dash_attn.schedule import tile_shape
-from dash_attn.schedules_table import short_keys, varlen_invariant_schedule
+from dash_attn.schedules_table import short_keys
 from gpu_common import assert_grads_within, requires_softcap, supported_head_dims, tolerance  # noqa: F401
 
 pytestmark = pytest.mark.gpu
@@ -202,8 +203,8 @@ def test_varlen_named_invariant_schedules_whatever_the_bands(hdim, schedule):
 @pytest.mark.parametrize("hdim", [64, 128, 256])
 def test_full_mask_sequences_where_shift_runs_would_wait(hdim):
     """Full masks, seqlen_q well below seqlen_k: shift_runs runs descending there (ShiftRuns::waits_free), per sequence
-    of a pack as in a dense call, so each sequence's bits equal its dense call's under shift_runs and under `auto`
-    wherever `auto`'s pick has descending's bits, whatever the pack's order."""
+    of a pack as in a dense call, so each sequence's bits equal its dense call's under shift_runs, named in both, and
+    under `auto` in both, whatever the pack's order."""
     if hdim not in supported_head_dims():
         pytest.skip(f"hdim {hdim} not built")
     gen = torch.Generator(device="cuda").manual_seed(SEED + 5)
@@ -213,13 +214,14 @@ def test_full_mask_sequences_where_shift_runs_would_wait(hdim):
     seqs = [(_rand(gen, (1, sq, 4, hdim), torch.bfloat16), _rand(gen, (1, sk, 2, hdim), torch.bfloat16),
              _rand(gen, (1, sk, 2, hdim), torch.bfloat16), _rand(gen, (1, sq, 4, hdim), torch.bfloat16))
             for sq, sk in shapes]
-    for order in ([0, 1, 2, 3], [3, 2, 1, 0]):
-        got = _varlen_grads(seqs, order, False, 18)
+    for order, schedule in itertools.product(([0, 1, 2, 3], [3, 2, 1, 0]), ("shift_runs", "auto")):
+        got = _varlen_grads(seqs, order, False, 18, schedule=schedule)
         for i in order:
             q, k, v, dout = seqs[i]
-            dense = _grads(q, k, v, dout, False, (-1, -1), 0.0, schedule="shift_runs")
+            dense = _grads(q, k, v, dout, False, (-1, -1), 0.0, schedule=schedule)
             for name, a, b in zip("qkv", got[i], dense):
-                assert torch.equal(a, b[0]), f"d{name} of sequence {i} packed as {order} differs from its dense call"
+                assert torch.equal(a, b[0]), \
+                    f"d{name} of sequence {i} packed as {order} differs from its dense call ({schedule})"
     block_m, block_n = tile_shape(hdim)
     wraps = [_sched.resolve(_sched.SHIFT_RUNS, _sched.Problem(1, 4, 2, sq, sk, block_m, block_n, _sched.MASK_FULL))
              == _sched.DESCENDING for sq, sk in shapes]

@@ -103,14 +103,15 @@ struct ShiftRuns {
 //   in step.
 struct ShiftCausalRuns {
   DASH_HD static bool applies(const Problem& p) { return ShiftCausal::applies(p); }
-  using Layout = ShiftCausal::Layout;
-  // Rotated on causal masks only: the window kernels, which run this schedule on windows without a left bound (never
-  // under `auto`), keep the stepped walk, whose code the rotated one pushed into spills there (hdim 128: 60 -> 96
-  // bytes).
+  // The pairing's layout and which walk it takes. Rotated on causal masks only: the window kernels, which run this
+  // schedule on windows without a left bound (never under `auto`), keep the stepped walk, whose code the rotated one
+  // pushed into spills there (hdim 128: 60 -> 96 bytes).
+  struct Layout : ShiftCausal::Layout {
+    bool rotated;
+  };
   DASH_HD static Layout layout(const Problem& p) {
-    Layout l = ShiftCausal::layout(p);
-    l.rotated = p.mask == MaskKind::kCausal && l.Q > 0 && l.Rs == 0;
-    return l;
+    const ShiftCausal::Layout pairing = ShiftCausal::layout(p);
+    return Layout{pairing, p.mask == MaskKind::kCausal && pairing.Q > 0 && pairing.Rs == 0};
   }
   // The pair unit of index r among its head's units, in launch order (descending u unless rotated).
   DASH_HD static int32_t unit_of_index(const Layout& l, int32_t r) { return ShiftCausal::pair_unit(l, r, !l.rotated); }
@@ -125,7 +126,7 @@ struct ShiftCausalRuns {
   // order: the pair units (long tile, then short), then the middle units (the middle tile, then tile N, which has no
   // visits and stores nothing). The items, walks and positions are those dealt above, so the bits are the same; the
   // claims start every unit in launch order, where the deal starts some of a head's units a wave late.
-  DASH_HD static int64_t num_claimed_units(const Problem& p) { return ShiftCausal::total_units(p, layout(p)); }
+  DASH_HD static int64_t num_claimed_units(const Problem& p) { return ShiftCausal::total_units(p, ShiftCausal::layout(p)); }
   DASH_HD static KvTile claimed_item(const Problem& p, int64_t unit, bool second) {
     const Layout l = layout(p);
     return ShiftCausal::unit_tile(p, l, unit, second, !l.rotated);

@@ -25,7 +25,6 @@ struct ShiftCausal {
     int32_t N, M, Q;  // KV tiles, Q tiles, pairs
     int32_t Rs, R;    // rectangle [Rs, M) of Q tiles that every long tile visits, R = M - Rs
     bool has_middle;
-    bool rotated;        // ShiftCausalRuns' rotated walk (runs.h); false in ShiftCausal's own layout
     int64_t pair_units;  // pair units in the whole grid (middle units follow them)
   };
   enum class Role : int32_t { kLong, kShort, kMiddle };
@@ -40,7 +39,6 @@ struct ShiftCausal {
     l.Rs = l.Q > 0 ? m_block_range(p, l.Q - 1).lo : 0;
     l.R = l.M - l.Rs;
     l.has_middle = (l.N & 1) != 0;
-    l.rotated = false;
     l.pair_units = num_kv_heads_total(p) * l.Q;
     return l;
   }

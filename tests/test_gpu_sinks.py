@@ -14,8 +14,8 @@ import torch
 import dash_attn
 from dash_attn.reference import (attention_bwd_ref, attention_bwd_ref_varlen, attention_ref, attention_ref_varlen,
                                  row_statistic_error_bound)
-from gpu_common import assert_grads_within, assert_within, main_head_dim, poison_allocator, supported_head_dims, \
-    tolerance
+from gpu_common import assert_grads_within, assert_within, main_head_dim, poison_allocator, requires_softcap, \
+    supported_head_dims, tolerance
 
 pytestmark = pytest.mark.gpu
 
@@ -96,6 +96,7 @@ def test_sink_causal_uneven_and_gqa(seqlens, nheads_k):
     _check(q, k, v, dout, _sink(4, 1.0), MASKS["causal"], True)
 
 
+@requires_softcap
 def test_sink_with_softcap():
     q, k, v, dout = _inputs(1, 200, 200, 4, 4, main_head_dim())
     sink = _sink(4, 2.0)

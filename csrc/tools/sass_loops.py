@@ -3,6 +3,10 @@
     cuobjdump -sass build/prebuilt/fwd_hdim128_bf16_full.o | python3 csrc/tools/sass_loops.py --function fwd_kernel
     python3 csrc/tools/sass_loops.py kernel.sass --function bwd_main_kernel --loops 3 --skip 0x41c0-0x49c0
 
+A machine whose CUDA install lacks cuobjdump (nvcc alone, as on a CPU build machine) can take it and the nvdisasm it
+calls from the PyPI wheels `nvidia-cuda-cuobjdump` and `nvidia-cuda-nvdisasm` (both under nvidia/cu13/bin; nvdisasm's
+folder goes on PATH).
+
 A loop is the span from a backward branch's target to the branch. The smallest loops holding WGMMAs (HGMMA) and exp2
 (MUFU.EX2) are the attention mainloops' steps; each is printed with its instruction count and opcode histogram.
 --skip leaves out address ranges inside them (the masked blocks a step branches over), so that the count is the one

@@ -23,7 +23,7 @@ import numpy as np
 
 from . import _sched
 from .schedules_table import DETERMINISTIC_SCHEDULES, DYNAMIC, MEASURED_RANKING, NONDETERMINISTIC_SCHEDULES
-from .schedules_table import MASK_IDS, SCHEDULE_IDS, invariant_schedule
+from .schedules_table import BWD_TILES, MASK_IDS, SCHEDULE_IDS, invariant_schedule
 from .schedules_table import problem as _problem
 from ._gantt import gantt, gantt_compare
 
@@ -84,20 +84,15 @@ _SHORT_QUERY_PICKS = {"full": "shift", "causal": DYNAMIC}
 _CHOOSE_VISIT_BUDGET = 400_000
 
 
-# (block_m, block_n) of the backward kernel of each kernel head dim (csrc/bwd/bwd_config.h). The torch binding asks
-# the compiled kernel (dash_bwd_tile_shape) when it is present; this table is the CPU-side default.
-_BWD_TILES = {64: (128, 128), 128: (64, 128), 256: (64, 64)}
-
-
 def _kernel_hdim(hdim: int) -> int:
     """The head dim of the kernel a call of head dim `hdim` runs in, all kernels built (csrc/common/head_dims.h)."""
-    return min((d for d in _BWD_TILES if d >= hdim), default=max(_BWD_TILES))
+    return min((d for d in BWD_TILES if d >= hdim), default=max(BWD_TILES))
 
 
 def tile_shape(hdim: int, mask: str = "full") -> Tuple[int, int]:
-    """(block_m, block_n) of the backward kernel for a head dimension (_BWD_TILES)."""
+    """(block_m, block_n) of the backward kernel for a head dimension (BWD_TILES)."""
     del mask  # the tiles depend on the head dim alone; the argument mirrors dash_bwd_tile_shape's (headdim, mask)
-    return _BWD_TILES[_kernel_hdim(hdim)]
+    return BWD_TILES[_kernel_hdim(hdim)]
 
 
 def _schedule_id(schedule: str) -> int:

@@ -49,9 +49,9 @@ LANES_GQA_RATIO = {128: 4}
 LANES_ORDER = "descending"
 # short_keys() where square bands of every length run LANES_ORDER's orders (the kernels take the bound as an int32).
 ANY_LENGTH = 2**31 - 1
-# The (block_m, block_n) invariant_schedule() stands in for a call without geometry (a square band): any tile gives
-# the same pick there, so this is no kernel's configuration.
-_SQUARE_BAND_TILE = (64, 128)
+# (block_m, block_n) of the backward kernel of each kernel head dim (csrc/bwd/bwd_config.h). The torch binding asks
+# the compiled kernel (dash_bwd_tile_shape) when it is present; this table is the CPU-side default.
+BWD_TILES = {64: (128, 128), 128: (64, 128), 256: (64, 64)}
 
 # Varlen calls run a pack in one launch of the packed kernels or per run of equal lengths: a sequence must get the
 # same walk and orders whatever it is packed with. The pick is a function of the mask alone (with the kernel's head
@@ -100,16 +100,13 @@ def invariant_schedule(mask: str, kernel_head_dim: int, seqlen_k: int, gqa_ratio
     short_keys() (varlen_runs_lanes_order: seq_runs.h's runs_descending, square or taller bands up to that many keys
     and mostly full bands, problem.h's mostly_full_band, run unpaired there as on a full mask, lanes.h), so that
     dense and varlen calls keep one set of bits; on full masks that is every sequence of up to short_keys() keys.
-    Without the geometry the band is taken as square, whose pick no tile shape changes (a square band has no fully
-    live KV tile), so any tile stands in."""
-    short = short_keys(mask, kernel_head_dim, gqa_ratio)
+    Without the geometry the band is taken as square, on the kernel's tile."""
+    if seqlen_q is None or tile is None:
+        seqlen_q, tile = seqlen_k, BWD_TILES[kernel_head_dim]
     pick = INVARIANT_SCHEDULES[mask]
-    geometry = seqlen_q is not None and tile is not None
-    if not geometry:
-        seqlen_q, tile = seqlen_k, _SQUARE_BAND_TILE
-    if varlen_runs_lanes_order(mask, seqlen_q, seqlen_k, tile, short):
+    if varlen_runs_lanes_order(mask, seqlen_q, seqlen_k, tile, short_keys(mask, kernel_head_dim, gqa_ratio)):
         return LANES_SCHEDULE
-    if mask == "full" and geometry and _falls_back_to_lanes_order(pick, mask, seqlen_q, seqlen_k, tile):
+    if mask == "full" and _falls_back_to_lanes_order(pick, mask, seqlen_q, seqlen_k, tile):
         return LANES_SCHEDULE
     return pick
 

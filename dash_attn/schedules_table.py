@@ -43,7 +43,7 @@ SCHEDULES: Tuple[str, ...] = (AUTO,) + DETERMINISTIC_SCHEDULES + NONDETERMINISTI
 # (benchmarks/RESULTS.md has the columns). Read through invariant_schedule().
 INVARIANT_SCHEDULES = {"full": "shift_runs", "causal": "shift_causal_runs", "window": "descending"}
 LANES_SCHEDULE = "descending_lanes"
-SHORT_SEQLEN_K = {("full", 64): 4096, ("full", 128): 2048, ("causal", 64): 1024, ("causal", 128): 4096}
+SHORT_SEQLEN_K = {("full", 64): 4096, ("full", 128): 2048, ("causal", 64): 1024, ("causal", 128): 1024}
 LANES_GQA_RATIO = {128: 4}
 # The schedule whose orders (and so bits) descending_lanes runs on another layout.
 LANES_ORDER = "descending"

@@ -142,8 +142,10 @@ struct OnlineSoftmax {
   }
 
   // Turns scores (rows, cols) into unnormalised probabilities in place; returns per row the factor by which the
-  // previous O accumulator must be multiplied.
-  template <class TensorS>
+  // previous O accumulator must be multiplied. kMasked: some scores of the step may be -inf. Without a mask every
+  // row's new max is finite, so max_scaled needs no guard, and a row whose old max is -inf gets the factor
+  // exp2(-inf) = 0 without one: the unmasked steps, the bulk of a tile, skip both selects.
+  template <bool kMasked, class TensorS>
   CUTLASS_DEVICE cute::array<float, kRows> step(TensorS& s, float scale_log2) {
     static_assert(decltype(cute::size<0>(s))::value == kRows, "softmax rows must match the accumulator rows");
     constexpr int kCols = decltype(cute::size<1>(s))::value;
@@ -160,8 +162,8 @@ struct OnlineSoftmax {
       float const m = quad_max(fmaxf(old_max, combine_max(part)));
       row_max[r] = m;
       // A row that has seen only masked keys keeps max -inf; subtracting 0 instead keeps exp2(-inf) = 0, not NaN.
-      float const max_scaled = m == -INFINITY ? 0.f : m * scale_log2;
-      correction[r] = old_max == -INFINITY ? 0.f : exp2f(old_max * scale_log2 - max_scaled);
+      float const max_scaled = kMasked && m == -INFINITY ? 0.f : m * scale_log2;
+      correction[r] = kMasked && old_max == -INFINITY ? 0.f : exp2f(old_max * scale_log2 - max_scaled);
       CUTLASS_PRAGMA_UNROLL
       for (int c = 0; c < kCols; ++c) {
         s(r, c) = exp2f(s(r, c) * scale_log2 - max_scaled);
@@ -508,7 +510,7 @@ struct FwdMainloop {
     ++read_k;
     apply_score_mod(p, tSrS);
     if (needs_mask(p, lens, m_block, n_block)) { apply_mask(p, lens, s_rc, coord_rc, m_block, n_block); }
-    softmax.step(s_rc, p.scale_log2);
+    softmax.template step<true>(s_rc, p.scale_log2);
     convert_p();
 
     // The O rescale a softmax step asks for (Traits::kORescale, fwd_config.h): kBeforePv applies it in the next step
@@ -533,8 +535,12 @@ struct FwdMainloop {
       pipeline_k.consumer_release(read_k);
       ++read_k;
       apply_score_mod(p, tSrS);
-      if (needs_mask(p, lens, m_block, n_block)) { apply_mask(p, lens, s_rc, coord_rc, m_block, n_block); }
-      correction = softmax.step(s_rc, p.scale_log2);
+      if (needs_mask(p, lens, m_block, n_block)) {
+        apply_mask(p, lens, s_rc, coord_rc, m_block, n_block);
+        correction = softmax.template step<true>(s_rc, p.scale_log2);
+      } else {
+        correction = softmax.template step<false>(s_rc, p.scale_log2);
+      }
       if constexpr (Traits::kSoftmaxFence) { schedule_fence(softmax.row_sum[0]); }  // keeps the wait below it
       warpgroup_wait<0>();
       warpgroup_fence_operand(tOrO);

@@ -109,6 +109,10 @@ struct FwdKernelTraits {
   static constexpr ORescale kORescale = Tile::o_rescale(kMask_, kScoreMod_);
   // Not with a softcap: those kernels spill 24-56 bytes with the fence (docs/tuning.md).
   static constexpr bool kSoftmaxFence = !kSoftcap && Tile::softmax_fence(kMask_);
+  // Whether steps without a mask take a second copy of the softmax, without the guards against rows that saw no key
+  // (OnlineSoftmax::step). Not for windows and soft-capped kernels: with it their hdim 64 builds spill past the
+  // allowance (ptxas: window 92 / 96 -> 100 / 120 bytes stored / loaded, softcap 0 -> 32 / 40).
+  static constexpr bool kUnmaskedSoftmax = !kSoftcap && kMask_ != MaskKind::kWindow;
 
   static constexpr int kRowsPerWarpGroup = 64;  // M of one WGMMA instruction
   static constexpr int kNumConsumerWarpGroups = kBlockM / kRowsPerWarpGroup;

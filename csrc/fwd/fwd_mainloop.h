@@ -537,9 +537,7 @@ struct FwdMainloop {
       apply_score_mod(p, tSrS);
       bool const masked = needs_mask(p, lens, m_block, n_block);
       if (masked) { apply_mask(p, lens, s_rc, coord_rc, m_block, n_block); }
-      // Windows keep one softmax for both kinds of step: a second copy pushed the hdim 64 window kernels past their
-      // spill allowance (ptxas: 100 / 120 bytes against 92 / 96).
-      if (kWindow || masked) {
+      if (!Traits::kUnmaskedSoftmax || masked) {
         correction = softmax.template step<true>(s_rc, p.scale_log2);
       } else {
         correction = softmax.template step<false>(s_rc, p.scale_log2);

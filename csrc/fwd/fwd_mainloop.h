@@ -430,10 +430,16 @@ struct FwdMainloop {
         col_limit = min(col_limit, row + 1 + lens.seqlen_k - lens.seqlen_q - n_block * kBlockN + band_right(p));
       }
       if (band_left(p) >= 0) col_start = row + lens.seqlen_k - lens.seqlen_q - n_block * kBlockN - band_left(p);
+      // Columns as offsets from the thread's first one (constants of the layout): the limits move by that column
+      // once per row, and the empty asm keeps the compiler from folding it back into every column's index, so each
+      // compare takes an immediate instead of an add and a compare.
+      int const first_col = get<1>(coord(r, 0));
+      int limit_rel = col_limit - first_col, start_rel = col_start - first_col;
+      asm("" : "+r"(limit_rel), "+r"(start_rel));
       CUTLASS_PRAGMA_UNROLL
       for (int c = 0; c < size<1>(s); ++c) {
-        int const col = get<1>(coord(r, c));
-        if (col >= col_limit || (kWindow && col < col_start)) { s(r, c) = -INFINITY; }
+        int const col = get<1>(coord(r, c)) - first_col;
+        if (col >= limit_rel || (kWindow && col < start_rel)) { s(r, c) = -INFINITY; }
       }
     }
   }

@@ -151,6 +151,7 @@ struct OnlineSoftmax {
     constexpr int kCols = decltype(cute::size<1>(s))::value;
     static_assert(kCols % kChains == 0);
     cute::array<float, kRows> correction;
+    bool moved = false;
     CUTLASS_PRAGMA_UNROLL
     for (int r = 0; r < kRows; ++r) {
       float const old_max = row_max[r];
@@ -161,9 +162,11 @@ struct OnlineSoftmax {
       for (int c = kChains; c < kCols; ++c) { part[c % kChains] = fmaxf(part[c % kChains], s(r, c)); }
       float const m = quad_max(fmaxf(old_max, combine_max(part)));
       row_max[r] = m;
+      moved |= m != old_max;
       // A row that has seen only masked keys keeps max -inf; subtracting 0 instead keeps exp2(-inf) = 0, not NaN.
+      // The product is rounded before the subtraction (no FFMA), so an unchanged max gives exactly exp2(0) = 1.
       float const max_scaled = kMasked && m == -INFINITY ? 0.f : m * scale_log2;
-      correction[r] = kMasked && old_max == -INFINITY ? 0.f : exp2f(old_max * scale_log2 - max_scaled);
+      correction[r] = kMasked && old_max == -INFINITY ? 0.f : exp2f(__fsub_rn(__fmul_rn(old_max, scale_log2), max_scaled));
       CUTLASS_PRAGMA_UNROLL
       for (int c = 0; c < kCols; ++c) {
         s(r, c) = exp2f(s(r, c) * scale_log2 - max_scaled);
@@ -171,8 +174,14 @@ struct OnlineSoftmax {
       }
       row_sum[r] = row_sum[r] * correction[r] + combine_sum(part);
     }
+    max_moved = __any_sync(0xffffffffu, moved);
     return correction;
   }
+
+  // Whether the last step raised the max of some row this warp holds. Where it did not, every factor of that step
+  // is exactly 1 and the O rescale (64 multiplies a thread at head dim 128) can be skipped without changing a bit;
+  // past the first few key tiles most steps raise no max. Warp-uniform, so the skip is a uniform branch.
+  bool max_moved = true;
 
   // Row reductions run as kChains independent chains joined by a tree at the end: one serial chain over a
   // thread's 32 columns is 32 dependent instructions, which with only two or three warps per scheduler is latency,
@@ -525,13 +534,14 @@ struct FwdMainloop {
     cute::array<float, Softmax::kNumRows> correction;
     CUTLASS_PRAGMA_UNROLL
     for (int r = 0; r < Softmax::kNumRows; ++r) { correction[r] = 1.f; }
+    bool rescale_o = false;  // the first step's factors multiply an O of zeros
     for (--n_block; n_block >= tiles.lo; --n_block) {
       pipeline_k.consumer_wait(read_k);
       Turns::begin(wg);
       warpgroup_gemm<-1>(mma_qk, tSrQ, tSrK(_, _, _, read_k.index()), tSrS, /*zero_init=*/true);
       if constexpr (!kRescaleAfterPv) {
         warpgroup_fence_operand(tOrO);
-        Softmax::rescale(o_rc, correction);
+        if (rescale_o) { Softmax::rescale(o_rc, correction); }
       }
       pipeline_v.consumer_wait(read_v);
       warpgroup_gemm<-1>(mma_pv, tOrP, tOrV(_, _, _, read_v.index()), tOrO, /*zero_init=*/false);
@@ -554,12 +564,15 @@ struct FwdMainloop {
       warpgroup_fence_operand(tOrP);
       pipeline_v.consumer_release(read_v);
       ++read_v;
-      if constexpr (kRescaleAfterPv) { Softmax::rescale(o_rc, correction); }
+      rescale_o = softmax.max_moved;
+      if constexpr (kRescaleAfterPv) {
+        if (rescale_o) { Softmax::rescale(o_rc, correction); }
+      }
       convert_p();
     }
     if constexpr (!kRescaleAfterPv) {
       warpgroup_fence_operand(tOrO);
-      Softmax::rescale(o_rc, correction);
+      if (rescale_o) { Softmax::rescale(o_rc, correction); }
     }
 
     // Every QK^T GEMM of this tile has completed: the producer may overwrite Q with the next tile's.

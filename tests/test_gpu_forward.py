@@ -36,8 +36,8 @@ def finite_lse_rows_match(lse, ref_lse):
 
 
 def check_forward(batch, seqlen_q, seqlen_k, nheads, nheads_k, headdim, dtype, causal, poison=False, seed=SEED,
-                  window=(-1, -1)):
-    q, k, v = make_qkv(batch, seqlen_q, seqlen_k, nheads, nheads_k, headdim, dtype, seed)
+                  window=(-1, -1), qkv=None):
+    q, k, v = qkv if qkv is not None else make_qkv(batch, seqlen_q, seqlen_k, nheads, nheads_k, headdim, dtype, seed)
     if poison:
         poison_allocator()
     out, lse = dash_attn.flash_attn_func(q, k, v, causal=causal, window_size=window, return_attn_probs=True)
@@ -112,6 +112,30 @@ TILE_ORDER_SHAPES = {64: [(2048, 2, 32), (4096, 1, 32)], 128: [(1100, 3, 24)], 2
 def test_forward_causal_tile_order_phases(headdim):
     for seqlen, batch, nheads in TILE_ORDER_SHAPES[headdim]:
         check_forward(batch, seqlen, seqlen, nheads, nheads, headdim, torch.bfloat16, True, poison=True)
+
+
+# Each query row gets one key aligned with it (score about 5 against a typical row max of 3) at a random position it
+# may see, so rows raise their running max in different key tiles, late ones included: the forward skips the O
+# rescale only in steps where no row of a warp raised its max (csrc/fwd/fwd_mainloop.h, OnlineSoftmax::max_moved),
+# and a skip that should not happen shows as an O scaled by the wrong factor.
+@pytest.mark.gpu
+@pytest.mark.parametrize("seqlen_q, seqlen_k", [(1023, 1023), (300, 2500)], ids=["1023x1023", "300x2500"])
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("dtype", DTYPES, ids=["fp16", "bf16"])
+@pytest.mark.parametrize("headdim", supported_head_dims())
+def test_forward_row_max_in_any_key_tile(seqlen_q, seqlen_k, causal, dtype, headdim):
+    batch, nheads = 1, 2
+    q, k, v = make_qkv(batch, seqlen_q, seqlen_k, nheads, nheads, headdim, dtype)
+    gen = torch.Generator(device="cuda").manual_seed(SEED + 1)
+    rows = torch.arange(seqlen_q, device="cuda")
+    last_key = rows + (seqlen_k - seqlen_q) if causal else torch.full_like(rows, seqlen_k - 1)
+    keep = last_key >= 0
+    rows, last_key = rows[keep], last_key[keep]
+    pos = (torch.rand(rows.numel(), generator=gen, device="cuda") * (last_key + 1)).long()
+    for h in range(nheads):
+        direction = q[0, rows, h].float()
+        k[0, pos, h] = (5.0 * direction / direction.norm(dim=-1, keepdim=True)).to(dtype)
+    check_forward(batch, seqlen_q, seqlen_k, nheads, nheads, headdim, dtype, causal, poison=True, qkv=(q, k, v))
 
 
 # (left, right) around the bottom-right diagonal; (5, 3) is narrower than a tile, (0, 0) shows one key per row.

@@ -113,6 +113,9 @@ struct FwdKernelTraits {
   // (OnlineSoftmax::step). Not for windows and soft-capped kernels: with it their hdim 64 builds spill past the
   // allowance (ptxas: window 92 / 96 -> 100 / 120 bytes stored / loaded, softcap 0 -> 32 / 40).
   static constexpr bool kUnmaskedSoftmax = !kSoftcap && kMask_ != MaskKind::kWindow;
+  // Whether a step skips the O rescale where no row of the warp raised its max (OnlineSoftmax::max_moved). Not for
+  // the soft-capped hdim 64 kernels: with it their dense builds spill 16 / 24 bytes (ptxas).
+  static constexpr bool kSkipIdleRescale = !(kSoftcap && kHeadDim_ == 64);
 
   static constexpr int kRowsPerWarpGroup = 64;  // M of one WGMMA instruction
   static constexpr int kNumConsumerWarpGroups = kBlockM / kRowsPerWarpGroup;

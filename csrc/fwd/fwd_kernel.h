@@ -101,7 +101,7 @@ struct FwdKernel {
       uint32_t q_phase = 0;
       typename Traits::TiledMmaPV mma_pv;
       Tensor tOrO = partition_fragment_C(mma_pv, select<0, 1>(typename Traits::TileShapePV{}));
-      OnlineSoftmax<kRowsPerThread> softmax;
+      OnlineSoftmax<kRowsPerThread, Traits::kSkipIdleRescale> softmax;
       auto const& sched = params.scheduler;
       int const grid = gridDim.x;
       for (auto cur = Scheduler::first(blockIdx.x); Scheduler::valid(sched, cur, grid);

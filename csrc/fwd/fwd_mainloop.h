@@ -118,7 +118,7 @@ CUTLASS_DEVICE void convert_fragment(TensorFrom const& from, TensorTo& to) {
 // Running row max and row sum for the kRows query rows a consumer thread holds. Scores stay raw (unscaled) in the
 // accumulator; exponentials are taken in base 2 with the scale folded into one FFMA. The four threads of a quad share
 // a row: the max is reduced across them every step, the sum only once at the end (each thread keeps a partial sum).
-template <int kRows>
+template <int kRows, bool kTrackMoves = false>
 struct OnlineSoftmax {
   static constexpr int kNumRows = kRows;
   float row_max[kRows];
@@ -164,9 +164,12 @@ struct OnlineSoftmax {
       row_max[r] = m;
       moved |= m != old_max;
       // A row that has seen only masked keys keeps max -inf; subtracting 0 instead keeps exp2(-inf) = 0, not NaN.
-      // The product is rounded before the subtraction (no FFMA), so an unchanged max gives exactly exp2(0) = 1.
       float const max_scaled = kMasked && m == -INFINITY ? 0.f : m * scale_log2;
-      correction[r] = kMasked && old_max == -INFINITY ? 0.f : exp2f(__fsub_rn(__fmul_rn(old_max, scale_log2), max_scaled));
+      // Where steps may skip the rescale, the product is rounded before the subtraction (no FFMA), so that an
+      // unchanged max gives exactly exp2(0) = 1 and a skipped rescale changes no bit.
+      float const exponent = kTrackMoves ? __fsub_rn(__fmul_rn(old_max, scale_log2), max_scaled)
+                                         : old_max * scale_log2 - max_scaled;
+      correction[r] = kMasked && old_max == -INFINITY ? 0.f : exp2f(exponent);
       CUTLASS_PRAGMA_UNROLL
       for (int c = 0; c < kCols; ++c) {
         s(r, c) = exp2f(s(r, c) * scale_log2 - max_scaled);
@@ -174,13 +177,14 @@ struct OnlineSoftmax {
       }
       row_sum[r] = row_sum[r] * correction[r] + combine_sum(part);
     }
-    max_moved = __any_sync(0xffffffffu, moved);
+    if constexpr (kTrackMoves) { max_moved = __any_sync(0xffffffffu, moved); }
     return correction;
   }
 
-  // Whether the last step raised the max of some row this warp holds. Where it did not, every factor of that step
-  // is exactly 1 and the O rescale (64 multiplies a thread at head dim 128) can be skipped without changing a bit;
-  // past the first few key tiles most steps raise no max. Warp-uniform, so the skip is a uniform branch.
+  // kTrackMoves: whether the last step raised the max of some row this warp holds (always true without). Where it
+  // did not, every factor of that step is exactly 1 and the O rescale (64 multiplies a thread at head dim 128) can
+  // be skipped without changing a bit; past the first few key tiles most steps raise no max. Warp-uniform, so the
+  // skip is a uniform branch.
   bool max_moved = true;
 
   // Row reductions run as kChains independent chains joined by a tree at the end: one serial chain over a
@@ -534,7 +538,7 @@ struct FwdMainloop {
     cute::array<float, Softmax::kNumRows> correction;
     CUTLASS_PRAGMA_UNROLL
     for (int r = 0; r < Softmax::kNumRows; ++r) { correction[r] = 1.f; }
-    bool rescale_o = false;  // the first step's factors multiply an O of zeros
+    bool rescale_o = true;  // constant where the softmax does not track moves (a branch there spills at hdim 64)
     for (--n_block; n_block >= tiles.lo; --n_block) {
       pipeline_k.consumer_wait(read_k);
       Turns::begin(wg);

@@ -114,10 +114,11 @@ def test_forward_causal_tile_order_phases(headdim):
         check_forward(batch, seqlen, seqlen, nheads, nheads, headdim, torch.bfloat16, True, poison=True)
 
 
-# Each query row gets one key aligned with it (score about 5 against a typical row max of 3) at a random position it
-# may see, so rows raise their running max in different key tiles, late ones included: the forward skips the O
-# rescale only in steps where no row of a warp raised its max (csrc/fwd/fwd_mainloop.h, OnlineSoftmax::max_moved),
-# and a skip that should not happen shows as an O scaled by the wrong factor.
+# Each query row gets one key aligned with it (a score between 2 and 14 against a typical row max of 3) at a random
+# position it may see, so rows raise their running max in different key tiles, late ones included, by less and by
+# more than the softmax lets a max go stale: the forward skips the O rescale only in steps where no row of a warp
+# moved its max (csrc/fwd/fwd_mainloop.h, OnlineSoftmax::max_moved), and a skip that should not happen shows as an O
+# scaled by the wrong factor.
 @pytest.mark.gpu
 @pytest.mark.parametrize("seqlen_q, seqlen_k", [(1023, 1023), (300, 2500)], ids=["1023x1023", "300x2500"])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
@@ -134,7 +135,8 @@ def test_forward_row_max_in_any_key_tile(seqlen_q, seqlen_k, causal, dtype, head
     pos = (torch.rand(rows.numel(), generator=gen, device="cuda") * (last_key + 1)).long()
     for h in range(nheads):
         direction = q[0, rows, h].float()
-        k[0, pos, h] = (5.0 * direction / direction.norm(dim=-1, keepdim=True)).to(dtype)
+        score = 2.0 + 12.0 * torch.rand(rows.numel(), 1, generator=gen, device="cuda")
+        k[0, pos, h] = (score * direction / direction.norm(dim=-1, keepdim=True)).to(dtype)
     check_forward(batch, seqlen_q, seqlen_k, nheads, nheads, headdim, dtype, causal, poison=True, qkv=(q, k, v))
 
 

@@ -160,9 +160,15 @@ struct OnlineSoftmax {
       for (int i = 0; i < kChains; ++i) { part[i] = s(r, i); }
       CUTLASS_PRAGMA_UNROLL
       for (int c = kChains; c < kCols; ++c) { part[c % kChains] = fmaxf(part[c % kChains], s(r, c)); }
-      float const m = quad_max(fmaxf(old_max, combine_max(part)));
+      float m = quad_max(fmaxf(old_max, combine_max(part)));
+      if constexpr (kTrackMoves) {
+        // The row keeps its old max unless the step's scores exceed it by more than a factor of 2^kStaleLog2 (the
+        // bound in raw score units: a loop-invariant division).
+        bool const raise = m > old_max + __fdividef(kStaleLog2, scale_log2);
+        m = raise ? m : old_max;
+        moved |= raise;
+      }
       row_max[r] = m;
-      moved |= m != old_max;
       // A row that has seen only masked keys keeps max -inf; subtracting 0 instead keeps exp2(-inf) = 0, not NaN.
       float const max_scaled = kMasked && m == -INFINITY ? 0.f : m * scale_log2;
       // Where steps may skip the rescale, the product is rounded before the subtraction (no FFMA), so that an
@@ -183,9 +189,15 @@ struct OnlineSoftmax {
 
   // kTrackMoves: whether the last step raised the max of some row this warp holds (always true without). Where it
   // did not, every factor of that step is exactly 1 and the O rescale (64 multiplies a thread at head dim 128) can
-  // be skipped without changing a bit; past the first few key tiles most steps raise no max. Warp-uniform, so the
-  // skip is a uniform branch.
+  // be skipped without changing a bit. Warp-uniform, so the skip is a uniform branch.
   bool max_moved = true;
+  // With kTrackMoves a row's max is the one the probabilities are taken against, not the largest score seen: it
+  // moves only when a step's scores exceed it by more than this (base-2 exponent), so past the first key tile hardly
+  // a step rescales O. With the exact max 31% of the steps at 16k keys would and 95% at 1k (a model: full mask, 16
+  // rows a warp, 128-key tiles, independent standard normal scores; with this bound none after the first). The
+  // probabilities then reach 2^kStaleLog2 instead of 1: far inside the range of the 16-bit P operand, the fp32
+  // accumulators and the row sums; finalize() divides by the sum taken against the same max.
+  static constexpr float kStaleLog2 = 8.f;
 
   // Row reductions run as kChains independent chains joined by a tree at the end: one serial chain over a
   // thread's 32 columns is 32 dependent instructions, which with only two or three warps per scheduler is latency,

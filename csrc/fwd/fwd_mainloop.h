@@ -115,9 +115,10 @@ CUTLASS_DEVICE void convert_fragment(TensorFrom const& from, TensorTo& to) {
 
 // --- Online softmax ------------------------------------------------------------------------------------------------
 
-// Running row max and row sum for the kRows query rows a consumer thread holds. Scores stay raw (unscaled) in the
-// accumulator; exponentials are taken in base 2 with the scale folded into one FFMA. The four threads of a quad share
-// a row: the max is reduced across them every step, the sum only once at the end (each thread keeps a partial sum).
+// Running row max (with kTrackMoves one that may lag the largest score: kStaleLog2) and row sum for the kRows query
+// rows a consumer thread holds. Scores stay raw (unscaled) in the accumulator; exponentials are taken in base 2 with
+// the scale folded into one FFMA. The four threads of a quad share a row: the max is reduced across them every step,
+// the sum only once at the end (each thread keeps a partial sum).
 template <int kRows, bool kTrackMoves = false>
 struct OnlineSoftmax {
   static constexpr int kNumRows = kRows;

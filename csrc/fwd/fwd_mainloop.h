@@ -115,7 +115,16 @@ CUTLASS_DEVICE void convert_fragment(TensorFrom const& from, TensorTo& to) {
 
 // --- Online softmax ------------------------------------------------------------------------------------------------
 
-// Running row max (with kTrackMoves one that may lag the largest score: kStaleLog2) and row sum for the kRows query
+// With OnlineSoftmax's kTrackMoves a row's max is the one the probabilities are taken against, not the largest score
+// seen: it moves only when a step's scores exceed it by more than 2^kStaleMaxLog2, so past the first key tile hardly
+// a step rescales O. With the exact max 31% of the steps at 16k keys would and 95% at 1k (a model: full mask, 16 rows
+// a warp, 128-key tiles, independent standard normal scores; with this bound none after the first). The
+// probabilities then reach 2^kStaleMaxLog2 instead of 1: far inside the range of the 16-bit P operand, the fp32
+// accumulators and the row sums; finalize() divides by the sum taken against the same max. The kernel parameters
+// carry the bound in raw score units (kStaleMaxLog2 / scale_log2), so no step divides.
+inline constexpr float kStaleMaxLog2 = 8.f;
+
+// Running row max (with kTrackMoves one that may lag the largest score: kStaleMaxLog2) and row sum for the kRows query
 // rows a consumer thread holds. Scores stay raw (unscaled) in the accumulator; exponentials are taken in base 2 with
 // the scale folded into one FFMA. The four threads of a quad share a row: the max is reduced across them every step,
 // the sum only once at the end (each thread keeps a partial sum).
@@ -147,7 +156,7 @@ struct OnlineSoftmax {
   // row's new max is finite, so max_scaled needs no guard, and a row whose old max is -inf gets the factor
   // exp2(-inf) = 0 without one: the unmasked steps, the bulk of a tile, skip both selects.
   template <bool kMasked, class TensorS>
-  CUTLASS_DEVICE cute::array<float, kRows> step(TensorS& s, float scale_log2) {
+  CUTLASS_DEVICE cute::array<float, kRows> step(TensorS& s, float scale_log2, float stale_gap) {
     static_assert(decltype(cute::size<0>(s))::value == kRows, "softmax rows must match the accumulator rows");
     constexpr int kCols = decltype(cute::size<1>(s))::value;
     static_assert(kCols % kChains == 0);
@@ -163,9 +172,9 @@ struct OnlineSoftmax {
       for (int c = kChains; c < kCols; ++c) { part[c % kChains] = fmaxf(part[c % kChains], s(r, c)); }
       float m = quad_max(fmaxf(old_max, combine_max(part)));
       if constexpr (kTrackMoves) {
-        // The row keeps its old max unless the step's scores exceed it by more than a factor of 2^kStaleLog2 (the
-        // bound in raw score units: a loop-invariant division).
-        bool const raise = m > old_max + __fdividef(kStaleLog2, scale_log2);
+        // The row keeps its old max unless the step's scores exceed it by more than a factor of 2^kStaleMaxLog2
+        // (stale_gap: that bound in raw score units).
+        bool const raise = m > old_max + stale_gap;
         m = raise ? m : old_max;
         moved |= raise;
       }
@@ -192,13 +201,6 @@ struct OnlineSoftmax {
   // did not, every factor of that step is exactly 1 and the O rescale (64 multiplies a thread at head dim 128) can
   // be skipped without changing a bit. Warp-uniform, so the skip is a uniform branch.
   bool max_moved = true;
-  // With kTrackMoves a row's max is the one the probabilities are taken against, not the largest score seen: it
-  // moves only when a step's scores exceed it by more than this (base-2 exponent), so past the first key tile hardly
-  // a step rescales O. With the exact max 31% of the steps at 16k keys would and 95% at 1k (a model: full mask, 16
-  // rows a warp, 128-key tiles, independent standard normal scores; with this bound none after the first). The
-  // probabilities then reach 2^kStaleLog2 instead of 1: far inside the range of the 16-bit P operand, the fp32
-  // accumulators and the row sums; finalize() divides by the sum taken against the same max.
-  static constexpr float kStaleLog2 = 8.f;
 
   // Row reductions run as kChains independent chains joined by a tree at the end: one serial chain over a
   // thread's 32 columns is 32 dependent instructions, which with only two or three warps per scheduler is latency,
@@ -301,6 +303,7 @@ struct FwdMainloop {
     int32_t seqlen_k;
     int32_t head_ratio;  // nheads / nheads_k
     float scale_log2;    // softmax_scale * log2(e); with soft-capping softcap * log2(e) (common/score_mod.h)
+    float stale_gap;     // kStaleMaxLog2 / scale_log2: how far a score may pass a row's max before it moves
     int32_t window_left, window_right;  // kWindow only (-1: that side unbounded)
     float softcap_pre_tanh;             // kSoftcap only: softmax_scale / softcap
   };
@@ -313,6 +316,7 @@ struct FwdMainloop {
     int32_t const rows_k = Traits::kPacked ? p.packed.total_k : s.seqlen_k;
     int32_t const batch = Traits::kPacked ? 1 : s.batch;
     ShapeQKV shape_q{std::max(rows_q, 1), s.headdim, s.nheads, batch};
+    float const scale_log2 = score_scales(s).softmax * static_cast<float>(M_LOG2E);
     ShapeQKV shape_k{std::max(rows_k, 1), s.headdim, s.nheads_k, batch};
     // V's own head dim (it may differ from K's); the kernel addresses both through shape_k's tile coordinates.
     ShapeQKV shape_v{std::max(rows_k, 1), value_head_dim(s), s.nheads_k, batch};
@@ -332,7 +336,8 @@ struct FwdMainloop {
             s.seqlen_q,
             s.seqlen_k,
             s.nheads / s.nheads_k,
-            score_scales(s).softmax * static_cast<float>(M_LOG2E),
+            scale_log2,
+            kStaleMaxLog2 / scale_log2,
             s.window_left,
             s.window_right,
             score_scales(s).pre_tanh};
@@ -542,7 +547,7 @@ struct FwdMainloop {
     ++read_k;
     apply_score_mod(p, tSrS);
     if (needs_mask(p, lens, m_block, n_block)) { apply_mask(p, lens, s_rc, coord_rc, m_block, n_block); }
-    softmax.template step<true>(s_rc, p.scale_log2);
+    softmax.template step<true>(s_rc, p.scale_log2, p.stale_gap);
     convert_p();
 
     // The O rescale a softmax step asks for (Traits::kORescale, fwd_config.h): kBeforePv applies it in the next step
@@ -571,9 +576,9 @@ struct FwdMainloop {
       bool const masked = needs_mask(p, lens, m_block, n_block);
       if (masked) { apply_mask(p, lens, s_rc, coord_rc, m_block, n_block); }
       if (!Traits::kUnmaskedSoftmax || masked) {
-        correction = softmax.template step<true>(s_rc, p.scale_log2);
+        correction = softmax.template step<true>(s_rc, p.scale_log2, p.stale_gap);
       } else {
-        correction = softmax.template step<false>(s_rc, p.scale_log2);
+        correction = softmax.template step<false>(s_rc, p.scale_log2, p.stale_gap);
       }
       if constexpr (Traits::kSoftmaxFence) { schedule_fence(softmax.row_sum[0]); }  // keeps the wait below it
       warpgroup_wait<0>();

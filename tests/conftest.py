@@ -1,6 +1,8 @@
-"""Shared pytest wiring: GPU tests carry the `gpu` marker and skip cleanly without an sm90 GPU and built kernels; the
-`fake_cuda` fixture of the CPU-side API tests."""
+"""Shared pytest wiring: GPU tests carry the `gpu` marker and skip cleanly without an sm90 GPU and built kernels, and
+run under a time limit (gpu_watchdog.py); the `fake_cuda` fixture of the CPU-side API tests."""
 import pytest
+
+import gpu_watchdog
 
 
 def _gpu_skip_reason():
@@ -42,6 +44,14 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if "gpu" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_call(item):
+    # A kernel that never returns ends the test's process with its name (gpu_watchdog.py) rather than holding the run.
+    seconds = gpu_watchdog.limit_seconds() if "gpu" in item.keywords else 0
+    with gpu_watchdog.watchdog(item.nodeid, seconds):
+        yield
 
 
 @pytest.fixture

@@ -186,3 +186,31 @@ def _assert_descending_lanes_visits(packed, b, seqlen_q, seqlen_k, mask=_sched.M
                   for i in range(len(packed["batch"])) if packed["batch"][i] == b)
     theirs = sorted(tuple(int(dense[c][i]) for c in keys) for i in range(len(dense["batch"])))
     assert mine == theirs, (seqlen_q, seqlen_k)
+
+
+# The lengths the kernels read (cu_seqlens clamped to the packed rows, common/packed_seqs.h) for two invalid cu_seqlens
+# of tests/test_gpu_captured_varlen.py: sequences longer than the caller's bound, 1023.
+PAST_THE_BOUND = {
+    "longer_than_bound": [1, 64, 65, 0, 1070, 81, 129, 200, 17],
+    "far_out_of_range": [1627, 0, 1627, 0, 0, 1281, 129, 200, 17],
+}
+
+
+@pytest.mark.parametrize("mask", [_sched.MASK_CAUSAL, _sched.MASK_FULL], ids=["causal", "full"])
+@pytest.mark.parametrize("lens", PAST_THE_BOUND.values(), ids=PAST_THE_BOUND.keys())
+def test_sequences_past_the_bound_stay_inside_the_launch(lens, mask):
+    """A captured call's device table may read lengths past its max_seqlen (invalid cu_seqlens; the results become
+    NaN). Held to the bounds, every visit stays inside the launch's Q and KV tiles, whose workspace holds
+    num_m_blocks(bound) Q tiles per head: one past them would be another head's tile, where two dQ chains would share
+    a semaphore. Each sequence still runs as alone on its held lengths, deadlock-free, on every CTA count."""
+    bm, bn = TILES[128]
+    pack = _sched.PackedProblem(_sched.Problem(1, 8, 2, 1, 1, bm, bn, mask), lens, lens, 0, 1023, 1023)
+    assert _sched.verify_packed(pack, *CTA_RANGE) == []
+    held = _sched.PackedProblem(_sched.Problem(1, 8, 2, 1, 1, bm, bn, mask), [min(n, 1023) for n in lens],
+                                [min(n, 1023) for n in lens], 0, 1023, 1023)
+    assert pack.units == held.units and pack.kinds == held.kinds
+
+
+def test_bounds_below_one_are_refused():
+    with pytest.raises(ValueError, match="bounds"):
+        _sched.PackedProblem(_sched.Problem(1, 2, 2, 1, 1, 64, 128, _sched.MASK_CAUSAL), [5], [5], 0, 0, 5)

@@ -4,6 +4,7 @@
 #pragma once
 #include <algorithm>
 #include <cstdint>
+#include <optional>
 #include <stdexcept>
 #include <string>
 #include <tuple>
@@ -13,12 +14,15 @@
 
 namespace dash::sched::host {
 
-// A pack: the launch's Problem (batch = sequences, lengths of the longest) and its sequence table, which the
-// Problem points to (so the holder is neither copied nor moved once built).
+// A pack: the launch's Problem (batch = sequences, lengths the bounds) and its sequence table, which the Problem points
+// to (so the holder is neither copied nor moved once built). The bounds are the longest sequence's lengths unless
+// given: below a sequence's, they model a launch whose device table reads lengths past the caller's max_seqlen (an
+// invalid call inside a captured graph), which entry_for holds to the bounds.
 class PackedProblem {
  public:
   PackedProblem(const Problem& p, const std::vector<int32_t>& lens_q, const std::vector<int32_t>& lens_k,
-                int32_t short_k = 0)
+                int32_t short_k = 0, std::optional<int32_t> max_q = std::nullopt,
+                std::optional<int32_t> max_k = std::nullopt)
       : p_(p) {
     if (lens_q.size() != lens_k.size() || lens_q.empty()) {
       throw std::invalid_argument("lens_q and lens_k must hold one length per sequence (at least one)");
@@ -26,8 +30,9 @@ class PackedProblem {
     if (p.mask == MaskKind::kWindow) throw std::invalid_argument("sequences are scheduled on their own geometry "
                                                                  "under a causal or full mask only");
     p_.batch = static_cast<int32_t>(lens_q.size());
-    p_.seqlen_q = *std::max_element(lens_q.begin(), lens_q.end());
-    p_.seqlen_k = *std::max_element(lens_k.begin(), lens_k.end());
+    if ((max_q && *max_q < 1) || (max_k && *max_k < 1)) throw std::invalid_argument("bounds must be >= 1");
+    p_.seqlen_q = max_q.value_or(*std::max_element(lens_q.begin(), lens_q.end()));
+    p_.seqlen_k = max_k.value_or(*std::max_element(lens_k.begin(), lens_k.end()));
     const int32_t B = p_.batch;
     for (int32_t b = 0; b < B; ++b) {
       if (lens_q[b] < 0 || lens_k[b] < 0) throw std::invalid_argument("negative sequence length");
@@ -71,9 +76,9 @@ class PackedProblem {
 };
 
 // Checks the pack for CTA counts [cta_lo, cta_hi]: per sequence, the visits (head, Q tile, KV tile, run, position) are
-// those of the sequence alone (one CTA); every KV tile of every sequence runs once, whole; items past a sequence's
-// tiles have no visits; the adds per accumulator are what the postprocess waits for; no deadlock, with the units
-// dealt statically or claimed in launch order.
+// those of the sequence alone (one CTA); every visit's tiles lie inside the launch's bounds; every KV tile of every
+// sequence runs once, whole; items past a sequence's tiles have no visits; the adds per accumulator are what the
+// postprocess waits for; no deadlock, with the units dealt statically or claimed in launch order.
 inline std::vector<std::string> verify_packed(const PackedProblem& pack, int32_t cta_lo, int32_t cta_hi,
                                               size_t max_errors = 20) {
   using Key = std::tuple<int32_t, int32_t, int32_t, int32_t, int32_t>;  // head_k, head, m, n, (run, position)
@@ -134,6 +139,14 @@ inline std::vector<std::string> verify_packed(const PackedProblem& pack, int32_t
     for (int32_t b = 0; b < B; ++b) {
       for (int32_t r : runs_of[b]) {
         if (r != 1) fail(ctas, "sequence " + std::to_string(b) + ": a KV tile ran " + std::to_string(r) + " times");
+      }
+    }
+    // The workspace and the postprocess grid hold num_m_blocks(p) Q tiles per head: a visit past them would add
+    // into another head's tile (q_tile_index) or past the workspace.
+    for (const VisitRecord& v : e.visits) {
+      if (v.m_block >= num_m_blocks(p) || v.n_block >= num_n_blocks(p)) {
+        fail(ctas, "sequence " + std::to_string(v.batch) + ": a visit past the launch's bounds");
+        break;
       }
     }
     for (const VisitRecord& v : e.visits) {

@@ -281,9 +281,13 @@ PYBIND11_MODULE(_sched, m) {
                                   "A varlen pack whose sequences are scheduled each on its own geometry (causal masks "
                                   "shift_causal_runs, full masks shift_runs; schedule/seq_runs.h): the launch's "
                                   "tiling and heads from `problem`, one length per sequence; on causal masks "
-                                  "sequences of up to `short_k` keys run descending.")
-      .def(py::init<const Problem&, const std::vector<int32_t>&, const std::vector<int32_t>&, int32_t>(),
-           py::arg("problem"), py::arg("lens_q"), py::arg("lens_k"), py::arg("short_k") = 0)
+                                  "sequences of up to `short_k` keys run descending. max_q, max_k: the launch's "
+                                  "bounds (default the longest lengths); below a sequence's, the lengths a device "
+                                  "table reads past the caller's max_seqlen, which the table holds to them.")
+      .def(py::init<const Problem&, const std::vector<int32_t>&, const std::vector<int32_t>&, int32_t,
+                    std::optional<int32_t>, std::optional<int32_t>>(),
+           py::arg("problem"), py::arg("lens_q"), py::arg("lens_k"), py::arg("short_k") = 0,
+           py::arg("max_q") = py::none(), py::arg("max_k") = py::none())
       .def_property_readonly("units", &host::PackedProblem::units)
       .def_property_readonly("kinds", [](const host::PackedProblem& pk) {
         std::vector<int32_t> kinds;

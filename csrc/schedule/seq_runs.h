@@ -112,8 +112,14 @@ struct SeqCausalRuns {
     return mostly_full_band(s) || (s.seqlen_k <= short_k && s.seqlen_q >= s.seqlen_k);
   }
   // A sequence's entry before the scan fills first_unit: Descending where runs_descending, as its dense call under
-  // `auto`; else what the mask's per-sequence schedule resolves to on its lengths.
+  // `auto`; else what the mask's per-sequence schedule resolves to on its lengths. The lengths are held to the
+  // launch's bounds (p.seqlen_q, p.seqlen_k: the max_seqlen the workspace's Q tiles and the postprocess grid are sized
+  // for). A valid call has none longer; the device table reads cu_seqlens the host never saw (a captured graph), and a
+  // sequence past the bound would otherwise address Q tiles of the next head or past the workspace, where two dQ
+  // chains share a semaphore and may wait for each other forever. Such a call's results are NaN (device_seqlens).
   DASH_HD static SeqEntry entry_for(const Problem& p, int32_t len_q, int32_t len_k, int32_t short_k) {
+    len_q = len_q < p.seqlen_q ? len_q : p.seqlen_q;
+    len_k = len_k < p.seqlen_k ? len_k : p.seqlen_k;
     const Problem s = alone(p, len_q, len_k);
     if (runs_descending(s, short_k)) return SeqEntry{0, len_q, len_k, ScheduleKind::kDescending};
     return SeqEntry{0, len_q, len_k, resolve_schedule(per_sequence_kind(p.mask), s)};

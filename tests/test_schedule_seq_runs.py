@@ -204,10 +204,11 @@ def test_sequences_past_the_bound_stay_inside_the_launch(lens, mask):
     num_m_blocks(bound) Q tiles per head: one past them would be another head's tile, where two dQ chains would share
     a semaphore. Each sequence still runs as alone on its held lengths, deadlock-free, on every CTA count."""
     bm, bn = TILES[128]
-    pack = _sched.PackedProblem(_sched.Problem(1, 8, 2, 1, 1, bm, bn, mask), lens, lens, 0, 1023, 1023)
+    problem = _sched.Problem(1, 8, 2, 1, 1, bm, bn, mask)
+    pack = _sched.PackedProblem(problem, lens, lens, 0, 1023, 1023)
     assert _sched.verify_packed(pack, *CTA_RANGE) == []
-    held = _sched.PackedProblem(_sched.Problem(1, 8, 2, 1, 1, bm, bn, mask), [min(n, 1023) for n in lens],
-                                [min(n, 1023) for n in lens], 0, 1023, 1023)
+    held_lens = [min(n, 1023) for n in lens]
+    held = _sched.PackedProblem(problem, held_lens, held_lens, 0, 1023, 1023)
     assert pack.units == held.units and pack.kinds == held.kinds
 
 

@@ -143,13 +143,13 @@ inline std::vector<std::string> verify_packed(const PackedProblem& pack, int32_t
     }
     // The workspace and the postprocess grid hold num_m_blocks(p) Q tiles per head: a visit past them would add
     // into another head's tile (q_tile_index) or past the workspace.
+    const int32_t launch_m = num_m_blocks(p), launch_n = num_n_blocks(p);
+    bool inside = true;
     for (const VisitRecord& v : e.visits) {
-      if (v.m_block >= num_m_blocks(p) || v.n_block >= num_n_blocks(p)) {
+      if (inside && (v.m_block >= launch_m || v.n_block >= launch_n)) {
         fail(ctas, "sequence " + std::to_string(v.batch) + ": a visit past the launch's bounds");
-        break;
+        inside = false;
       }
-    }
-    for (const VisitRecord& v : e.visits) {
       seen[v.batch].emplace_back(v.head_k, v.head, v.m_block, v.n_block, v.run * (1 << 20) + v.wait_target);
     }
     for (int32_t b = 0; b < B && errors.size() < max_errors; ++b) {

@@ -18,19 +18,10 @@ import dash_attn
 from dash_attn import device_seqlens, interface
 from dash_attn.reference import attention_bwd_ref_varlen, attention_ref_varlen
 from api_common import patch_interface
+from captured_varlen_cases import BOUND, INVALID, LENGTHS, NHEADS, NHEADS_K, TOTAL
 from gpu_common import assert_grads_within, assert_out_lse_within, capture, main_head_dim, supported_head_dims
 
 pytestmark = pytest.mark.gpu
-
-NHEADS, NHEADS_K = 8, 2
-# Three arrangements of one packed length (1627 rows, 9 sequences): the capture's, the same lengths reordered, and a
-# longest sequence (500) below the captured bound (1023).
-LENGTHS = {
-    "captured": (1, 64, 65, 0, 1023, 128, 129, 200, 17),
-    "reordered": (200, 17, 1, 1023, 0, 129, 128, 65, 64),
-    "shorter": (500, 500, 300, 300, 27, 0, 0, 0, 0),
-}
-BOUND = 1023
 
 
 def _cu(lengths):
@@ -39,9 +30,8 @@ def _cu(lengths):
 
 def _inputs(seed, dtype=torch.bfloat16):
     gen = torch.Generator(device="cuda").manual_seed(seed)
-    total = sum(LENGTHS["captured"])
-    shapes = ((total, NHEADS, main_head_dim()), (total, NHEADS_K, main_head_dim()),
-              (total, NHEADS_K, main_head_dim()), (total, NHEADS, main_head_dim()))
+    shapes = ((TOTAL, NHEADS, main_head_dim()), (TOTAL, NHEADS_K, main_head_dim()),
+              (TOTAL, NHEADS_K, main_head_dim()), (TOTAL, NHEADS, main_head_dim()))
     return [torch.randn(s, generator=gen, device="cuda", dtype=dtype) for s in shapes]
 
 
@@ -111,14 +101,6 @@ def test_replays_follow_the_lengths_cu_seqlens_holds(causal, deterministic):
 
 def _invalid(values):
     return torch.tensor(values, dtype=torch.int32, device="cuda")
-
-
-INVALID = {
-    "last_not_total": [0, 1, 65, 130, 130, 1153, 1281, 1410, 1610, 1626],
-    "longer_than_bound": [0, 1, 65, 130, 130, 1200, 1281, 1410, 1610, 1627],
-    "decreasing": [0, 1, 65, 30, 130, 1153, 1281, 1410, 1610, 1627],
-    "far_out_of_range": [0, 2 ** 30, -2 ** 30, 2 ** 31 - 1, 5, -1, 1281, 1410, 1610, 1627],
-}
 
 
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])

@@ -9,6 +9,7 @@ import random
 import pytest
 
 from dash_attn import _sched
+from captured_varlen_cases import BOUND, INVALID, NHEADS, NHEADS_K, TOTAL, kernel_lengths
 
 CTA_RANGE = (1, 256)
 # (block_m, block_n) of the backward kernels of hdim 64, 128 and 256.
@@ -188,28 +189,27 @@ def _assert_descending_lanes_visits(packed, b, seqlen_q, seqlen_k, mask=_sched.M
     assert mine == theirs, (seqlen_q, seqlen_k)
 
 
-# The lengths the kernels read (cu_seqlens clamped to the packed rows, common/packed_seqs.h) for two invalid cu_seqlens
-# of tests/test_gpu_captured_varlen.py: sequences longer than the caller's bound, 1023.
-PAST_THE_BOUND = {
-    "longer_than_bound": [1, 64, 65, 0, 1070, 81, 129, 200, 17],
-    "far_out_of_range": [1627, 0, 1627, 0, 0, 1281, 129, 200, 17],
-}
-
-
 @pytest.mark.parametrize("mask", [_sched.MASK_CAUSAL, _sched.MASK_FULL], ids=["causal", "full"])
-@pytest.mark.parametrize("lens", PAST_THE_BOUND.values(), ids=PAST_THE_BOUND.keys())
-def test_sequences_past_the_bound_stay_inside_the_launch(lens, mask):
-    """A captured call's device table may read lengths past its max_seqlen (invalid cu_seqlens; the results become
-    NaN). Held to the bounds, every visit stays inside the launch's Q and KV tiles, whose workspace holds
-    num_m_blocks(bound) Q tiles per head: one past them would be another head's tile, where two dQ chains would share
-    a semaphore. Each sequence still runs as alone on its held lengths, deadlock-free, on every CTA count."""
+@pytest.mark.parametrize("cu_seqlens", INVALID.values(), ids=INVALID.keys())
+def test_invalid_cu_seqlens_stay_inside_the_launch(cu_seqlens, mask):
+    """The invalid cu_seqlens of the captured varlen GPU test, as its kernels read them (clamped to the packed rows):
+    a device table may then hold lengths past the call's max_seqlen (the results become NaN). Held to the bounds,
+    every visit stays inside the launch's Q and KV tiles, whose workspace holds num_m_blocks(bound) Q tiles per head:
+    one past them would be another head's tile, where two dQ chains would share a semaphore. Each sequence still
+    runs as alone on its held lengths, deadlock-free, on every CTA count."""
     bm, bn = TILES[128]
-    problem = _sched.Problem(1, 8, 2, 1, 1, bm, bn, mask)
-    pack = _sched.PackedProblem(problem, lens, lens, 0, 1023, 1023)
+    problem = _sched.Problem(1, NHEADS, NHEADS_K, 1, 1, bm, bn, mask)
+    lens = kernel_lengths(cu_seqlens, TOTAL)
+    pack = _sched.PackedProblem(problem, lens, lens, 0, BOUND, BOUND)
     assert _sched.verify_packed(pack, *CTA_RANGE) == []
-    held_lens = [min(n, 1023) for n in lens]
-    held = _sched.PackedProblem(problem, held_lens, held_lens, 0, 1023, 1023)
+    held_lens = [min(n, BOUND) for n in lens]
+    held = _sched.PackedProblem(problem, held_lens, held_lens, 0, BOUND, BOUND)
     assert pack.units == held.units and pack.kinds == held.kinds
+
+
+def test_the_invalid_cases_reach_past_the_bound():
+    # what the test above is for: without the bounds two of them would schedule tiles past the launch
+    assert sum(max(kernel_lengths(cu, TOTAL)) > BOUND for cu in INVALID.values()) == 2
 
 
 def test_bounds_below_one_are_refused():

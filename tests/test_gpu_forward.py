@@ -177,13 +177,16 @@ def test_forward_strided_inputs():
     assert torch.equal(out, expected)
 
 
+# Scale 0 (uniform attention over the visible keys) at several key tiles: the row max's stale bound is then infinite,
+# which the kernel parameters turn into the exact max (fwd_mainloop.h, stale_gap).
 @pytest.mark.gpu
-def test_forward_softmax_scale():
+@pytest.mark.parametrize("seqlen, scale", [(113, 0.05), (300, 0.05), (300, 0.0)])
+def test_forward_softmax_scale(seqlen, scale):
     headdim = supported_head_dims()[0]
-    q, k, v = make_qkv(2, 113, 113, 4, 4, headdim, torch.bfloat16)
-    out = dash_attn.flash_attn_func(q, k, v, softmax_scale=0.05)
-    ref = attention_ref(q.float(), k.float(), v.float(), softmax_scale=0.05)
-    base = attention_ref(q, k, v, softmax_scale=0.05, upcast=False)
+    q, k, v = make_qkv(2, seqlen, seqlen, 4, 4, headdim, torch.bfloat16)
+    out = dash_attn.flash_attn_func(q, k, v, softmax_scale=scale)
+    ref = attention_ref(q.float(), k.float(), v.float(), softmax_scale=scale)
+    base = attention_ref(q, k, v, softmax_scale=scale, upcast=False)
     assert_within("out", out, ref, tolerance(base, ref, torch.bfloat16))
 
 

@@ -124,6 +124,14 @@ CUTLASS_DEVICE void convert_fragment(TensorFrom const& from, TensorTo& to) {
 // carry the bound in raw score units (kStaleMaxLog2 / scale_log2), so no step divides.
 inline constexpr float kStaleMaxLog2 = 8.f;
 
+// That bound in raw score units for a call's scale_log2; 0 (the exact max) where it is not a finite non-negative
+// number: with softmax_scale 0 it would be infinite, and -inf + inf (a row's first max test) is NaN, which would keep
+// every row's max at -inf.
+inline float stale_gap(float scale_log2) {
+  float const gap = kStaleMaxLog2 / scale_log2;
+  return std::isfinite(gap) && gap >= 0.f ? gap : 0.f;
+}
+
 // Running row max (with kTrackMoves one that may lag the largest score: kStaleMaxLog2) and row sum for the kRows query
 // rows a consumer thread holds. Scores stay raw (unscaled) in the accumulator; exponentials are taken in base 2 with
 // the scale folded into one FFMA. The four threads of a quad share a row: the max is reduced across them every step,
@@ -303,7 +311,7 @@ struct FwdMainloop {
     int32_t seqlen_k;
     int32_t head_ratio;  // nheads / nheads_k
     float scale_log2;    // softmax_scale * log2(e); with soft-capping softcap * log2(e) (common/score_mod.h)
-    float stale_gap;     // kStaleMaxLog2 / scale_log2: how far a score may pass a row's max before it moves
+    float stale_gap;     // stale_gap(scale_log2): how far a score may pass a row's max before it moves
     int32_t window_left, window_right;  // kWindow only (-1: that side unbounded)
     float softcap_pre_tanh;             // kSoftcap only: softmax_scale / softcap
   };
@@ -337,7 +345,7 @@ struct FwdMainloop {
             s.seqlen_k,
             s.nheads / s.nheads_k,
             scale_log2,
-            kStaleMaxLog2 / scale_log2,
+            dash::fwd::stale_gap(scale_log2),
             s.window_left,
             s.window_right,
             score_scales(s).pre_tanh};

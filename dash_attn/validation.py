@@ -200,8 +200,9 @@ def check_softmax_scale(softmax_scale) -> None:
     if softmax_scale is None:
         return
     if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)) \
-            or not _is_finite(softmax_scale):
-        raise ValueError(f"softmax_scale must be a finite float or None (1/sqrt(headdim)), got {softmax_scale!r}")
+            or not _is_finite(softmax_scale) or softmax_scale < 0:
+        # A negative scale would turn the row max into the row min: the exponentials overflow.
+        raise ValueError(f"softmax_scale must be a finite float >= 0 or None (1/sqrt(headdim)), got {softmax_scale!r}")
 
 
 def check_schedule(schedule: str) -> None:

@@ -72,6 +72,7 @@ BAD_ARGUMENTS = [
     (dict(softcap=-1.0), "softcap"),
     (dict(softcap=float("nan")), "softcap"),
     (dict(softmax_scale=float("inf")), "softmax_scale"),
+    (dict(softmax_scale=-0.5), "softmax_scale"),
     (dict(schedule="fastest"), "schedule"),
     (dict(sm_margin=-1), "sm_margin"),
     (dict(deterministic="yes"), "deterministic"),

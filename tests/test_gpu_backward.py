@@ -200,6 +200,32 @@ def test_backward_gradient_scale(log2_scale, causal, headdim):
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+@pytest.mark.parametrize("varlen", [False, True], ids=["dense", "varlen"])
+def test_backward_softmax_scale_zero(causal, varlen):
+    """Scale 0 (uniform attention over the visible keys): the kernels run on zero queries at scale 1
+    (_launch.scoreless_bwd), so dQ and dK are exactly 0 and dV is the reference's."""
+    q, k, v, dout = make_inputs(2, 300, 300, 4, 2, main_head_dim(), torch.bfloat16)
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    if varlen:
+        cu = torch.tensor([0, 300, 600], dtype=torch.int32, device="cuda")
+        packed = [t.flatten(0, 1) for t in leaves]
+        out = dash_attn.flash_attn_varlen_func(*packed, cu, cu, 300, 300, softmax_scale=0.0, causal=causal,
+                                               deterministic=True).unflatten(0, (2, 300))
+    else:
+        out = dash_attn.flash_attn_func(*leaves, softmax_scale=0.0, causal=causal, deterministic=True)
+    out.backward(dout)
+    dq, dk, dv = (t.grad for t in leaves)
+    assert not dq.any() and not dk.any()
+    qf, kf, vf = q.float(), k.float(), v.float()
+    ref_out, lse = attention_ref(qf, kf, vf, 0.0, causal, return_lse=True)
+    ref = attention_bwd_ref(dout.float(), qf, kf, vf, ref_out, lse, 0.0, causal)
+    base_leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    base = torch.autograd.grad(attention_ref(*base_leaves, 0.0, causal, upcast=False), base_leaves, dout)
+    assert_grads_within((dq, dk, dv), ref, base, torch.bfloat16)
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("sm_margin", [0, 4, 18])
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 def test_backward_sm_margin(sm_margin, causal):

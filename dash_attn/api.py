@@ -117,8 +117,8 @@ def flash_attn_func(q, k, v, softmax_scale=None, causal=False, qv=None, q_descal
     (batch, seqlen_k, nheads_k, headdim_v), headdim_v = headdim or another (e.g. 192 / 128); out takes headdim_v.
     Head dims: 1 to 256; on CUDA the kernel is the smallest built one (64, 128, 256) that holds both, the missing
     columns read as zeros, at its cost. A head dim that is not a multiple of 8 is zero-padded to the next one first
-    (copies of q, k, v; out and the gradients come back without the padding). softmax_scale: default 1/sqrt(headdim)
-    of the head dim given.
+    (copies of q, k, v; out and the gradients come back without the padding). softmax_scale: >= 0, default
+    1/sqrt(headdim) of the head dim given.
     causal: bottom-right aligned (query i sees key j <= i + seqlen_k - seqlen_q). window_size: (left, right) around
     the same diagonal, integers (ints, numpy integers, 0-d integer tensors); a negative side is unbounded, as is a
     side wider than the sequences; causal=True sets the right side to 0 (FlashAttention-3's rules).

@@ -174,16 +174,6 @@ def _launch_bwd(dout, q, k, v, out, lse, dq, dk, dv, args: OpArgs, sink=None, ds
     _kv_heads.sum_kv(ext, dk_x, dv_x, dk, dv)
 
 
-def scoreless_bwd(q: torch.Tensor, args: OpArgs) -> Tuple[torch.Tensor, OpArgs, bool]:
-    """(q, args, dq_is_zero) for a backward launch. softmax_scale 0 makes every score 0, which the backward kernels
-    cannot take as given: they fold the scale into the row statistics (-LSE / scale, RowStats::kGemmInit in
-    csrc/bwd/bwd_config.h). Zero queries at scale 1 give the same scores, probabilities, out and lse, so the same dK
-    (scale * dS^T Q = 0 either way) and dV; only dQ (scale * dS K) differs, and the caller sets it to 0."""
-    if args.softmax_scale != 0.0:
-        return q, args, False
-    return torch.zeros_like(q), args._replace(softmax_scale=1.0), True
-
-
 def _run_bwd(ext, dout, q, k, v, out, lse, dq, dk, dv, args: OpArgs, sink=None, dsink=None) -> None:
     """The backward once _check_cuda has passed."""
     if q.numel() == 0 or k.numel() == 0:
@@ -191,14 +181,11 @@ def _run_bwd(ext, dout, q, k, v, out, lse, dq, dk, dv, args: OpArgs, sink=None, 
         for grad in (dq, dk, dv) if dsink is None else (dq, dk, dv, dsink):
             grad.zero_()
         return
-    q, args, dq_is_zero = scoreless_bwd(q, args)
     schedule_id = _resolve_schedule(q, k, v, args)
     kernel_dim = _kernel_head_dim(q, v)
     with _device_guard(q.device), _full_width(dk, kernel_dim) as dk_rows, _full_width(dv, kernel_dim) as dv_rows:
         ext.bwd(dout, q, k, v, out, lse, dq, dk_rows, dv_rows, *args.kernel_args, args.deterministic, schedule_id,
                 args.sm_margin, sink, dsink)
-    if dq_is_zero:
-        dq.zero_()
 
 
 def _out_like(q: torch.Tensor, v: torch.Tensor) -> torch.Tensor:

@@ -12,7 +12,7 @@ from ._args import MaskKind, OpArgs
 from ._ext import (_bwd_tile_shape, _check_cuda, _device_guard, _held_head_dim, _kernel_head_dim, _num_sms,
                    _supported_head_dims)
 from ._launch import (_lse_shape, _out_like, _resolve_schedule_for, _run_bwd, _run_fwd, _run_schedule,
-                      _with_varlen_schedule, scoreless_bwd)
+                      _with_varlen_schedule)
 from .schedules_table import runs_per_sequence
 
 
@@ -285,7 +285,6 @@ def _run_packed_bwd(ext, dout, q, k, v, out, lse, dq, dk, dv, cu_q, cu_k, launch
     """The packed kernels' backward launches of one call, (seqused_q, seqused_k, max_q, max_k) each, in order; d sink
     (with a sink) summed over them in that order. short_k: _with_varlen_schedule's."""
     sink_grad = _SinkGradSum(dsink, len(launches))
-    q, args, dq_is_zero = scoreless_bwd(q, args)
     for launch_q, launch_k, max_q, max_k in launches:
         schedule_id = _resolve_schedule_for(args, q.device, cu_q.shape[0] - 1, max_q, max_k, q.shape[1], k.shape[1],
                                             q.shape[-1])
@@ -293,8 +292,6 @@ def _run_packed_bwd(ext, dout, q, k, v, out, lse, dq, dk, dv, cu_q, cu_k, launch
                        *args.kernel_args, args.deterministic, schedule_id, short_k, args.sm_margin, sink,
                        sink_grad.part)
         sink_grad.add()
-    if dq_is_zero:
-        dq.zero_()
 
 
 def _rows_in_use(q, launches, lens_q, lens_k):

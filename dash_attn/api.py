@@ -52,6 +52,16 @@ def _padded_head_dims(q, k, v):
     return pad(q, headdim), pad(k, headdim), pad(v, headdim_v)
 
 
+def _scoreless_queries(q, args):
+    """softmax_scale 0 makes every score 0: zero queries at scale 1 give the same scores, so the same out, lse, dK
+    and dV, and as q * 0 they give dQ = 0 through autograd. The kernels never take scale 0: a masked score's -inf
+    times 0 is NaN in the forward, and the backward folds 1 / scale into its row statistics (RowStats::kGemmInit,
+    csrc/bwd/bwd_config.h)."""
+    if args.softmax_scale != 0.0:
+        return q, args
+    return q * 0, args._replace(softmax_scale=1.0)
+
+
 def _results(out, lse, headdim_v, return_attn_probs):
     """What the public functions return: out without v's padding columns, contiguous like an unpadded call's (callers
     view it as (..., nheads * headdim_v)), and lse with return_attn_probs."""
@@ -68,6 +78,7 @@ def _attention(q, k, v, softmax_scale, causal, window_size, softcap, determinist
     args = _common_args(q, softmax_scale, causal, window_size, softcap, deterministic, schedule, sm_margin)
     headdim_v = v.shape[-1]
     q, k, v = _padded_head_dims(q, k, v)
+    q, args = _scoreless_queries(q, args)
     if learnable_sink is not None:
         return _results(*_sinks.attention(q, k, v, learnable_sink, args, attention_chunk), headdim_v,
                         return_attn_probs)
@@ -89,6 +100,7 @@ def _varlen_attention(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seq
     args = _common_args(q, softmax_scale, causal, window_size, softcap, deterministic, schedule, sm_margin)
     headdim_v = v.shape[-1]
     q, k, v = _padded_head_dims(q, k, v)
+    q, args = _scoreless_queries(q, args)
     seqs = (cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k, max_seqlen_q, max_seqlen_k)
     if learnable_sink is not None:
         return _results(*_sinks.varlen_attention(q, k, v, *seqs, learnable_sink, args, attention_chunk), headdim_v,

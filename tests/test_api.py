@@ -286,6 +286,31 @@ def test_gradcheck_through_the_op(seqlen_q, seqlen_k, nheads, nheads_k, causal, 
     assert torch.autograd.gradcheck(fn, (q, k, v), eps=1e-6, atol=1e-7, fast_mode=True)
 
 
+@pytest.mark.parametrize("causal, softcap", [(False, 0.0), (True, 0.0), (True, 5.0)])
+@pytest.mark.parametrize("varlen", [False, True], ids=["dense", "varlen"])
+def test_softmax_scale_zero_runs_as_zero_queries(causal, softcap, varlen):
+    """Scale 0 reaches the ops as zero queries at scale 1 (api._scoreless_queries): out, lse and every gradient are
+    the reference's at scale 0, dQ and dK exactly 0."""
+    q, k, v = qkv(2, 7, 12, 4, 2, 8, dtype=torch.float64, requires_grad=True)
+    dout = torch.randn(q.shape, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
+    if varlen:
+        cu_q, cu_k = cu([7, 7]), cu([12, 12])
+        out, lse = dash_attn.flash_attn_varlen_func(*(t.flatten(0, 1) for t in (q, k, v)), cu_q, cu_k, 7, 12,
+                                                    softmax_scale=0, causal=causal, softcap=softcap,
+                                                    return_attn_probs=True)
+        out, lse = out.unflatten(0, (2, 7)), lse.unflatten(1, (2, 7)).transpose(0, 1)
+    else:
+        out, lse = dash_attn.flash_attn_func(q, k, v, softmax_scale=0, causal=causal, softcap=softcap,
+                                             return_attn_probs=True)
+    dq, dk, dv = torch.autograd.grad(out, (q, k, v), dout)
+    ref_out, ref_lse = attention_ref(q, k, v, 0.0, causal, softcap=softcap, return_lse=True)
+    ref = torch.autograd.grad(ref_out, (q, k, v), dout)
+    torch.testing.assert_close(out, ref_out, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(lse, ref_lse.float())
+    assert not dq.any() and not dk.any()
+    torch.testing.assert_close(dv, ref[2], rtol=1e-12, atol=1e-12)
+
+
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_cpu_backward_matches_reference_autograd(dtype):
     q, k, v = qkv(seqlen_q=8, seqlen_k=6, dtype=dtype, requires_grad=True)

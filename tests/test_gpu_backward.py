@@ -204,7 +204,7 @@ def test_backward_gradient_scale(log2_scale, causal, headdim):
 @pytest.mark.parametrize("varlen", [False, True], ids=["dense", "varlen"])
 def test_backward_softmax_scale_zero(causal, varlen):
     """Scale 0 (uniform attention over the visible keys): the kernels run on zero queries at scale 1
-    (_launch.scoreless_bwd), so dQ and dK are exactly 0 and dV is the reference's."""
+    (api._scoreless_queries), so dQ and dK are exactly 0 and dV is the reference's."""
     q, k, v, dout = make_inputs(2, 300, 300, 4, 2, main_head_dim(), torch.bfloat16)
     leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
     if varlen:

@@ -177,8 +177,8 @@ def test_forward_strided_inputs():
     assert torch.equal(out, expected)
 
 
-# Scale 0 (uniform attention over the visible keys) at several key tiles: the row max's stale bound is then infinite,
-# which the kernel parameters turn into the exact max (fwd_mainloop.h, stale_gap).
+# Scale 0 (uniform attention over the visible keys) at several key tiles, the last one ragged: it runs as zero queries
+# at scale 1 (api._scoreless_queries).
 @pytest.mark.gpu
 @pytest.mark.parametrize("seqlen, scale", [(113, 0.05), (300, 0.05), (300, 0.0)])
 def test_forward_softmax_scale(seqlen, scale):

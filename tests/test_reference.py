@@ -222,25 +222,3 @@ def test_varlen_matches_per_sequence(causal, window, softcap):
                                     compute_dtype=torch.float64)
         for g, g_b, s in zip((dq, dk, dv), grads_b, (sq, sk, sk)):
             torch.testing.assert_close(g[s], g_b[0])
-
-
-@pytest.mark.parametrize("causal, softcap", [(False, 0.0), (True, 0.0), (True, 5.0)])
-def test_scale_zero_backward_equals_zero_queries_at_scale_one(causal, softcap):
-    """The rule dash_attn._launch.scoreless_bwd runs the kernels by: at softmax_scale 0 the out, lse, dK and dV of
-    zero queries at scale 1 are those of the real queries, and dQ is 0."""
-    from dash_attn._launch import scoreless_bwd
-    from dash_attn._args import OpArgs
-    q, k, v = _qkv(2, 37, 53, 4, 2, 16)
-    dout = torch.randn(q.shape, generator=torch.Generator().manual_seed(1), dtype=q.dtype)
-    args = OpArgs(0.0, 1 if causal else 0, -1, 0 if causal else -1, softcap, True, "auto", 0)
-    q0, args0, dq_is_zero = scoreless_bwd(q, args)
-    assert dq_is_zero and args0.softmax_scale == 1.0 and not q0.any()
-    assert scoreless_bwd(q, args._replace(softmax_scale=0.5))[2] is False
-    out, lse = attention_ref(q, k, v, 0.0, causal, softcap=softcap, return_lse=True)
-    out0, lse0 = attention_ref(q0, k, v, 1.0, causal, softcap=softcap, return_lse=True)
-    torch.testing.assert_close(out0, out, rtol=0, atol=1e-12)
-    torch.testing.assert_close(lse0, lse, rtol=0, atol=1e-12)
-    dq, dk, dv = attention_bwd_ref(dout, q, k, v, out, lse, 0.0, causal, softcap=softcap)
-    _, dk0, dv0 = attention_bwd_ref(dout, q0, k, v, out0, lse0, 1.0, causal, softcap=softcap)
-    assert not dq.any() and not dk.any() and not dk0.any()
-    torch.testing.assert_close(dv0, dv, rtol=0, atol=1e-12)

@@ -32,15 +32,16 @@ def make_inputs(batch, seqlen_q, seqlen_k, nheads, nheads_k, headdim, dtype, see
     return q, k, v, dout
 
 
-def reference_grads(q, k, v, dout, causal, window=(-1, -1)):
+def reference_grads(q, k, v, dout, causal, window=(-1, -1), softmax_scale=None):
     """(float32 reference grads, low-precision autograd baseline grads, absolute floors of dq/dk/dv)."""
     qf, kf, vf = q.float(), k.float(), v.float()
-    out, lse = attention_ref(qf, kf, vf, causal=causal, window_size=window, return_lse=True)
-    ref = attention_bwd_ref(dout.float(), qf, kf, vf, out, lse, causal=causal, window_size=window)
+    call_args = dict(softmax_scale=softmax_scale, causal=causal, window_size=window)
+    out, lse = attention_ref(qf, kf, vf, return_lse=True, **call_args)
+    ref = attention_bwd_ref(dout.float(), qf, kf, vf, out, lse, **call_args)
     leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
-    base_out = attention_ref(*leaves, causal=causal, window_size=window, upcast=False)
+    base_out = attention_ref(*leaves, upcast=False, **call_args)
     base = torch.autograd.grad(base_out, leaves, dout)
-    bounds = row_statistic_error_bound(dout.float(), qf, kf, vf, out, lse, causal=causal, window_size=window)
+    bounds = row_statistic_error_bound(dout.float(), qf, kf, vf, out, lse, **call_args)
     floors = tuple(2 * b.max().item() if b.numel() else 0.0 for b in bounds) + (0.0,)
     return ref, base, floors
 
@@ -217,11 +218,7 @@ def test_backward_softmax_scale_zero(causal, varlen):
     out.backward(dout)
     dq, dk, dv = (t.grad for t in leaves)
     assert not dq.any() and not dk.any()
-    qf, kf, vf = q.float(), k.float(), v.float()
-    ref_out, lse = attention_ref(qf, kf, vf, 0.0, causal, return_lse=True)
-    ref = attention_bwd_ref(dout.float(), qf, kf, vf, ref_out, lse, 0.0, causal)
-    base_leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
-    base = torch.autograd.grad(attention_ref(*base_leaves, 0.0, causal, upcast=False), base_leaves, dout)
+    ref, base, _ = reference_grads(q, k, v, dout, causal, softmax_scale=0.0)
     assert_grads_within((dq, dk, dv), ref, base, torch.bfloat16)
 
 

@@ -125,8 +125,8 @@ CUTLASS_DEVICE void convert_fragment(TensorFrom const& from, TensorTo& to) {
 inline constexpr float kStaleMaxLog2 = 8.f;
 
 // That bound in raw score units for a call's scale_log2; 0 (the exact max) where it is not a finite non-negative
-// number. A guard only: the Python layer never launches scale 0 (dash_attn/api.py, _scoreless_queries), which the
-// kernel could not take anyway (a masked score's -inf times 0 is NaN).
+// number: scales below about 1e-38, whose quotient overflows (an infinite bound makes a row's first max test
+// -inf + inf = NaN). Scale 0 never reaches the kernels (dash_attn/api.py, _scoreless_queries).
 inline float stale_gap(float scale_log2) {
   float const gap = kStaleMaxLog2 / scale_log2;
   return std::isfinite(gap) && gap >= 0.f ? gap : 0.f;

@@ -23,7 +23,13 @@ namespace dash::fwd {
 // file. softmax_fence(mask): whether a step ends ptxas's scheduling block after its softmax (schedule_fence,
 // common/wgmma.h); without it ptxas hoists the wait on the step's PV GEMM above the row maxima and every exp2, so the
 // softmax runs after that GEMM instead of beside it. Never with a softcap (FwdKernelTraits::kSoftmaxFence).
-template <int kHeadDim>
+// Which of a head dim's tile configs a kernel runs: every head dim has kDefault; kShort is a second, shorter query
+// tile for calls with few query rows (FwdTileConfig<kHeadDim>::short_tile_max_seqlen_q says which calls take it,
+// fwd_launch.h picks it per call). A row's result does not depend on the tile it is in: the tile's extra key tiles are
+// fully masked for that row and add exact zeros (fwd_mainloop.h), so both tiles give the same bits.
+enum class FwdTileSize : int { kDefault = 0, kShort = 1 };
+
+template <int kHeadDim, FwdTileSize kSize = FwdTileSize::kDefault>
 struct FwdTileConfig;
 
 // How the epilogue writes O. kTmaFromShared: each consumer warpgroup stages its 64 rows in a shared-memory buffer
@@ -56,6 +62,21 @@ struct FwdTileConfig<64> {
   // Full masks only: beside FA3 on an H100 (docs/tuning.md) it ran 1-2% faster at full and 2% slower at causal 2k;
   // windows were not measured.
   static constexpr bool softmax_fence(MaskKind mask) { return mask == MaskKind::kFull; }
+  // Causal calls of up to 1024 query rows (the bound of a packed call) run FwdTileConfig<64, kShort>: at 1k the
+  // 192-row tiles compute 1.50x the visible scores (the last tile ragged, the diagonal wide), 128-row tiles 1.12x.
+  // H100, beside FA3 and cuDNN (docs/tuning.md): 128 rows 1.11x as fast as 192 at causal 1k, 0.95x at 2k, slower
+  // at every full-mask length. Not with a softcap (not measured).
+  static constexpr int short_tile_max_seqlen_q(MaskKind mask, ScoreMod mod) {
+    return mask == MaskKind::kCausal && mod == ScoreMod::kNone ? 1024 : 0;
+  }
+};
+
+// Short causal calls at head dim 64: two consumer warpgroups of 64 rows, the registers of the 128-row tiles of head
+// dim 128; everything else as the 192-row tile.
+template <>
+struct FwdTileConfig<64, FwdTileSize::kShort> : FwdTileConfig<64> {
+  static constexpr int kBlockM = 128;
+  static constexpr int kConsumerRegs = 240;
 };
 
 template <>
@@ -72,6 +93,7 @@ struct FwdTileConfig<128> {
   // Full and causal masks: beside FA3 on an H100 (docs/tuning.md) full ran 2-4% faster, causal within 1%; windows
   // were not measured.
   static constexpr bool softmax_fence(MaskKind mask) { return mask != MaskKind::kWindow; }
+  static constexpr int short_tile_max_seqlen_q(MaskKind, ScoreMod) { return 0; }  // no second tile
 };
 
 // Large head dim: the O accumulator alone takes 128 registers per consumer thread, and Q + 2 stages of K and V take
@@ -90,13 +112,14 @@ struct FwdTileConfig<256> {
   static constexpr OStorePath kOStore = OStorePath::kRegisters;
   static constexpr ORescale o_rescale(MaskKind, ScoreMod) { return ORescale::kBeforePv; }  // the other not measured
   static constexpr bool softmax_fence(MaskKind) { return false; }  // not measured
+  static constexpr int short_tile_max_seqlen_q(MaskKind, ScoreMod) { return 0; }  // no second tile
 };
 
 template <int kHeadDim_, class Element_, MaskKind kMask_, ScoreMod kScoreMod_ = ScoreMod::kNone,
-          SeqLayout kLayout_ = SeqLayout::kBatched>
+          SeqLayout kLayout_ = SeqLayout::kBatched, FwdTileSize kTileSize_ = FwdTileSize::kDefault>
 struct FwdKernelTraits {
   using Element = Element_;
-  using Tile = FwdTileConfig<kHeadDim_>;
+  using Tile = FwdTileConfig<kHeadDim_, kTileSize_>;
   static constexpr int kHeadDim = kHeadDim_;
   static constexpr MaskKind kMask = kMask_;
   static constexpr SeqLayout kLayout = kLayout_;

@@ -19,9 +19,10 @@ inline int device_sm_count() {
 }
 
 // Errors are reported through the CUDA error state (the caller reads cudaGetLastError()).
-template <int kHeadDim, class Element, dash::MaskKind kMask, dash::ScoreMod kScoreMod, dash::SeqLayout kLayout>
-void launch_fwd(const dash::FwdParams& params, cudaStream_t stream) {
-  using Traits = FwdKernelTraits<kHeadDim, Element, kMask, kScoreMod, kLayout>;
+template <int kHeadDim, class Element, dash::MaskKind kMask, dash::ScoreMod kScoreMod, dash::SeqLayout kLayout,
+          FwdTileSize kTileSize>
+void launch_fwd_tile(const dash::FwdParams& params, cudaStream_t stream) {
+  using Traits = FwdKernelTraits<kHeadDim, Element, kMask, kScoreMod, kLayout, kTileSize>;
   using Kernel = FwdKernel<Traits>;
   AttnShape const& s = params.shape;
   if (s.batch <= 0 || s.seqlen_q <= 0 || s.nheads <= 0) { return; }
@@ -41,6 +42,20 @@ void launch_fwd(const dash::FwdParams& params, cudaStream_t stream) {
     return;
   }
   kernel<<<grid, Traits::kNumThreads, kSmemBytes, stream>>>(kernel_params);
+}
+
+// The call's tile config: the short one where the head dim has one for this mask and score transform and the call's
+// query rows (a packed call's bound) are few enough (FwdTileConfig::short_tile_max_seqlen_q).
+template <int kHeadDim, class Element, dash::MaskKind kMask, dash::ScoreMod kScoreMod, dash::SeqLayout kLayout>
+void launch_fwd(const dash::FwdParams& params, cudaStream_t stream) {
+  constexpr int kShortMax = FwdTileConfig<kHeadDim>::short_tile_max_seqlen_q(kMask, kScoreMod);
+  if constexpr (kShortMax > 0) {
+    if (params.shape.seqlen_q <= kShortMax) {
+      launch_fwd_tile<kHeadDim, Element, kMask, kScoreMod, kLayout, FwdTileSize::kShort>(params, stream);
+      return;
+    }
+  }
+  launch_fwd_tile<kHeadDim, Element, kMask, kScoreMod, kLayout, FwdTileSize::kDefault>(params, stream);
 }
 
 template <int kHeadDim, class Element, dash::MaskKind kMask, dash::ScoreMod kScoreMod>

@@ -196,13 +196,20 @@ def check_softcap(softcap: float) -> float:
     return float(softcap)
 
 
+# The smallest positive softmax_scale the kernels take. The backward keeps each row's log-sum-exp in score units,
+# lse / scale (csrc/bwd/bwd_preprocess.h), which overflows float32 below about 6e-38 at 2^31 keys; 1e-30 leaves a
+# margin of 1e7 and is far below any model's scale (1 / sqrt(head dim) >= 1 / 16).
+MIN_SOFTMAX_SCALE = 1e-30
+
+
 def check_softmax_scale(softmax_scale) -> None:
     if softmax_scale is None:
         return
     if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)) \
-            or not _is_finite(softmax_scale) or softmax_scale < 0:
+            or not _is_finite(softmax_scale) or softmax_scale < 0 or 0 < softmax_scale < MIN_SOFTMAX_SCALE:
         # A negative scale would turn the row max into the row min: the exponentials overflow.
-        raise ValueError(f"softmax_scale must be a finite float >= 0 or None (1/sqrt(headdim)), got {softmax_scale!r}")
+        raise ValueError(f"softmax_scale must be 0, a finite float >= {MIN_SOFTMAX_SCALE:g} or None (1/sqrt(headdim)), "
+                         f"got {softmax_scale!r}")
 
 
 def check_schedule(schedule: str) -> None:

@@ -73,6 +73,7 @@ BAD_ARGUMENTS = [
     (dict(softcap=float("nan")), "softcap"),
     (dict(softmax_scale=float("inf")), "softmax_scale"),
     (dict(softmax_scale=-0.5), "softmax_scale"),
+    (dict(softmax_scale=1e-31), "softmax_scale"),
     (dict(schedule="fastest"), "schedule"),
     (dict(sm_margin=-1), "sm_margin"),
     (dict(deterministic="yes"), "deterministic"),

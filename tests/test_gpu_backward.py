@@ -18,6 +18,7 @@ from gpu_common import (exact_float32_matmul, supported_head_dims, main_head_dim
                         assert_grads_within, assert_compiled_step_matches_eager, capture, poison_allocator,
                         DET_SCHEDULES)
 from dash_attn.reference import attention_bwd_ref, attention_ref, row_statistic_error_bound
+from dash_attn.validation import MIN_SOFTMAX_SCALE
 
 pytestmark = pytest.mark.gpu
 
@@ -220,6 +221,21 @@ def test_backward_softmax_scale_zero(causal, varlen):
     assert not dq.any() and not dk.any()
     ref, base, _ = reference_grads(q, k, v, dout, causal, softmax_scale=0.0)
     assert_grads_within((dq, dk, dv), ref, base, torch.bfloat16)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
+def test_backward_smallest_softmax_scale(causal):
+    """The smallest positive scale taken runs in the kernels as is: their row statistics in score units (lse / scale)
+    stay finite there (validation.MIN_SOFTMAX_SCALE)."""
+    q, k, v, dout = make_inputs(2, 300, 300, 4, 2, main_head_dim(), torch.bfloat16)
+    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
+    dash_attn.flash_attn_func(*leaves, softmax_scale=MIN_SOFTMAX_SCALE, causal=causal, deterministic=True).backward(dout)
+    ref, base, _ = reference_grads(q, k, v, dout, causal, softmax_scale=MIN_SOFTMAX_SCALE)
+    # dQ and dK carry the factor `scale` (about 1e-30): compared without it, so that the absolute floor means nothing.
+    unscaled = [lambda g: g.float() / MIN_SOFTMAX_SCALE] * 2 + [lambda g: g]
+    grads, ref, base = ([f(g) for f, g in zip(unscaled, gs)] for gs in (tuple(t.grad for t in leaves), ref, base))
+    assert_grads_within(grads, ref, base, torch.bfloat16)
 
 
 @pytest.mark.gpu

@@ -13,6 +13,7 @@ import torch
 import dash_attn
 from gpu_common import exact_float32_matmul, supported_head_dims, tolerance, assert_within, poison_allocator  # noqa: F401 (fixture imported by name)
 from dash_attn.reference import attention_ref
+from dash_attn.validation import MIN_SOFTMAX_SCALE
 
 pytestmark = pytest.mark.gpu
 
@@ -195,9 +196,9 @@ def test_forward_rows_do_not_depend_on_the_query_tile(dtype):
 
 
 # Scale 0 (uniform attention over the visible keys) at several key tiles, the last one ragged: it runs as zero queries
-# at scale 1 (api._scoreless_queries).
+# at scale 1 (api._scoreless_queries). The smallest positive scale taken (validation.MIN_SOFTMAX_SCALE) runs as is.
 @pytest.mark.gpu
-@pytest.mark.parametrize("seqlen, scale", [(113, 0.05), (300, 0.05), (300, 0.0)])
+@pytest.mark.parametrize("seqlen, scale", [(113, 0.05), (300, 0.05), (300, 0.0), (300, MIN_SOFTMAX_SCALE)])
 def test_forward_softmax_scale(seqlen, scale):
     headdim = supported_head_dims()[0]
     q, k, v = make_qkv(2, seqlen, seqlen, 4, 4, headdim, torch.bfloat16)

@@ -47,10 +47,11 @@ def reference_grads(q, k, v, dout, causal, window=(-1, -1), softmax_scale=None):
     return ref, base, floors
 
 
-def kernel_grads(q, k, v, dout, causal, schedule, deterministic, sm_margin=0, poison=False, window=(-1, -1)):
+def kernel_grads(q, k, v, dout, causal, schedule, deterministic, sm_margin=0, poison=False, window=(-1, -1),
+                 softmax_scale=None):
     leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
-    out = dash_attn.flash_attn_func(*leaves, causal=causal, window_size=window, deterministic=deterministic,
-                                    schedule=schedule, sm_margin=sm_margin)
+    out = dash_attn.flash_attn_func(*leaves, softmax_scale=softmax_scale, causal=causal, window_size=window,
+                                    deterministic=deterministic, schedule=schedule, sm_margin=sm_margin)
     if poison:
         poison_allocator()
     out.backward(dout)
@@ -229,12 +230,11 @@ def test_backward_smallest_softmax_scale(causal):
     """The smallest positive scale taken runs in the kernels as is: their row statistics in score units (lse / scale)
     stay finite there (validation.MIN_SOFTMAX_SCALE)."""
     q, k, v, dout = make_inputs(2, 300, 300, 4, 2, main_head_dim(), torch.bfloat16)
-    leaves = [t.detach().clone().requires_grad_() for t in (q, k, v)]
-    dash_attn.flash_attn_func(*leaves, softmax_scale=MIN_SOFTMAX_SCALE, causal=causal, deterministic=True).backward(dout)
+    grads = kernel_grads(q, k, v, dout, causal, "auto", True, softmax_scale=MIN_SOFTMAX_SCALE)
     ref, base, _ = reference_grads(q, k, v, dout, causal, softmax_scale=MIN_SOFTMAX_SCALE)
     # dQ and dK carry the factor `scale` (about 1e-30): compared without it, so that the absolute floor means nothing.
-    unscaled = [lambda g: g.float() / MIN_SOFTMAX_SCALE] * 2 + [lambda g: g]
-    grads, ref, base = ([f(g) for f, g in zip(unscaled, gs)] for gs in (tuple(t.grad for t in leaves), ref, base))
+    factors = (MIN_SOFTMAX_SCALE, MIN_SOFTMAX_SCALE, 1.0)
+    grads, ref, base = ([g.float() / f for g, f in zip(gs, factors)] for gs in (grads, ref, base))
     assert_grads_within(grads, ref, base, torch.bfloat16)
 
 

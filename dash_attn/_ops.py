@@ -8,7 +8,7 @@ from typing import Optional, Tuple
 import torch
 from torch.utils import _python_dispatch
 
-from . import _kv_heads
+from . import _kv_heads, validation
 from ._args import OpArgs, _reference_dtype
 from ._launch import _lse_shape, _out_like, bwd_cuda, fwd_cuda
 from ._varlen import (_check_varlen, _runs_unplanned, _unplanned_bounds, _varlen_bwd_cuda, _varlen_bwd_unplanned,
@@ -20,10 +20,19 @@ from .reference import attention_bwd_ref, attention_bwd_ref_varlen, attention_re
 # Dense custom ops
 # ----------------------------------------------------------------------------------------------------------------------
 
+def _op_args(op: str, softmax_scale: float, *rest) -> OpArgs:
+    """The scalar arguments of a call of the custom op `op`. The public functions route softmax_scale 0 to zero queries
+    at scale 1 (api._scoreless_queries) before they call the ops; a direct call of an op meets the kernels' range
+    here, on every device, so that it raises instead of returning NaN or wrong gradients."""
+    validation.check_kernel_softmax_scale(softmax_scale, op)
+    return OpArgs(softmax_scale, *rest)
+
+
 def _fwd_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float, mask: int, window_left: int,
               window_right: int, softcap: float, deterministic: bool, schedule: str,
               sm_margin: int) -> Tuple[torch.Tensor, torch.Tensor]:
-    args = OpArgs(softmax_scale, mask, window_left, window_right, softcap, deterministic, schedule, sm_margin)
+    args = _op_args("dash_attn::fwd", softmax_scale, mask, window_left, window_right, softcap, deterministic, schedule,
+                    sm_margin)
     args = args.for_lengths(q.shape[1], k.shape[1])
     if q.device.type != "cpu":
         return fwd_cuda(q, k, v, args)
@@ -48,7 +57,8 @@ def _bwd_impl(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
               lse: torch.Tensor, softmax_scale: float, mask: int, window_left: int, window_right: int, softcap: float,
               deterministic: bool, schedule: str,
               sm_margin: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    args = OpArgs(softmax_scale, mask, window_left, window_right, softcap, deterministic, schedule, sm_margin)
+    args = _op_args("dash_attn::bwd", softmax_scale, mask, window_left, window_right, softcap, deterministic, schedule,
+                    sm_margin)
     args = args.for_lengths(q.shape[1], k.shape[1])
     if q.device.type != "cpu":
         return bwd_cuda(dout, q, k, v, out, lse, args)
@@ -142,7 +152,8 @@ def _varlen_fwd_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
                      max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float, mask: int, window_left: int,
                      window_right: int, softcap: float, deterministic: bool, schedule: str,
                      sm_margin: int) -> Tuple[torch.Tensor, torch.Tensor]:
-    args = OpArgs(softmax_scale, mask, window_left, window_right, softcap, deterministic, schedule, sm_margin)
+    args = _op_args("dash_attn::varlen_fwd", softmax_scale, mask, window_left, window_right, softcap, deterministic, schedule,
+                    sm_margin)
     args = args.for_lengths(max_seqlen_q, max_seqlen_k)
     seqs = (cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k)
     ext, host = _check_varlen(q, k, v, *seqs, max_seqlen_q, max_seqlen_k, softcap)
@@ -201,7 +212,8 @@ def _varlen_bwd_impl(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
                      max_seqlen_k: int, softmax_scale: float, mask: int, window_left: int, window_right: int,
                      softcap: float, deterministic: bool, schedule: str,
                      sm_margin: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    args = OpArgs(softmax_scale, mask, window_left, window_right, softcap, deterministic, schedule, sm_margin)
+    args = _op_args("dash_attn::varlen_bwd", softmax_scale, mask, window_left, window_right, softcap, deterministic, schedule,
+                    sm_margin)
     args = args.for_lengths(max_seqlen_q, max_seqlen_k)
     seqs = (cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k)
     ext, host = _check_varlen(q, k, v, *seqs, max_seqlen_q, max_seqlen_k, softcap)

@@ -202,14 +202,28 @@ def check_softcap(softcap: float) -> float:
 MIN_SOFTMAX_SCALE = 1e-30
 
 
+def _kernel_softmax_scale(softmax_scale) -> bool:
+    """Whether the kernels take this scale (they cannot take 0: a masked score's -inf times 0 is NaN, and the backward
+    folds 1 / scale into its row statistics)."""
+    return not isinstance(softmax_scale, bool) and isinstance(softmax_scale, (int, float)) \
+        and _is_finite(softmax_scale) and softmax_scale >= MIN_SOFTMAX_SCALE
+
+
 def check_softmax_scale(softmax_scale) -> None:
-    if softmax_scale is None:
+    """The public functions' scales: the kernels' and 0, which they run as zero queries at scale 1
+    (api._scoreless_queries). A negative scale would turn the row max into the row min: the exponentials overflow."""
+    if softmax_scale is None or _kernel_softmax_scale(softmax_scale) \
+            or (not isinstance(softmax_scale, bool) and isinstance(softmax_scale, (int, float)) and softmax_scale == 0):
         return
-    if isinstance(softmax_scale, bool) or not isinstance(softmax_scale, (int, float)) \
-            or not _is_finite(softmax_scale) or softmax_scale < 0 or 0 < softmax_scale < MIN_SOFTMAX_SCALE:
-        # A negative scale would turn the row max into the row min: the exponentials overflow.
-        raise ValueError(f"softmax_scale must be 0, a finite float >= {MIN_SOFTMAX_SCALE:g} or None (1/sqrt(headdim)), "
-                         f"got {softmax_scale!r}")
+    raise ValueError(f"softmax_scale must be 0, a finite float >= {MIN_SOFTMAX_SCALE:g} or None (1/sqrt(headdim)), "
+                     f"got {softmax_scale!r}")
+
+
+def check_kernel_softmax_scale(softmax_scale, op: str) -> None:
+    """The scales the custom ops take, for direct calls of them (the public functions have routed 0 already)."""
+    if not _kernel_softmax_scale(softmax_scale):
+        raise ValueError(f"{op}: softmax_scale must be a finite float >= {MIN_SOFTMAX_SCALE:g}, got {softmax_scale!r} "
+                         "(the public functions, dash_attn.flash_attn_func and the others, also take 0)")
 
 
 def check_schedule(schedule: str) -> None:

@@ -72,6 +72,26 @@ def test_op_args_are_the_last_parameters_of_every_op():
         assert names[-len(interface.OpArgs._fields):] == list(interface.OpArgs._fields), op
 
 
+@pytest.mark.parametrize("scale", [0.0, -0.125, float("nan"), float("inf"), validation.MIN_SOFTMAX_SCALE / 2])
+def test_direct_op_calls_refuse_scales_the_kernels_cannot_take(scale):
+    # The public functions run scale 0 as zero queries at scale 1; an op called directly gets a named error instead
+    # of NaN or wrong gradients (the check runs on every device, so the CPU path shows it).
+    q, k, v = qkv()
+    out, lse = torch.ops.dash_attn.fwd(q, k, v, *op_args())
+    lens = cu([9, 9])
+    flat = [t.reshape(-1, *t.shape[2:]) for t in (q, k, v)]
+    vout, vlse = torch.ops.dash_attn.varlen_fwd(*flat, lens, lens, None, None, 9, 9, *op_args())
+    calls = {"dash_attn::fwd": lambda: torch.ops.dash_attn.fwd(q, k, v, *op_args(softmax_scale=scale)),
+             "dash_attn::bwd": lambda: torch.ops.dash_attn.bwd(out, q, k, v, out, lse, *op_args(softmax_scale=scale)),
+             "dash_attn::varlen_fwd": lambda: torch.ops.dash_attn.varlen_fwd(*flat, lens, lens, None, None, 9, 9,
+                                                                             *op_args(softmax_scale=scale)),
+             "dash_attn::varlen_bwd": lambda: torch.ops.dash_attn.varlen_bwd(vout, *flat, vout, vlse, lens, lens, None,
+                                                                             None, 9, 9, *op_args(softmax_scale=scale))}
+    for name, call in calls.items():
+        with pytest.raises(ValueError, match=f"{name}: softmax_scale must be a finite float >= 1e-30"):
+            call()
+
+
 def test_launch_fwd_calls_the_binding_in_order(fake_cuda):
     q, k, v, out, lse, *_ = _bf16_inputs()
     interface._launch_fwd(q, k, v, out, lse, op_args(mask=1, window=(-1, 0), softmax_scale=0.25))

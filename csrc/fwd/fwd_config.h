@@ -34,9 +34,12 @@ struct FwdTileConfig;
 
 // How the epilogue writes O. kTmaFromShared: each consumer warpgroup stages its 64 rows in a shared-memory buffer
 // of its own and one thread issues a TMA store, so the warpgroup goes on to the next tile while the copy engine
-// writes O; it needs kBlockM * headdim elements of shared memory besides the mainloop's buffers. kRegisters: plain
-// global stores straight from the accumulator, for configs whose mainloop fills shared memory.
-enum class OStorePath : int { kRegisters = 0, kTmaFromShared = 1 };
+// writes O; it needs kBlockM * headdim elements of shared memory besides the mainloop's buffers. kTmaThroughV: the
+// same TMA store, staged in the V ring (for configs whose mainloop fills shared memory): once every consumer
+// warpgroup has run the tile's last P V GEMM the ring holds nothing the tile still needs, and the producer loads the
+// next tile's first V only after the TMA unit has read O out (FwdNamedBarrier::kOStagedInV). kRegisters: plain global
+// stores straight from the accumulator.
+enum class OStorePath : int { kRegisters = 0, kTmaFromShared = 1, kTmaThroughV = 2 };
 
 // Where a step rescales the O accumulator by the softmax's correction (fwd_mainloop.h), per tile config, mask and
 // score transform (FwdTileConfig::o_rescale). kBeforePv: in the next step, between issuing QK^T and the PV GEMM that
@@ -97,8 +100,8 @@ struct FwdTileConfig<128> {
 };
 
 // Large head dim: the O accumulator alone takes 128 registers per consumer thread, and Q + 2 stages of K and V take
-// 192 KB (64-key tiles) or 224 KB (80-key tiles) of shared memory, so O has no room for a staging buffer. Issue turns
-// as at the other head dims.
+// 192 KB (64-key tiles) or 224 KB (80-key tiles) of shared memory, so O has no buffer of its own and is staged in the
+// V ring (64 KB of O in 64 or 80 KB of V). Issue turns as at the other head dims.
 template <>
 struct FwdTileConfig<256> {
   static constexpr int kBlockM = 128;
@@ -109,7 +112,7 @@ struct FwdTileConfig<256> {
   static constexpr int kProducerRegs = 24;
   static constexpr int kConsumerRegs = 240;
   static constexpr bool kPingPong = true;
-  static constexpr OStorePath kOStore = OStorePath::kRegisters;
+  static constexpr OStorePath kOStore = OStorePath::kTmaThroughV;
   static constexpr ORescale o_rescale(MaskKind, ScoreMod) { return ORescale::kBeforePv; }  // the other not measured
   static constexpr bool softmax_fence(MaskKind) { return false; }  // not measured
   static constexpr int short_tile_max_seqlen_q(MaskKind, ScoreMod) { return 0; }  // no second tile
@@ -190,6 +193,7 @@ struct FwdKernelTraits {
       SmemAtomQ{}, cute::make_shape(cute::Int<kRowsPerWarpGroup>{}, cute::Int<kHeadDim>{})));
   using SmemLayoutO = decltype(cute::tile_to_shape(SmemLayoutOWarpGroup{},
                                                    cute::make_shape(cute::Int<kBlockM>{}, cute::Int<kHeadDim>{})));
+  static constexpr bool kOInV = kOStore == OStorePath::kTmaThroughV;
   struct NoStorage {};
   using StorageO = std::conditional_t<kOStore == OStorePath::kTmaFromShared,
                                       cute::array_aligned<Element, cute::cosize_v<SmemLayoutO>, 1024>, NoStorage>;
@@ -210,6 +214,7 @@ struct FwdKernelTraits {
     typename PipelineKV::SharedStorage pipeline_v;
     uint64_t barrier_q;
   };
+  static_assert(!kOInV || cute::cosize_v<SmemLayoutO> <= cute::cosize_v<SmemLayoutKV>, "O does not fit the V ring");
   static constexpr int kSharedStorageBytes = sizeof(SharedStorage);
   // Architectural limit of dynamic shared memory per block on sm90 (the launch opts in to all of it).
   static constexpr int kSm90MaxSharedBytesPerBlock = 227 * 1024;

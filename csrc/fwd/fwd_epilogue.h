@@ -1,8 +1,12 @@
-// Forward epilogue: normalises the O accumulator, writes O and the per-row LSE. Two paths (OStorePath in
+// Forward epilogue: normalises the O accumulator, writes O and the per-row LSE. Three paths (OStorePath in
 // fwd_config.h):
 //   kTmaFromShared: each consumer warpgroup converts its 64 rows, writes them to its own swizzled staging block with
 //     stmatrix and one of its threads issues a TMA store. The warpgroup does not wait for the store; it waits only
 //     before it next overwrites the block, a whole mainloop later. Rows past seqlen_q are clipped by the TMA unit.
+//   kTmaThroughV: the same blocks laid over the V ring. The consumers write them once all of them are done with the
+//     tile's V, and every consumer thread then arrives on kOStagedInV (the issuers once the TMA unit has read their
+//     block), on which the producer waits before the next tile's first V load. A tile whose K/V were never loaded
+//     (no key in its rows' reach) has no such wait on the producer's side, so it goes out from registers.
 //   kRegisters: 4-byte global stores straight from the accumulator (a quad of threads covers 16 contiguous bytes of a
 //     row); rows past seqlen_q are skipped. Packed sequences take it for a tile that reaches past the end of its
 //     sequence.
@@ -27,7 +31,8 @@ struct FwdEpilogue {
   static constexpr int kBlockM = Traits::kBlockM;
   static constexpr int kHeadDim = Traits::kHeadDim;
   static constexpr int kRowsPerWarpGroup = Traits::kRowsPerWarpGroup;
-  static constexpr bool kTma = Traits::kOStore == OStorePath::kTmaFromShared;
+  static constexpr bool kTma = Traits::kOStore != OStorePath::kRegisters;
+  static constexpr bool kOInV = Traits::kOInV;
   using SharedStorage = typename Traits::SharedStorage;
 
   // O as (seqlen_q, headdim, heads, batch), headdim contiguous; one TMA box is one warpgroup's rows.
@@ -82,11 +87,11 @@ struct FwdEpilogue {
 
   // tOrO: unnormalised accumulator of this thread; softmax: its row statistics. Both are consumed. sink: sink_logit
   // of the tile's head. rows and total_q: the tile's sequence and the number of packed query rows (SeqLayout::kPacked;
-  // unused for batched sequences).
+  // unused for batched sequences). loaded: whether the producer loaded K/V for the tile (it has keys in reach).
   template <class FragO, class Softmax>
   CUTLASS_DEVICE static void store(Params const& p, SharedStorage& smem, FragO& tOrO, Softmax& softmax, float sink,
                                    int thread_idx, int m_block, int head, int batch, SeqRows const& rows,
-                                   int32_t total_q) {
+                                   int32_t total_q, bool loaded) {
     using namespace cute;
     typename Traits::TiledMmaPV mma_pv;
     auto thr_pv = mma_pv.get_thread_slice(thread_idx);
@@ -109,10 +114,12 @@ struct FwdEpilogue {
     if constexpr (kTma) {
       // A packed sequence's tile that reaches past its end goes out from registers: a TMA box would also write the
       // next sequence's first rows, another CTA's. Batched tiles clip at the tensor's end.
-      if (!Traits::kPacked || (m_block + 1) * kBlockM <= seqlen_q()) {
+      if ((!Traits::kPacked || (m_block + 1) * kBlockM <= seqlen_q()) && (!kOInV || loaded)) {
         store_o_tma(p, smem, tOrO, thread_idx, m_block, head, batch, rows.first_q);
       } else {
         from_registers();
+        // Registers only: each thread's own P V GEMMs are done, so the V ring may be refilled once all have arrived.
+        if (kOInV && loaded) { arrive_o_staged(); }
       }
     } else {
       from_registers();
@@ -130,7 +137,7 @@ struct FwdEpilogue {
   }
 
   // Called once by every consumer thread after its last tile: shared memory must stay valid until the TMA unit has
-  // read the last staged block.
+  // read the last staged block (with kTmaThroughV the issuers have already waited).
   CUTLASS_DEVICE static void store_tail(int thread_idx) {
     if constexpr (kTma) {
       if (is_store_issuer(thread_idx)) { cute::tma_store_wait<0>(); }
@@ -138,43 +145,74 @@ struct FwdEpilogue {
   }
 
  private:
+  // kTmaThroughV: this thread is done with the tile's V ring (FwdNamedBarrier::kOStagedInV).
+  CUTLASS_DEVICE static void arrive_o_staged() {
+    cutlass::arch::NamedBarrier::arrive(kProducerBarrierThreads<Traits>,
+                                        static_cast<uint32_t>(FwdNamedBarrier::kOStagedInV));
+  }
+
+  // The barrier before and after the staging writes: the warpgroup's own, or with kTmaThroughV that of all consumers
+  // (none may write into the V ring while another still reads it).
+  CUTLASS_DEVICE static void sync_staging(int wg) {
+    if constexpr (kOInV) {
+      cutlass::arch::NamedBarrier::sync(Traits::kNumConsumerThreads,
+                                        static_cast<uint32_t>(FwdNamedBarrier::kVRingFree));
+    } else {
+      cutlass::arch::NamedBarrier::sync(cutlass::NumThreadsPerWarpGroup,
+                                        static_cast<uint32_t>(FwdNamedBarrier::kOStagingFirst) + wg);
+    }
+  }
+
+  // Where the warpgroups' O blocks are staged: the V ring or O's own buffer.
+  CUTLASS_DEVICE static Element* staging_blocks(SharedStorage& smem) {
+    if constexpr (kOInV) {
+      return smem.v.data();
+    } else {
+      return smem.o.data();
+    }
+  }
+
   // first_q: the sequence's first row (packed sequences; the tensor is then one batch entry of all rows).
   template <class FragO>
   CUTLASS_DEVICE static void store_o_tma(Params const& p, SharedStorage& smem, FragO const& tOrO, int thread_idx,
                                          int m_block, int head, int batch, int32_t first_q) {
     using namespace cute;
     int const wg = thread_idx / cutlass::NumThreadsPerWarpGroup;
-    uint32_t const staging_barrier = static_cast<uint32_t>(FwdNamedBarrier::kOStagingFirst) + wg;
+    Element* const staging = staging_blocks(smem);
 
     Tensor rO = make_tensor<Element>(tOrO.layout());
     convert_fragment<Element>(tOrO, rO);
 
-    // The previous tile's store from this warpgroup's block must have been read out before it is overwritten.
-    if (is_store_issuer(thread_idx)) { tma_store_wait<0>(); }
-    cutlass::arch::NamedBarrier::sync(cutlass::NumThreadsPerWarpGroup, staging_barrier);
+    // The previous tile's store from this warpgroup's block must have been read out before it is overwritten (with
+    // kTmaThroughV its issuer waited then, and every consumer must be done with the V ring).
+    if (!kOInV && is_store_issuer(thread_idx)) { tma_store_wait<0>(); }
+    sync_staging(wg);
 
     typename Traits::TiledMmaPV mma_pv;
     auto smem_copy = make_tiled_copy_C(Copy_Atom<SM90_U32x4_STSM_N, Element>{}, mma_pv);
     auto thr_copy = smem_copy.get_thread_slice(thread_idx);
-    Tensor sO = make_tensor(make_smem_ptr(smem.o.data()), typename Traits::SmemLayoutO{});
+    Tensor sO = make_tensor(make_smem_ptr(staging), typename Traits::SmemLayoutO{});
     Tensor tRrO = thr_copy.retile_S(rO);
     Tensor tRsO = thr_copy.partition_D(sO);
     copy(smem_copy, tRrO, tRsO);
 
     // Generic-proxy writes must be visible to the TMA unit (async proxy) before the store is issued.
     tma_store_fence();
-    cutlass::arch::NamedBarrier::sync(cutlass::NumThreadsPerWarpGroup, staging_barrier);
+    sync_staging(wg);
 
     if (is_store_issuer(thread_idx)) {
       Tensor mO = p.tma_o.get_tma_tensor(p.shape_o);
       Tensor gO = local_tile(sequence_of<Traits::kLayout>(mO, head, batch, first_q), TileOWarpGroup{},
                              make_coord(m_block * Traits::kNumConsumerWarpGroups + wg, _0{}));
-      Tensor sOwg = make_tensor(make_smem_ptr(smem.o.data() + wg * kRowsPerWarpGroup * kHeadDim),
+      Tensor sOwg = make_tensor(make_smem_ptr(staging + wg * kRowsPerWarpGroup * kHeadDim),
                                 typename Traits::SmemLayoutOWarpGroup{});
       auto parts = tma_partition(p.tma_o, _0{}, Layout<_1>{}, group_modes<0, 2>(sOwg), group_modes<0, 2>(gO));
       copy(p.tma_o, get<1>(parts), get<0>(parts));
       tma_store_arrive();
+      // The producer refills the V ring once this block is read out.
+      if constexpr (kOInV) { tma_store_wait<0>(); }
     }
+    if constexpr (kOInV) { arrive_o_staged(); }
   }
 
   // o_head: row 0 of the head's sequence; rows from seqlen_q on are not stored.

@@ -113,7 +113,8 @@ struct FwdKernel {
         // Loaded ahead of the mainloop, so that the epilogue does not wait on it.
         float const sink = Epilogue::sink_logit(params.epilogue, tile.head);
         auto const keys = Mainloop::key_tiles(params.mainloop, lens, tile.m_block);
-        if (keys.lo < keys.hi) {
+        bool const loaded = keys.lo < keys.hi;  // as the producer decides
+        if (loaded) {
           Mainloop::mma(params.mainloop, lens, smem, pipeline_k, pipeline_v, read_k, read_v, q_phase, thread_idx,
                         tile.m_block, keys, tOrO, softmax);
           q_phase ^= 1;
@@ -123,7 +124,7 @@ struct FwdKernel {
           softmax.reset();
         }
         Epilogue::store(params.epilogue, smem, tOrO, softmax, sink, thread_idx, tile.m_block, tile.head, tile.batch,
-                        rows, params.packed.total_q);
+                        rows, params.packed.total_q, loaded);
       }
       WarpGroupTurns<Traits>::finish(consumer_wg);
       Epilogue::store_tail(thread_idx);

@@ -17,15 +17,24 @@
 
 namespace dash::fwd {
 
-// Named barrier ids used by this kernel (CUTLASS offsets them past its reserved ids). kTurnFirst + w is the
-// issue-turn barrier of consumer warpgroup w, kOStagingFirst + w the one guarding its O staging buffer; there are at
-// most kMaxConsumerWarpGroups consumer warpgroups.
+// Named barrier ids used by this kernel (CUTLASS offsets them past its reserved ids, which leaves 8 ids). kTurnFirst + w
+// is the issue-turn barrier of consumer warpgroup w, kOStagingFirst + w the one guarding its O staging buffer; there
+// are at most kMaxConsumerWarpGroups consumer warpgroups. O staged in the V ring (OStorePath::kTmaThroughV) has no
+// staging buffers, so it takes kOStagingFirst for the barrier of all consumers (kVRingFree) and adds kOStagedInV, on
+// which the producer waits before it loads the next tile's first V.
 constexpr uint32_t kMaxConsumerWarpGroups = 3;
 enum class FwdNamedBarrier : uint32_t {
   kQueryEmpty = 0,
   kTurnFirst = 1,
   kOStagingFirst = kTurnFirst + kMaxConsumerWarpGroups,
+  kVRingFree = kOStagingFirst,
+  kOStagedInV = kOStagingFirst + kMaxConsumerWarpGroups,
 };
+static_assert(static_cast<uint32_t>(FwdNamedBarrier::kOStagedInV) < 8, "CUTLASS leaves 8 named barrier ids");
+
+// The arrivals the producer's waits on kQueryEmpty and kOStagedInV take: every consumer thread and the producer warp.
+template <class Traits>
+constexpr uint32_t kProducerBarrierThreads = Traits::kNumConsumerThreads + cutlass::NumThreadsPerWarp;
 
 // Round-robin issue turns of the consumer warpgroups (when the tile config asks for them): warpgroup w issues its
 // GEMMs only after warpgroup w - 1 has issued its own for the same step, so the tensor cores work on one warpgroup's
@@ -422,7 +431,14 @@ struct FwdMainloop {
       }
       ++write_k;
     };
+    // With O staged in the V ring the previous tile's O must have been read out before a V load overwrites it.
+    bool v_ring_free = first_tile || !Traits::kOInV;
     auto load_v = [&](int n_block) {
+      if (!v_ring_free) {
+        cutlass::arch::NamedBarrier::arrive_and_wait(kProducerBarrierThreads<Traits>,
+                                                     static_cast<uint32_t>(FwdNamedBarrier::kOStagedInV));
+        v_ring_free = true;
+      }
       pipeline_v.producer_acquire(write_v);
       if (issuer) {
         copy(p.tma_v.with(*pipeline_v.producer_get_barrier(write_v)), tVgV(_, n_block), tVsV(_, write_v.index()));
@@ -433,7 +449,7 @@ struct FwdMainloop {
     int n_block = tiles.hi - 1;
     load_k(n_block);
     if (!first_tile) {
-      cutlass::arch::NamedBarrier::arrive_and_wait(Traits::kNumConsumerThreads + cutlass::NumThreadsPerWarp,
+      cutlass::arch::NamedBarrier::arrive_and_wait(kProducerBarrierThreads<Traits>,
                                                    static_cast<uint32_t>(FwdNamedBarrier::kQueryEmpty));
     }
     if (issuer) {
@@ -447,11 +463,15 @@ struct FwdMainloop {
     load_v(tiles.lo);
   }
 
-  // Called once by the producer after its last tile: matches the consumers' query-empty arrival of that tile so
-  // that every arrival on the named barrier has its wait.
+  // Called once by the producer after its last tile: matches the consumers' query-empty (and O-staged) arrivals of
+  // that tile so that every arrival on the named barriers has its wait.
   CUTLASS_DEVICE static void load_tail() {
-    cutlass::arch::NamedBarrier::arrive_and_wait(Traits::kNumConsumerThreads + cutlass::NumThreadsPerWarp,
+    cutlass::arch::NamedBarrier::arrive_and_wait(kProducerBarrierThreads<Traits>,
                                                  static_cast<uint32_t>(FwdNamedBarrier::kQueryEmpty));
+    if constexpr (Traits::kOInV) {
+      cutlass::arch::NamedBarrier::arrive_and_wait(kProducerBarrierThreads<Traits>,
+                                                   static_cast<uint32_t>(FwdNamedBarrier::kOStagedInV));
+    }
   }
 
   // Scores of key tile n_block that are outside the mask become -inf. Only the last key tile can be ragged; the
@@ -607,7 +627,7 @@ struct FwdMainloop {
     }
 
     // Every QK^T GEMM of this tile has completed: the producer may overwrite Q with the next tile's.
-    cutlass::arch::NamedBarrier::arrive(Traits::kNumConsumerThreads + cutlass::NumThreadsPerWarp,
+    cutlass::arch::NamedBarrier::arrive(kProducerBarrierThreads<Traits>,
                                         static_cast<uint32_t>(FwdNamedBarrier::kQueryEmpty));
 
     pipeline_v.consumer_wait(read_v);

@@ -101,6 +101,17 @@ def test_forward_poisoned_outputs(seqlen_q, seqlen_k, causal, headdim):
     check_forward(batch, seqlen_q, seqlen_k, nheads, nheads // 2, headdim, torch.bfloat16, causal, poison=True)
 
 
+# A CTA runs several query tiles in turn, and on a causal band with more queries than keys the first tiles of each head
+# see no key: the producer loads nothing for them and the consumers write their zeros from registers, between tiles
+# whose K/V were loaded (and, at hdim 256, whose O is staged in the V ring: fwd_epilogue.h). 2300 queries against 700
+# keys leave 12 of a head's 18 tiles of 128 rows (8 of 12 of 192 rows) without keys; 2 x 24 heads deal 4-7 tiles to
+# each of 132 CTAs.
+@pytest.mark.gpu
+@pytest.mark.parametrize("headdim", supported_head_dims())
+def test_forward_tiles_without_keys_among_loaded_ones(headdim):
+    check_forward(2, 2300, 700, 24, 24, headdim, torch.bfloat16, True, poison=True)
+
+
 # The causal tile order's phases (csrc/fwd/fwd_tile_scheduler.h) appear with two or more waves of tile pairs: pairs,
 # the middle tiles of an odd tile count run in the tail, and the tail heads. (seqlen, batch, heads) per kernel head
 # dim, 132 SMs: hdim 64 (192-row tiles) 2048 keys = 11 tiles and 4096 = 22; hdim 128 and 256 (128-row tiles)

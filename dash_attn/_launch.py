@@ -13,7 +13,7 @@ from . import _kv_heads, validation
 from ._args import MaskKind, OpArgs
 from ._ext import (_bwd_tile_shape, _check_cuda, _device_guard, _held_head_dim, _kernel_head_dim, _l2_bytes, _num_sms,
                    _supported_head_dims)
-from .schedules_table import (AUTO, FALLBACK_SCHEDULE, LANES_SCHEDULE, SCHEDULE_IDS, gqa_takes_invariant_pick,
+from .schedules_table import (AUTO, FALLBACK_SCHEDULE, LANES_SCHEDULE, SCHEDULE_IDS, nondet_takes_invariant_pick,
                               invariant_schedule, runs_per_sequence, short_keys, varlen_invariant_schedule,
                               varlen_runs_lanes_order)
 
@@ -51,10 +51,10 @@ def _resolve_schedule_for(args: OpArgs, device: torch.device, batch: int, seqlen
     if schedule == AUTO:
         mask_name, kernel_dim = MaskKind(mask).name.lower(), validation.kernel_head_dim(headdim, _supported_head_dims())
         gqa_ratio = nheads // nheads_k
-        if args.deterministic or gqa_takes_invariant_pick(mask_name, kernel_dim, gqa_ratio):
-            # Non-deterministic too at those GQA ratios: descending_lanes measured ahead of the model's pick there,
-            # and the runs schedule ahead of descending_lanes on the causal bands the invariant rule gives to the
-            # runs (docs/tuning.md, seq_runs.h runs_descending).
+        if args.deterministic or nondet_takes_invariant_pick(mask_name, kernel_dim, gqa_ratio, seqlen_q, seqlen_k):
+            # Non-deterministic too at the GQA ratios where descending_lanes measured ahead of the model's pick (and
+            # the runs schedule ahead of descending_lanes on the causal bands the invariant rule gives to the runs;
+            # docs/tuning.md, seq_runs.h runs_descending), and on long causal bands, where shift_causal_runs did.
             schedule = invariant_schedule(mask_name, kernel_dim, seqlen_k, gqa_ratio, seqlen_q=seqlen_q,
                                           tile=_bwd_tile_shape(headdim, mask))
     if schedule == AUTO:

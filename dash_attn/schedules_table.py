@@ -13,7 +13,8 @@ from . import _sched
 
 __all__ = ["AUTO", "MASK_IDS", "SCHEDULE_IDS", "DETERMINISTIC_SCHEDULES", "NONDETERMINISTIC_SCHEDULES", "SCHEDULES",
            "DYNAMIC", "INVARIANT_SCHEDULES", "INVARIANT_VARLEN_SCHEDULES", "LANES_SCHEDULE", "SHORT_SEQLEN_K",
-           "LANES_GQA_RATIO", "LANES_ORDER", "ANY_LENGTH", "gqa_takes_invariant_pick", "short_keys",
+           "LANES_GQA_RATIO", "LANES_ORDER", "ANY_LENGTH", "NONDET_RUNS_MIN_SEQLEN_K", "gqa_takes_invariant_pick",
+           "nondet_takes_invariant_pick", "short_keys",
            "invariant_schedule", "varlen_invariant_schedule", "varlen_runs_lanes_order", "runs_per_sequence",
            "invariant_picks", "mask_id", "problem", "FALLBACK_SCHEDULE", "MEASURED_RANKING", "SHORT_NAMES"]
 
@@ -79,6 +80,21 @@ def gqa_takes_invariant_pick(mask: str, kernel_head_dim: int, gqa_ratio: int) ->
     other schedule of either mode there on full masks and square causal bands; causal bands with fewer queries than
     keys that are not mostly full keep the runs schedule (csrc/schedule/seq_runs.h, runs_descending)."""
     return mask != "window" and gqa_ratio >= LANES_GQA_RATIO.get(kernel_head_dim, gqa_ratio + 1)
+
+
+# Keys from which the non-deterministic `auto` takes the invariant pick on square (or taller) causal bands, by (mask,
+# kernel head dim): there `shift_causal_runs` ran ahead of the model's pick (`shift_causal`) in either mode
+# (benchmarks/RESULTS.md). Bands with fewer queries than keys were not measured and keep the model's pick.
+NONDET_RUNS_MIN_SEQLEN_K = {("causal", 64): 8192, ("causal", 128): 8192}
+
+
+def nondet_takes_invariant_pick(mask: str, kernel_head_dim: int, gqa_ratio: int, seqlen_q: int, seqlen_k: int) -> bool:
+    """Whether the non-deterministic `auto` runs invariant_schedule()'s pick instead of asking the cost model: at the
+    GQA ratios of gqa_takes_invariant_pick, and on the long square causal bands of NONDET_RUNS_MIN_SEQLEN_K."""
+    if gqa_takes_invariant_pick(mask, kernel_head_dim, gqa_ratio):
+        return True
+    bound = NONDET_RUNS_MIN_SEQLEN_K.get((mask, kernel_head_dim))
+    return bound is not None and seqlen_k >= bound and seqlen_q >= seqlen_k
 
 
 def short_keys(mask: str, kernel_head_dim: int, gqa_ratio: int = 1) -> int:

@@ -294,6 +294,24 @@ def test_auto_runs_lanes_with_gqa_4_at_hdim_128(fake_cuda, monkeypatch, determin
         assert fake_cuda.calls[-1][1][15] == interface.SCHEDULE_IDS[expected], seqlen_q
 
 
+def test_nondet_auto_runs_the_invariant_pick_on_long_causal_bands(fake_cuda, monkeypatch):
+    """From schedules_table.NONDET_RUNS_MIN_SEQLEN_K keys on square causal MHA bands the non-deterministic `auto` runs
+    shift_causal_runs without asking the model; below the bound and on wider bands it asks the model (here absent, so
+    the fallback schedule runs)."""
+    from dash_attn.schedules_table import NONDET_RUNS_MIN_SEQLEN_K
+    monkeypatch.setitem(sys.modules, "dash_attn.schedule", None)
+    bound = NONDET_RUNS_MIN_SEQLEN_K[("causal", 128)]
+    fallback = interface.FALLBACK_SCHEDULE
+    for seqlen_q, seqlen_k, expected in ((bound, bound, "shift_causal_runs"), (bound // 2 + 64, bound, fallback),
+                                         (bound // 2, bound // 2, fallback)):
+        q, k, v = qkv(seqlen_q=seqlen_q, seqlen_k=seqlen_k, nheads=2, nheads_k=2, headdim=128, dtype=torch.bfloat16)
+        out, lse = torch.empty_like(q), torch.empty(2, 2, seqlen_q)
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        interface._launch_bwd(out, q, k, v, out, lse, dq, dk, dv,
+                              op_args(mask=1, window=(-1, 0), deterministic=False, schedule="auto"))
+        assert fake_cuda.calls[-1][1][15] == interface.SCHEDULE_IDS[expected], (seqlen_q, seqlen_k)
+
+
 def test_auto_schedule_falls_back_without_the_simulator(fake_cuda, monkeypatch):
     monkeypatch.setitem(sys.modules, "dash_attn.schedule", None)
     q, k, v, out, lse, dq, dk, dv = _bf16_inputs()

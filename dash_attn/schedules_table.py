@@ -83,9 +83,10 @@ def gqa_takes_invariant_pick(mask: str, kernel_head_dim: int, gqa_ratio: int) ->
 
 
 # Keys from which the non-deterministic `auto` takes the invariant pick on square (or taller) causal bands, by (mask,
-# kernel head dim): there `shift_causal_runs` ran ahead of the model's pick (`shift_causal`) in either mode
-# (benchmarks/RESULTS.md). Bands with fewer queries than keys were not measured and keep the model's pick.
-NONDET_RUNS_MIN_SEQLEN_K = {("causal", 64): 8192, ("causal", 128): 8192}
+# kernel head dim): there `shift_causal_runs` ran ahead of the model's pick (`shift_causal`) non-deterministically
+# (docs/tuning.md, "Schedules"). At hdim 64 it did not, and bands with fewer queries than keys were not measured:
+# those keep the model's pick.
+NONDET_RUNS_MIN_SEQLEN_K = {("causal", 128): 8192}
 
 
 def nondet_takes_invariant_pick(mask: str, kernel_head_dim: int, gqa_ratio: int, seqlen_q: int, seqlen_k: int) -> bool:

@@ -18,6 +18,7 @@ from gpu_common import (exact_float32_matmul, supported_head_dims, main_head_dim
                         assert_grads_within, assert_compiled_step_matches_eager, capture, poison_allocator,
                         DET_SCHEDULES)
 from dash_attn.reference import attention_bwd_ref, attention_ref, row_statistic_error_bound
+from dash_attn.schedules_table import NONDET_RUNS_MIN_SEQLEN_K
 from dash_attn.validation import MIN_SOFTMAX_SCALE
 
 pytestmark = pytest.mark.gpu
@@ -111,6 +112,16 @@ def test_backward_nondeterministic_schedules(seqlen_q, seqlen_k, group, mask, sc
     window = (100, 7) if mask == "window" else (-1, -1)
     check_backward(2, seqlen_q, seqlen_k, 8, 8 // group, main_head_dim(), torch.bfloat16, mask == "causal", schedule,
                    False, window=window)
+
+
+@pytest.mark.gpu
+def test_backward_nondeterministic_auto_on_long_causal_bands():
+    """From schedules_table.NONDET_RUNS_MIN_SEQLEN_K keys the non-deterministic `auto` runs shift_causal_runs on square
+    causal bands at hdim 128, with poisoned outputs."""
+    if 128 not in supported_head_dims():
+        pytest.skip("this build has no hdim 128 kernels")
+    bound = NONDET_RUNS_MIN_SEQLEN_K[("causal", 128)]
+    check_backward(1, bound, bound, 2, 2, 128, torch.bfloat16, True, "auto", False, poison=True)
 
 
 @pytest.mark.gpu

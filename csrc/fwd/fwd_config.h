@@ -111,10 +111,12 @@ struct FwdTileConfig<256> {
   static constexpr int kStages = 2;
   static constexpr int kProducerRegs = 24;
   static constexpr int kConsumerRegs = 240;
+  // Without turns, with kAfterPv or with the softmax fence the full and causal kernels ran within the spread of
+  // these choices (docs/tuning.md, Forward); O through the V ring ran 4-15% ahead of register stores at 1k-2k.
   static constexpr bool kPingPong = true;
   static constexpr OStorePath kOStore = OStorePath::kTmaThroughV;
-  static constexpr ORescale o_rescale(MaskKind, ScoreMod) { return ORescale::kBeforePv; }  // the other not measured
-  static constexpr bool softmax_fence(MaskKind) { return false; }  // not measured
+  static constexpr ORescale o_rescale(MaskKind, ScoreMod) { return ORescale::kBeforePv; }
+  static constexpr bool softmax_fence(MaskKind) { return false; }
   static constexpr int short_tile_max_seqlen_q(MaskKind, ScoreMod) { return 0; }  // no second tile
 };
 

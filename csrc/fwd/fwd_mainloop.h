@@ -135,8 +135,8 @@ inline constexpr float kStaleMaxLog2 = 8.f;
 
 // That bound in raw score units for a call's scale_log2; 0 (the exact max) where it is not a finite non-negative
 // number: scales below about 1e-38, whose quotient overflows (an infinite bound makes a row's first max test
-// -inf + inf = NaN). The public functions never pass such scales (validation.MIN_SOFTMAX_SCALE; scale 0 runs as
-// dash_attn/api.py's _scoreless_queries); a direct call of the ops still can.
+// -inf + inf = NaN). Python never passes such scales (validation.MIN_SOFTMAX_SCALE, checked by the public functions
+// and the custom ops; scale 0 runs as dash_attn/api.py's _scoreless_queries); a call of the extension itself can.
 inline float stale_gap(float scale_log2) {
   float const gap = kStaleMaxLog2 / scale_log2;
   return std::isfinite(gap) && gap >= 0.f ? gap : 0.f;

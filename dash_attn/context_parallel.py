@@ -25,6 +25,7 @@ from typing import List, Optional, Sequence, Tuple
 import torch
 import torch.distributed as dist
 
+from . import validation
 from ._args import MaskKind, OpArgs
 from .schedules_table import AUTO
 
@@ -198,6 +199,15 @@ class _RingAttn(torch.autograd.Function):
         return dq, dk.to(k.dtype), dv.to(v.dtype), None, None, None, None, None
 
 
+def _scale(q: torch.Tensor, softmax_scale: Optional[float], function: str) -> float:
+    """The step kernels' scale: 1 / sqrt(headdim) by default; the ops take no scale 0 (the public functions run it as
+    zero queries, which the ring does not)."""
+    if softmax_scale is None:
+        return q.shape[-1] ** -0.5
+    validation.check_kernel_softmax_scale(softmax_scale, function)
+    return float(softmax_scale)
+
+
 def ring_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: Optional[float] = None,
                    causal: bool = False, deterministic: Optional[bool] = None, group=None,
                    sm_margin: int = 0) -> torch.Tensor:
@@ -215,7 +225,7 @@ def ring_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_sc
     if q.shape[1] % 2 or k.shape[1] != q.shape[1]:
         raise ValueError("ring_attn_func(): q and k/v shards must have the same even length (two chunks each, "
                          "from shard_sequence)")
-    scale = q.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
+    scale = _scale(q, softmax_scale, "ring_attn_func()")
     det = torch.are_deterministic_algorithms_enabled() if deterministic is None else bool(deterministic)
     return _RingAttn.apply(q, k, v, scale, bool(causal), det, group, int(sm_margin))
 
@@ -224,7 +234,7 @@ def simulate(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.Tens
              softmax_scale: Optional[float] = None, causal: bool = False, deterministic: bool = True):
     """The ring algorithm of `world_size` ranks run in one process on full-sequence tensors, with the distributed
     run's order of every sum: returns (out, dq, dk, dv) as full sequences."""
-    scale = q.shape[-1] ** -0.5 if softmax_scale is None else float(softmax_scale)
+    scale = _scale(q, softmax_scale, "simulate()")
     step = _Step(scale, causal, deterministic)
     W = world_size
     qs, ks, vs, dos = ([shard_sequence(t, r, W) for r in range(W)] for t in (q, k, v, dout))

@@ -80,3 +80,7 @@ def test_shard_round_trip_and_errors():
         cp.shard_sequence(x, 0, 3)
     with pytest.raises(ValueError, match="ring_attn_func"):
         cp.ring_attn_func(x, x, x)
+    q = torch.randn(1, 8, 2, 16)
+    for scale in (0.0, -1.0, float("nan")):
+        with pytest.raises(ValueError, match=r"simulate\(\): softmax_scale must be a finite float"):
+            cp.simulate(q, q, q, q, 2, softmax_scale=scale)

@@ -45,8 +45,8 @@ def _resolve_schedule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, args: O
 def _resolve_schedule_for(args: OpArgs, device: torch.device, batch: int, seqlen_q: int, seqlen_k: int, nheads: int,
                           nheads_k: int, headdim: int) -> int:
     """The schedule id of a launch of that (batch, seqlen) problem; headdim: the head dim whose kernel runs."""
-    # A deterministic `dynamic` is refused once in Python, by the public functions (validation.check_schedule_mode);
-    # a direct call of the ops meets the binding's check before any launch (csrc/api/binding.cpp).
+    # A deterministic `dynamic` is refused in Python before this (validation.check_schedule_mode, run by the public
+    # functions and by the custom ops on direct calls), and by the binding before any launch (csrc/api/binding.cpp).
     schedule, mask = args.schedule, args.mask
     if schedule == AUTO:
         mask_name, kernel_dim = MaskKind(mask).name.lower(), validation.kernel_head_dim(headdim, _supported_head_dims())

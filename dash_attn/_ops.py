@@ -20,12 +20,13 @@ from .reference import attention_bwd_ref, attention_bwd_ref_varlen, attention_re
 # Dense custom ops
 # ----------------------------------------------------------------------------------------------------------------------
 
-def _op_args(op: str, softmax_scale: float, *rest) -> OpArgs:
-    """The scalar arguments of a call of the custom op `op`. The public functions route softmax_scale 0 to zero queries
-    at scale 1 (api._scoreless_queries) before they call the ops; a direct call of an op meets the kernels' range
-    here, on every device, so that it raises instead of returning NaN or wrong gradients."""
-    validation.check_kernel_softmax_scale(softmax_scale, op)
-    return OpArgs(softmax_scale, *rest)
+def _op_args(op: str, *scalars) -> OpArgs:
+    """The scalar arguments of a call of the custom op `op`, checked on every device (validation.check_op_args), so that
+    a direct call with values the public functions would have refused or rewritten (softmax_scale 0, which they run as
+    zero queries at scale 1, api._scoreless_queries; a mask its window does not give) raises instead of returning NaN,
+    wrong gradients or another mask's result."""
+    validation.check_op_args(op, *scalars)
+    return OpArgs(*scalars)
 
 
 def _fwd_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float, mask: int, window_left: int,

@@ -15,6 +15,7 @@ from typing import Optional, Sequence, Tuple
 import torch
 
 from . import schedules_table
+from ._args import MaskKind, _mask_args
 
 # Backward schedule names accepted by `schedule=`; "auto" is resolved before any launch. The names, and the picks of
 # deterministic `auto` by mask, are dash_attn/schedules_table.py's.
@@ -224,6 +225,29 @@ def check_kernel_softmax_scale(softmax_scale, op: str) -> None:
     if not _kernel_softmax_scale(softmax_scale):
         raise ValueError(f"{op}: softmax_scale must be a finite float >= {MIN_SOFTMAX_SCALE:g}, got {softmax_scale!r} "
                          "(the public functions, dash_attn.flash_attn_func and the others, also take 0)")
+
+
+def check_op_args(op: str, softmax_scale, mask, window_left, window_right, softcap, deterministic, schedule,
+                  sm_margin) -> None:
+    """The scalar arguments of a direct call of the custom op `op` (the public functions pass them checked and
+    normalised, _args.OpArgs): the kernels' scale range, a mask that its window gives (as _args._mask_args builds it
+    from a check_window pair; another mask would run silently), and the checks of the public functions' softcap,
+    schedule and sm_margin. The schema has checked the types."""
+    check_kernel_softmax_scale(softmax_scale, op)
+    try:
+        for side, value in (("window_left", window_left), ("window_right", window_right)):
+            if not -1 <= value <= WINDOW_CLAMP:
+                raise ValueError(f"{side} must be -1 (unbounded) or in [0, {WINDOW_CLAMP}], got {value!r}")
+        expected = _mask_args(window_left, window_right)[0]
+        if mask != expected:
+            raise ValueError(f"mask must be {expected} ({MaskKind(expected).name.lower()}) for the window "
+                             f"({window_left}, {window_right}), got {mask!r}: full is (-1, -1), causal (-1, 0)")
+        check_softcap(softcap)
+        check_schedule(schedule)
+        check_schedule_mode(schedule, deterministic)
+        check_sm_margin(sm_margin)
+    except ValueError as exc:
+        raise ValueError(f"{op}: {exc}") from None
 
 
 def check_schedule(schedule: str) -> None:

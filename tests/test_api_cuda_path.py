@@ -92,6 +92,23 @@ def test_direct_op_calls_refuse_scales_the_kernels_cannot_take(scale):
             call()
 
 
+@pytest.mark.parametrize("fields, message", [
+    (dict(mask=0, window=(-1, 0)), r"mask must be 1 \(causal\) for the window \(-1, 0\), got 0"),
+    (dict(mask=5), r"mask must be 0 \(full\) for the window \(-1, -1\), got 5"),
+    (dict(mask=2, window=(-3, 4)), r"window_left must be -1 \(unbounded\) or in \[0, "),
+    (dict(softcap=-1.0), "softcap must be"),
+    (dict(schedule="fastest"), "unknown schedule 'fastest'"),
+    (dict(schedule="dynamic", deterministic=True), "schedule=.dynamic. claims work at run time"),
+    (dict(sm_margin=-2), "sm_margin must be an int >= 0"),
+], ids=["mask_not_the_windows", "no_such_mask", "window_below_minus_one", "softcap", "schedule", "dynamic_det",
+        "sm_margin"])
+def test_direct_op_calls_refuse_what_the_public_functions_would(fields, message):
+    # A mask its window does not give would run another mask silently; the other values the public functions refuse.
+    q, k, v = qkv()
+    with pytest.raises(ValueError, match="dash_attn::fwd: " + message):
+        torch.ops.dash_attn.fwd(q, k, v, *op_args(**fields))
+
+
 def test_launch_fwd_calls_the_binding_in_order(fake_cuda):
     q, k, v, out, lse, *_ = _bf16_inputs()
     interface._launch_fwd(q, k, v, out, lse, op_args(mask=1, window=(-1, 0), softmax_scale=0.25))

@@ -153,8 +153,8 @@ def _varlen_fwd_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
                      max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float, mask: int, window_left: int,
                      window_right: int, softcap: float, deterministic: bool, schedule: str,
                      sm_margin: int) -> Tuple[torch.Tensor, torch.Tensor]:
-    args = _op_args("dash_attn::varlen_fwd", softmax_scale, mask, window_left, window_right, softcap, deterministic, schedule,
-                    sm_margin)
+    args = _op_args("dash_attn::varlen_fwd", softmax_scale, mask, window_left, window_right, softcap, deterministic,
+                    schedule, sm_margin)
     args = args.for_lengths(max_seqlen_q, max_seqlen_k)
     seqs = (cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k)
     ext, host = _check_varlen(q, k, v, *seqs, max_seqlen_q, max_seqlen_k, softcap)
@@ -213,8 +213,8 @@ def _varlen_bwd_impl(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
                      max_seqlen_k: int, softmax_scale: float, mask: int, window_left: int, window_right: int,
                      softcap: float, deterministic: bool, schedule: str,
                      sm_margin: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    args = _op_args("dash_attn::varlen_bwd", softmax_scale, mask, window_left, window_right, softcap, deterministic, schedule,
-                    sm_margin)
+    args = _op_args("dash_attn::varlen_bwd", softmax_scale, mask, window_left, window_right, softcap, deterministic,
+                    schedule, sm_margin)
     args = args.for_lengths(max_seqlen_q, max_seqlen_k)
     seqs = (cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k)
     ext, host = _check_varlen(q, k, v, *seqs, max_seqlen_q, max_seqlen_k, softcap)

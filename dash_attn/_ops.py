@@ -20,21 +20,20 @@ from .reference import attention_bwd_ref, attention_bwd_ref_varlen, attention_re
 # Dense custom ops
 # ----------------------------------------------------------------------------------------------------------------------
 
-def _op_args(op: str, *scalars) -> OpArgs:
-    """The scalar arguments of a call of the custom op `op`, checked on every device (validation.check_op_args), so that
-    a direct call with values the public functions would have refused or rewritten (softmax_scale 0, which they run as
-    zero queries at scale 1, api._scoreless_queries; a mask its window does not give) raises instead of returning NaN,
-    wrong gradients or another mask's result."""
+def _op_args(op: str, seqlen_q: int, seqlen_k: int, *scalars) -> OpArgs:
+    """The scalar arguments of a call of the custom op `op` for these lengths (OpArgs.for_lengths), checked on every
+    device (validation.check_op_args), so that a direct call with values the public functions would have refused or
+    rewritten (softmax_scale 0, which they run as zero queries at scale 1, api._scoreless_queries; a mask its window
+    does not give) raises instead of returning NaN, wrong gradients or another mask's result."""
     validation.check_op_args(op, *scalars)
-    return OpArgs(*scalars)
+    return OpArgs(*scalars).for_lengths(seqlen_q, seqlen_k)
 
 
 def _fwd_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: float, mask: int, window_left: int,
               window_right: int, softcap: float, deterministic: bool, schedule: str,
               sm_margin: int) -> Tuple[torch.Tensor, torch.Tensor]:
-    args = _op_args("dash_attn::fwd", softmax_scale, mask, window_left, window_right, softcap, deterministic, schedule,
-                    sm_margin)
-    args = args.for_lengths(q.shape[1], k.shape[1])
+    args = _op_args("dash_attn::fwd", q.shape[1], k.shape[1], softmax_scale, mask, window_left, window_right, softcap,
+                    deterministic, schedule, sm_margin)
     if q.device.type != "cpu":
         return fwd_cuda(q, k, v, args)
     out = _out_like(q, v)
@@ -58,9 +57,8 @@ def _bwd_impl(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Ten
               lse: torch.Tensor, softmax_scale: float, mask: int, window_left: int, window_right: int, softcap: float,
               deterministic: bool, schedule: str,
               sm_margin: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    args = _op_args("dash_attn::bwd", softmax_scale, mask, window_left, window_right, softcap, deterministic, schedule,
-                    sm_margin)
-    args = args.for_lengths(q.shape[1], k.shape[1])
+    args = _op_args("dash_attn::bwd", q.shape[1], k.shape[1], softmax_scale, mask, window_left, window_right, softcap,
+                    deterministic, schedule, sm_margin)
     if q.device.type != "cpu":
         return bwd_cuda(dout, q, k, v, out, lse, args)
     dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
@@ -153,9 +151,8 @@ def _varlen_fwd_impl(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
                      max_seqlen_q: int, max_seqlen_k: int, softmax_scale: float, mask: int, window_left: int,
                      window_right: int, softcap: float, deterministic: bool, schedule: str,
                      sm_margin: int) -> Tuple[torch.Tensor, torch.Tensor]:
-    args = _op_args("dash_attn::varlen_fwd", softmax_scale, mask, window_left, window_right, softcap, deterministic,
-                    schedule, sm_margin)
-    args = args.for_lengths(max_seqlen_q, max_seqlen_k)
+    args = _op_args("dash_attn::varlen_fwd", max_seqlen_q, max_seqlen_k, softmax_scale, mask, window_left,
+                    window_right, softcap, deterministic, schedule, sm_margin)
     seqs = (cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k)
     ext, host = _check_varlen(q, k, v, *seqs, max_seqlen_q, max_seqlen_k, softcap)
     if ext is not None:
@@ -213,9 +210,8 @@ def _varlen_bwd_impl(dout: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: to
                      max_seqlen_k: int, softmax_scale: float, mask: int, window_left: int, window_right: int,
                      softcap: float, deterministic: bool, schedule: str,
                      sm_margin: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    args = _op_args("dash_attn::varlen_bwd", softmax_scale, mask, window_left, window_right, softcap, deterministic,
-                    schedule, sm_margin)
-    args = args.for_lengths(max_seqlen_q, max_seqlen_k)
+    args = _op_args("dash_attn::varlen_bwd", max_seqlen_q, max_seqlen_k, softmax_scale, mask, window_left,
+                    window_right, softcap, deterministic, schedule, sm_margin)
     seqs = (cu_seqlens_q, cu_seqlens_k, seqused_q, seqused_k)
     ext, host = _check_varlen(q, k, v, *seqs, max_seqlen_q, max_seqlen_k, softcap)
     if ext is not None:

@@ -199,15 +199,16 @@ class _RingAttn(torch.autograd.Function):
         return dq, dk.to(k.dtype), dv.to(v.dtype), None, None, None, None, None
 
 
-def _scale(q: torch.Tensor, softmax_scale: Optional[float], function: str) -> float:
+def _scale(q: torch.Tensor, softmax_scale: Optional[float]) -> float:
     """The step kernels' scale: 1 / sqrt(headdim) by default; the ops take no scale 0 (the public functions run it as
     zero queries, which the ring does not)."""
     if softmax_scale is None:
         return q.shape[-1] ** -0.5
-    validation.check_kernel_softmax_scale(softmax_scale, function)
+    validation.check_kernel_softmax_scale(softmax_scale)
     return float(softmax_scale)
 
 
+@validation.public_entry
 def ring_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_scale: Optional[float] = None,
                    causal: bool = False, deterministic: Optional[bool] = None, group=None,
                    sm_margin: int = 0) -> torch.Tensor:
@@ -225,16 +226,17 @@ def ring_attn_func(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, softmax_sc
     if q.shape[1] % 2 or k.shape[1] != q.shape[1]:
         raise ValueError("ring_attn_func(): q and k/v shards must have the same even length (two chunks each, "
                          "from shard_sequence)")
-    scale = _scale(q, softmax_scale, "ring_attn_func()")
+    scale = _scale(q, softmax_scale)
     det = torch.are_deterministic_algorithms_enabled() if deterministic is None else bool(deterministic)
     return _RingAttn.apply(q, k, v, scale, bool(causal), det, group, int(sm_margin))
 
 
+@validation.public_entry
 def simulate(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dout: torch.Tensor, world_size: int,
              softmax_scale: Optional[float] = None, causal: bool = False, deterministic: bool = True):
     """The ring algorithm of `world_size` ranks run in one process on full-sequence tensors, with the distributed
     run's order of every sum: returns (out, dq, dk, dv) as full sequences."""
-    scale = _scale(q, softmax_scale, "simulate()")
+    scale = _scale(q, softmax_scale)
     step = _Step(scale, causal, deterministic)
     W = world_size
     qs, ks, vs, dos = ([shard_sequence(t, r, W) for r in range(W)] for t in (q, k, v, dout))

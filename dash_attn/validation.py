@@ -190,9 +190,13 @@ def _is_finite(x) -> bool:
     return x == x and abs(x) != math.inf
 
 
+def _finite_number(x) -> bool:
+    """An int or float (not a bool) that is finite."""
+    return not isinstance(x, bool) and isinstance(x, (int, float)) and _is_finite(x)
+
+
 def check_softcap(softcap: float) -> float:
-    if isinstance(softcap, bool) or not isinstance(softcap, (int, float)) or not _is_finite(softcap) \
-            or softcap < 0:
+    if not _finite_number(softcap) or softcap < 0:
         raise ValueError(f"softcap must be a finite number >= 0 (0 turns it off), got {softcap!r}")
     return float(softcap)
 
@@ -206,24 +210,24 @@ MIN_SOFTMAX_SCALE = 1e-30
 def _kernel_softmax_scale(softmax_scale) -> bool:
     """Whether the kernels take this scale (they cannot take 0: a masked score's -inf times 0 is NaN, and the backward
     folds 1 / scale into its row statistics)."""
-    return not isinstance(softmax_scale, bool) and isinstance(softmax_scale, (int, float)) \
-        and _is_finite(softmax_scale) and softmax_scale >= MIN_SOFTMAX_SCALE
+    return _finite_number(softmax_scale) and softmax_scale >= MIN_SOFTMAX_SCALE
 
 
 def check_softmax_scale(softmax_scale) -> None:
     """The public functions' scales: the kernels' and 0, which they run as zero queries at scale 1
     (api._scoreless_queries). A negative scale would turn the row max into the row min: the exponentials overflow."""
     if softmax_scale is None or _kernel_softmax_scale(softmax_scale) \
-            or (not isinstance(softmax_scale, bool) and isinstance(softmax_scale, (int, float)) and softmax_scale == 0):
+            or (_finite_number(softmax_scale) and softmax_scale == 0):
         return
     raise ValueError(f"softmax_scale must be 0, a finite float >= {MIN_SOFTMAX_SCALE:g} or None (1/sqrt(headdim)), "
                      f"got {softmax_scale!r}")
 
 
-def check_kernel_softmax_scale(softmax_scale, op: str) -> None:
-    """The scales the custom ops take, for direct calls of them (the public functions have routed 0 already)."""
+def check_kernel_softmax_scale(softmax_scale) -> None:
+    """The scales the custom ops and the functions that call them directly take (the public functions have routed 0
+    already)."""
     if not _kernel_softmax_scale(softmax_scale):
-        raise ValueError(f"{op}: softmax_scale must be a finite float >= {MIN_SOFTMAX_SCALE:g}, got {softmax_scale!r} "
+        raise ValueError(f"softmax_scale must be a finite float >= {MIN_SOFTMAX_SCALE:g}, got {softmax_scale!r} "
                          "(the public functions, dash_attn.flash_attn_func and the others, also take 0)")
 
 
@@ -232,9 +236,9 @@ def check_op_args(op: str, softmax_scale, mask, window_left, window_right, softc
     """The scalar arguments of a direct call of the custom op `op` (the public functions pass them checked and
     normalised, _args.OpArgs): the kernels' scale range, a mask that its window gives (as _args._mask_args builds it
     from a check_window pair; another mask would run silently), and the checks of the public functions' softcap,
-    schedule and sm_margin. The schema has checked the types."""
-    check_kernel_softmax_scale(softmax_scale, op)
+    schedule and sm_margin. The schema has checked the types. Every message names the op."""
     try:
+        check_kernel_softmax_scale(softmax_scale)
         for side, value in (("window_left", window_left), ("window_right", window_right)):
             if not -1 <= value <= WINDOW_CLAMP:
                 raise ValueError(f"{side} must be -1 (unbounded) or in [0, {WINDOW_CLAMP}], got {value!r}")

@@ -122,6 +122,14 @@ struct ShiftCausalRuns {
     return ShiftCausal::item_paired(p, l, cta, k, !l.rotated);
   }
   DASH_HD static int32_t num_visits(const Problem& p, const KvTile& t) { return ShiftRuns::num_visits(p, t); }
+  // Whether a tile walks its GQA group's query heads one after another (split_step_heads_outer) rather than every
+  // query head at each Q tile: from groups of 4 (8 where Q tiles are 128 rows tall, hdim 64). The CPU model with the
+  // L2 term put the heads outermost at 0.55-0.97x the makespan there and at 1.00-1.06x at the smaller groups
+  // (docs/tuning.md). A function of the group size and the tile shape, so the dK/dV sums stay invariant.
+  DASH_HD static bool heads_outer(const Problem& p) {
+    const int32_t g = group_size(p);
+    return g >= (p.block_m >= 128 ? 8 : 4);
+  }
   // The batched causal kernels claim the units at run time instead (bwd_tile_scheduler.h), two items a unit in launch
   // order: the pair units (long tile, then short), then the middle units (the middle tile, then tile N, which has no
   // visits and stores nothing). The items, walks and positions are those dealt above, so the bits are the same; the
@@ -147,8 +155,10 @@ struct ShiftCausalRuns {
   }
   DASH_HD static Visit visit(const Problem& p, const KvTile& t, int32_t step) {
     const Layout l = layout(p);
-    const StepSplit st = split_step(step, group_size(p), t.head_k);
     const int32_t n = t.n_block;
+    const int32_t g = group_size(p);
+    const StepSplit st = heads_outer(p) ? split_step_heads_outer(step, m_block_range(p, n).size(), g, t.head_k)
+                                        : split_step(step, g, t.head_k);
     if (l.rotated) return rotated_visit(p, l, n, st);
     if (n < l.Q) {  // long: up from its first live Q tile
       const int32_t m = m_block_range(p, n).lo + st.s;

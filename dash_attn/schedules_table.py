@@ -13,7 +13,8 @@ from . import _sched
 
 __all__ = ["AUTO", "MASK_IDS", "SCHEDULE_IDS", "DETERMINISTIC_SCHEDULES", "NONDETERMINISTIC_SCHEDULES", "SCHEDULES",
            "DYNAMIC", "INVARIANT_SCHEDULES", "INVARIANT_VARLEN_SCHEDULES", "LANES_SCHEDULE", "SHORT_SEQLEN_K",
-           "LANES_GQA_RATIO", "LANES_ORDER", "ANY_LENGTH", "NONDET_RUNS_MIN_SEQLEN_K", "gqa_takes_invariant_pick",
+           "LANES_GQA_RATIO", "LANES_ORDER", "ANY_LENGTH", "NONDET_RUNS_MIN_SEQLEN_K", "NONDET_RUNS_MIN_GQA_RATIO",
+           "gqa_takes_invariant_pick",
            "nondet_takes_invariant_pick", "short_keys",
            "invariant_schedule", "varlen_invariant_schedule", "varlen_runs_lanes_order", "runs_per_sequence",
            "invariant_picks", "mask_id", "problem", "FALLBACK_SCHEDULE", "MEASURED_RANKING", "SHORT_NAMES"]
@@ -87,15 +88,25 @@ def gqa_takes_invariant_pick(mask: str, kernel_head_dim: int, gqa_ratio: int) ->
 # (docs/tuning.md, "Schedules"). At hdim 64 it did not, and bands with fewer queries than keys were not measured:
 # those keep the model's pick.
 NONDET_RUNS_MIN_SEQLEN_K = {("causal", 128): 8192}
+# GQA ratios (query heads per KV head of the launch) from which the non-deterministic `auto` takes the invariant pick
+# on square (or taller) causal bands of any length, by (mask, kernel head dim): at hdim 256 with 4 query heads per KV
+# head the deterministic shift_causal_runs, which walks the group's query heads outermost there (runs.h), ran
+# 1.17-1.71x the model's non-deterministic pick (benchmarks/RESULTS.md, GQA). Larger causal groups run on copies of 2
+# query heads (_kv_heads), which the model keeps.
+NONDET_RUNS_MIN_GQA_RATIO = {("causal", 256): 4}
 
 
 def nondet_takes_invariant_pick(mask: str, kernel_head_dim: int, gqa_ratio: int, seqlen_q: int, seqlen_k: int) -> bool:
     """Whether the non-deterministic `auto` runs invariant_schedule()'s pick instead of asking the cost model: at the
-    GQA ratios of gqa_takes_invariant_pick, and on the long square causal bands of NONDET_RUNS_MIN_SEQLEN_K."""
+    GQA ratios of gqa_takes_invariant_pick, and on square causal bands, long ones (NONDET_RUNS_MIN_SEQLEN_K) or those of
+    NONDET_RUNS_MIN_GQA_RATIO's groups."""
     if gqa_takes_invariant_pick(mask, kernel_head_dim, gqa_ratio):
         return True
+    if seqlen_q < seqlen_k:
+        return False
     bound = NONDET_RUNS_MIN_SEQLEN_K.get((mask, kernel_head_dim))
-    return bound is not None and seqlen_k >= bound and seqlen_q >= seqlen_k
+    ratio = NONDET_RUNS_MIN_GQA_RATIO.get((mask, kernel_head_dim))
+    return (bound is not None and seqlen_k >= bound) or (ratio is not None and gqa_ratio >= ratio)
 
 
 def short_keys(mask: str, kernel_head_dim: int, gqa_ratio: int = 1) -> int:

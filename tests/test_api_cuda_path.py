@@ -507,3 +507,24 @@ def test_kv_copies_rule_reads_head_counts_and_mask():
     assert [kv_copies(6, 1, True), kv_copies(10, 1, False), kv_copies(10, 1, True)] == [6, 5, 5]
     assert [kv_copies(12, 2, True), kv_copies(12, 2, False), kv_copies(12, 4, True)] == [3, 1, 1]
     assert kv_copies(8, 8, True) == kv_copies(8, 8, False) == 1
+
+
+def test_nondet_auto_runs_the_invariant_pick_with_gqa_4_at_hdim_256(fake_cuda, monkeypatch):
+    """On square causal bands with 4 query heads per KV head at hdim 256 (schedules_table.NONDET_RUNS_MIN_GQA_RATIO)
+    the non-deterministic `auto` runs shift_causal_runs at any length without asking the model; with 2 query heads per
+    KV head, and on bands with fewer queries than keys, it asks the model (here absent, so the fallback runs)."""
+    monkeypatch.setitem(sys.modules, "dash_attn.schedule", None)
+    fake_cuda.supported_head_dims = lambda: [64, 128, 256]
+    fake_cuda.bwd_tile_shape = lambda headdim, mask: (64, 64) if headdim > 128 else (64, 128)
+    interface._supported_head_dims.cache_clear()
+    interface._bwd_tile_shape.cache_clear()
+    fallback = interface.FALLBACK_SCHEDULE
+    for seqlen_q, seqlen_k, nheads_k, expected in ((1024, 1024, 2, "shift_causal_runs"), (1024, 1024, 4, fallback),
+                                                   (512, 1024, 2, fallback)):
+        q, k, v = qkv(seqlen_q=seqlen_q, seqlen_k=seqlen_k, nheads=8, nheads_k=nheads_k, headdim=256,
+                      dtype=torch.bfloat16)
+        out, lse = torch.empty_like(q), torch.empty(2, 8, seqlen_q)
+        dq, dk, dv = torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+        interface._launch_bwd(out, q, k, v, out, lse, dq, dk, dv,
+                              op_args(mask=1, window=(-1, 0), deterministic=False, schedule="auto"))
+        assert fake_cuda.calls[-1][1][15] == interface.SCHEDULE_IDS[expected], (seqlen_q, seqlen_k, nheads_k)

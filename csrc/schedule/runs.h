@@ -124,8 +124,9 @@ struct ShiftCausalRuns {
   DASH_HD static int32_t num_visits(const Problem& p, const KvTile& t) { return ShiftRuns::num_visits(p, t); }
   // Whether a tile walks its GQA group's query heads one after another (split_step_heads_outer) rather than every
   // query head at each Q tile: from groups of 4 (8 where Q tiles are 128 rows tall, hdim 64). The CPU model with the
-  // L2 term put the heads outermost at 0.55-0.97x the makespan there and at 1.00-1.06x at the smaller groups
-  // (docs/tuning.md). A function of the group size and the tile shape, so the dK/dV sums stay invariant.
+  // L2 term put the heads outermost at 0.55-0.97x the makespan there and at 1.00-1.06x at the smaller groups; an H100
+  // ran hdim 128 GQA 4 1.22-1.40x faster (docs/tuning.md). A function of the group size and the tile shape, so the
+  // dK/dV sums stay invariant.
   DASH_HD static bool heads_outer(const Problem& p) {
     const int32_t g = group_size(p);
     return g >= (p.block_m >= 128 ? 8 : 4);

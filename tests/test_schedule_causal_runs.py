@@ -47,8 +47,8 @@ def test_stepped_walk_arrives_in_chain_order_on_square_bands():
         assert np.all(np.diff(arrivals) > 0), f"chain {key}: arrival steps {arrivals}"
 
 
-# (block_m, block_n, GQA group): groups that walk their query heads outermost (4 and 8 on 64-row Q tiles, 8 on 128-row
-# ones: ShiftCausalRuns::heads_outer) and groups that walk every query head at each Q tile.
+# (block_m, block_n, GQA group, outermost): groups that walk their query heads outermost (4 and 8 on 64-row Q tiles,
+# 8 on 128-row ones: ShiftCausalRuns::heads_outer) and groups that walk every query head at each Q tile.
 GROUPS = [(64, 128, 4, True), (64, 128, 8, True), (64, 64, 4, True), (64, 128, 2, False), (128, 128, 4, False),
           (128, 128, 8, True)]
 

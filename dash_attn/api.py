@@ -3,7 +3,6 @@ they trace under torch.compile), then one call of a custom op or autograd functi
 from __future__ import annotations
 
 import functools
-import math
 
 import torch
 
@@ -26,7 +25,7 @@ def _common_args(q, softmax_scale, causal, window_size, softcap, deterministic, 
     validation.check_schedule(schedule)
     sm_margin = validation.check_sm_margin(sm_margin)
     if softmax_scale is None:
-        softmax_scale = 1.0 / math.sqrt(q.shape[-1])
+        softmax_scale = validation.default_softmax_scale(q.shape[-1])
     mask, window_left, window_right = mask_args(window_left, window_right)
     deterministic = resolve_deterministic(deterministic)
     validation.check_schedule_mode(schedule, deterministic)

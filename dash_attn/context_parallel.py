@@ -200,10 +200,10 @@ class _RingAttn(torch.autograd.Function):
 
 
 def _scale(q: torch.Tensor, softmax_scale: Optional[float]) -> float:
-    """The step kernels' scale: 1 / sqrt(headdim) by default; the ops take no scale 0 (the public functions run it as
-    zero queries, which the ring does not)."""
+    """The step kernels' scale: the public functions' default for None; the ops take no scale 0 (the public functions
+    run it as zero queries, which the ring does not)."""
     if softmax_scale is None:
-        return q.shape[-1] ** -0.5
+        return validation.default_softmax_scale(q.shape[-1])
     validation.check_kernel_softmax_scale(softmax_scale)
     return float(softmax_scale)
 

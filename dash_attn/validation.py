@@ -213,6 +213,11 @@ def _kernel_softmax_scale(softmax_scale) -> bool:
     return _finite_number(softmax_scale) and softmax_scale >= MIN_SOFTMAX_SCALE
 
 
+def default_softmax_scale(headdim: int) -> float:
+    """The scale softmax_scale=None stands for: 1 / sqrt(headdim), FlashAttention's."""
+    return 1.0 / math.sqrt(headdim)
+
+
 def check_softmax_scale(softmax_scale) -> None:
     """The public functions' scales: the kernels' and 0, which they run as zero queries at scale 1
     (api._scoreless_queries). A negative scale would turn the row max into the row min: the exponentials overflow."""

@@ -158,11 +158,12 @@ struct ShiftCausalRuns {
     const Layout l = layout(p);
     const int32_t n = t.n_block;
     const int32_t g = group_size(p);
-    const StepSplit st = heads_outer(p) ? split_step_heads_outer(step, m_block_range(p, n).size(), g, t.head_k)
+    const BlockRange walk = m_block_range(p, n);
+    const StepSplit st = heads_outer(p) ? split_step_heads_outer(step, walk.size(), g, t.head_k)
                                         : split_step(step, g, t.head_k);
-    if (l.rotated) return rotated_visit(p, l, n, st);
+    if (l.rotated) return rotated_visit(p, l, n, walk.lo, st);
     if (n < l.Q) {  // long: up from its first live Q tile
-      const int32_t m = m_block_range(p, n).lo + st.s;
+      const int32_t m = walk.lo + st.s;
       return Visit{st.head, m, contributors(p, m, 0) - 1 - n, 0};
     }
     const int32_t m = l.M - 1 - st.s;
@@ -179,9 +180,10 @@ struct ShiftCausalRuns {
     const int32_t u0 = N - hi;
     return u0 < 0 ? 0 : (u0 > Q ? Q : u0);
   }
-  DASH_HD static Visit rotated_visit(const Problem& p, const Layout& l, int32_t n, const StepSplit& st) {
+  // lo: tile n's first live Q tile.
+  DASH_HD static Visit rotated_visit(const Problem& p, const Layout& l, int32_t n, int32_t lo, const StepSplit& st) {
     if (l.has_middle && n == l.Q) {  // up from its first live Q tile, after every pair unit
-      return Visit{st.head, m_block_range(p, n).lo + st.s, l.Q, 1};
+      return Visit{st.head, lo + st.s, l.Q, 1};
     }
     const bool is_long = n < l.Q;
     const int32_t u = is_long ? n : l.N - 1 - n;

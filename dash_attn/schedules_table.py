@@ -7,13 +7,13 @@ model's measured ranking, the benchmark's labels) are the only other places a sc
 from __future__ import annotations
 
 import functools
-from typing import Dict, Optional, Tuple
+from typing import Dict, NamedTuple, Optional, Tuple
 
 from . import _sched
 
 __all__ = ["AUTO", "MASK_IDS", "SCHEDULE_IDS", "DETERMINISTIC_SCHEDULES", "NONDETERMINISTIC_SCHEDULES", "SCHEDULES",
            "DYNAMIC", "INVARIANT_SCHEDULES", "INVARIANT_VARLEN_SCHEDULES", "LANES_SCHEDULE", "SHORT_SEQLEN_K",
-           "LANES_GQA_RATIO", "LANES_ORDER", "ANY_LENGTH", "NONDET_RUNS_MIN_SEQLEN_K", "NONDET_RUNS_MIN_GQA_RATIO",
+           "LANES_GQA_RATIO", "LANES_ORDER", "ANY_LENGTH", "NondetRunsBound", "NONDET_RUNS_BOUNDS",
            "gqa_takes_invariant_pick", "nondet_takes_invariant_pick", "short_keys",
            "invariant_schedule", "varlen_invariant_schedule", "varlen_runs_lanes_order", "runs_per_sequence",
            "invariant_picks", "mask_id", "problem", "FALLBACK_SCHEDULE", "MEASURED_RANKING", "SHORT_NAMES"]
@@ -82,30 +82,39 @@ def gqa_takes_invariant_pick(mask: str, kernel_head_dim: int, gqa_ratio: int) ->
     return mask != "window" and gqa_ratio >= LANES_GQA_RATIO.get(kernel_head_dim, gqa_ratio + 1)
 
 
-# Keys from which the non-deterministic `auto` takes the invariant pick on square (or taller) causal bands, by (mask,
-# kernel head dim): there `shift_causal_runs` ran ahead of the model's pick (`shift_causal`) non-deterministically
-# (docs/tuning.md, "Schedules"). At hdim 64 it did not, and bands with fewer queries than keys were not measured:
-# those keep the model's pick.
-NONDET_RUNS_MIN_SEQLEN_K = {("causal", 128): 8192}
-# GQA ratios (query heads per KV head of the launch) from which the non-deterministic `auto` takes the invariant pick
-# on square (or taller) causal bands of any length, by (mask, kernel head dim): at hdim 256 with 4 query heads per KV
-# head the deterministic shift_causal_runs, which walks the group's query heads outermost there (runs.h), ran
-# 1.17-1.71x the model's non-deterministic pick (benchmarks/RESULTS.md, GQA). Larger causal groups run on copies of 2
-# query heads (_kv_heads), which the model keeps.
-NONDET_RUNS_MIN_GQA_RATIO = {("causal", 256): 4}
+class NondetRunsBound(NamedTuple):
+    """Where the non-deterministic `auto` takes the invariant pick on square (or taller) bands of one (mask, kernel head
+    dim): from min_seqlen_k keys, or from min_gqa_ratio query heads per KV head of the launch, at any length (None:
+    no such bound)."""
+    min_seqlen_k: Optional[int] = None
+    min_gqa_ratio: Optional[int] = None
+
+
+# Where the non-deterministic `auto` runs `shift_causal_runs` (the invariant pick) instead of the cost model's pick, by
+# (mask, kernel head dim), on square or taller bands only (bands with fewer queries than keys were not measured):
+# - hdim 128 causal from 8192 keys: there `shift_causal_runs` ran ahead of the model's pick (`shift_causal`)
+#   non-deterministically; at hdim 64 it did not (docs/tuning.md, "Schedules").
+# - hdim 256 causal with 4 query heads per KV head: the deterministic shift_causal_runs, which walks the group's query
+#   heads outermost there (runs.h), ran 1.17-1.71x the model's non-deterministic pick (benchmarks/RESULTS.md, GQA).
+#   Larger causal groups run on copies of 2 query heads (_kv_heads), which the model keeps.
+# The GQA ratios of gqa_takes_invariant_pick come first (LANES_GQA_RATIO: both modes there, and the deterministic key
+# bound too, so that table stays apart).
+NONDET_RUNS_BOUNDS: Dict[Tuple[str, int], NondetRunsBound] = {
+    ("causal", 128): NondetRunsBound(min_seqlen_k=8192),
+    ("causal", 256): NondetRunsBound(min_gqa_ratio=4),
+}
 
 
 def nondet_takes_invariant_pick(mask: str, kernel_head_dim: int, gqa_ratio: int, seqlen_q: int, seqlen_k: int) -> bool:
     """Whether the non-deterministic `auto` runs invariant_schedule()'s pick instead of asking the cost model: at the
-    GQA ratios of gqa_takes_invariant_pick, and on square causal bands, long ones (NONDET_RUNS_MIN_SEQLEN_K) or those of
-    NONDET_RUNS_MIN_GQA_RATIO's groups."""
+    GQA ratios of gqa_takes_invariant_pick, and on square causal bands within NONDET_RUNS_BOUNDS."""
     if gqa_takes_invariant_pick(mask, kernel_head_dim, gqa_ratio):
         return True
-    if seqlen_q < seqlen_k:
+    bound = NONDET_RUNS_BOUNDS.get((mask, kernel_head_dim))
+    if bound is None or seqlen_q < seqlen_k:
         return False
-    bound = NONDET_RUNS_MIN_SEQLEN_K.get((mask, kernel_head_dim))
-    ratio = NONDET_RUNS_MIN_GQA_RATIO.get((mask, kernel_head_dim))
-    return (bound is not None and seqlen_k >= bound) or (ratio is not None and gqa_ratio >= ratio)
+    return ((bound.min_seqlen_k is not None and seqlen_k >= bound.min_seqlen_k)
+            or (bound.min_gqa_ratio is not None and gqa_ratio >= bound.min_gqa_ratio))
 
 
 def short_keys(mask: str, kernel_head_dim: int, gqa_ratio: int = 1) -> int:

@@ -312,12 +312,12 @@ def test_auto_runs_lanes_with_gqa_4_at_hdim_128(fake_cuda, monkeypatch, determin
 
 
 def test_nondet_auto_runs_the_invariant_pick_on_long_causal_bands(fake_cuda, monkeypatch):
-    """From schedules_table.NONDET_RUNS_MIN_SEQLEN_K keys on square causal MHA bands the non-deterministic `auto` runs
+    """From schedules_table.NONDET_RUNS_BOUNDS' key bound on square causal MHA bands the non-deterministic `auto` runs
     shift_causal_runs without asking the model; below the bound and on wider bands it asks the model (here absent, so
     the fallback schedule runs)."""
-    from dash_attn.schedules_table import NONDET_RUNS_MIN_SEQLEN_K
+    from dash_attn.schedules_table import NONDET_RUNS_BOUNDS
     monkeypatch.setitem(sys.modules, "dash_attn.schedule", None)
-    bound = NONDET_RUNS_MIN_SEQLEN_K[("causal", 128)]
+    bound = NONDET_RUNS_BOUNDS[("causal", 128)].min_seqlen_k
     fallback = interface.FALLBACK_SCHEDULE
     for seqlen_q, seqlen_k, expected in ((bound, bound, "shift_causal_runs"), (bound // 2 + 64, bound, fallback),
                                          (bound // 2, bound // 2, fallback)):
@@ -510,7 +510,7 @@ def test_kv_copies_rule_reads_head_counts_and_mask():
 
 
 def test_nondet_auto_runs_the_invariant_pick_with_gqa_4_at_hdim_256(fake_cuda, monkeypatch):
-    """On square causal bands with 4 query heads per KV head at hdim 256 (schedules_table.NONDET_RUNS_MIN_GQA_RATIO)
+    """On square causal bands with 4 query heads per KV head at hdim 256 (schedules_table.NONDET_RUNS_BOUNDS)
     the non-deterministic `auto` runs shift_causal_runs at any length without asking the model; with 2 query heads per
     KV head, and on bands with fewer queries than keys, it asks the model (here absent, so the fallback runs)."""
     monkeypatch.setitem(sys.modules, "dash_attn.schedule", None)

@@ -18,7 +18,7 @@ from gpu_common import (exact_float32_matmul, supported_head_dims, main_head_dim
                         assert_grads_within, assert_compiled_step_matches_eager, capture, poison_allocator,
                         DET_SCHEDULES)
 from dash_attn.reference import attention_bwd_ref, attention_ref, row_statistic_error_bound
-from dash_attn.schedules_table import NONDET_RUNS_MIN_SEQLEN_K
+from dash_attn.schedules_table import NONDET_RUNS_BOUNDS
 from dash_attn.validation import MIN_SOFTMAX_SCALE
 
 pytestmark = pytest.mark.gpu
@@ -116,11 +116,11 @@ def test_backward_nondeterministic_schedules(seqlen_q, seqlen_k, group, mask, sc
 
 @pytest.mark.gpu
 def test_backward_nondeterministic_auto_on_long_causal_bands():
-    """From schedules_table.NONDET_RUNS_MIN_SEQLEN_K keys the non-deterministic `auto` runs shift_causal_runs on square
+    """From schedules_table.NONDET_RUNS_BOUNDS' key bound the non-deterministic `auto` runs shift_causal_runs on square
     causal bands at hdim 128, with poisoned outputs."""
     if 128 not in supported_head_dims():
         pytest.skip("this build has no hdim 128 kernels")
-    bound = NONDET_RUNS_MIN_SEQLEN_K[("causal", 128)]
+    bound = NONDET_RUNS_BOUNDS[("causal", 128)].min_seqlen_k
     check_backward(1, bound, bound, 2, 2, 128, torch.bfloat16, True, "auto", False, poison=True)
 
 

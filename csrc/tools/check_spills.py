@@ -23,25 +23,27 @@ ALLOWANCES = [
     # Packed-sequence kernels (SeqLayoutE1, the varlen calls): each sequence's first rows, lengths and live steps ride
     # through the producer and the masked loops as run-time values where the batched kernels have the call's
     # constants. Not tuned and not timed against a spill-free build: the figures are ptxas' for the current code, so
-    # that the check catches growth (`make check-kernels CHECK_LAYOUTS=packed`).
+    # that the check catches growth (`make check-kernels CHECK_LAYOUTS=packed`). The window kernels never run
+    # shift_causal_runs but compile its visit (the schedule is a run-time choice): computing its tile's Q range once
+    # moved their allocation by 4 bytes.
     (r"bwd_main_kernel.*BwdTraitsILi64E.*MaskKindE1ELNS_8ScoreModE0ELNS_9SeqLayoutE1", 120,
      "hdim 64 causal packed: 92/120, 64 frame"),
     (r"bwd_main_kernel.*BwdTraitsILi64E.*MaskKindE1ELNS_8ScoreModE1ELNS_9SeqLayoutE1", 128,
      "hdim 64 causal softcap packed: 100/128, 88 frame"),
-    (r"bwd_main_kernel.*BwdTraitsILi64E.*MaskKindE2ELNS_8ScoreModE0ELNS_9SeqLayoutE1", 144,
-     "hdim 64 window packed: 132/144, 72 frame"),
-    (r"bwd_main_kernel.*BwdTraitsILi64E.*MaskKindE2ELNS_8ScoreModE1ELNS_9SeqLayoutE1", 164,
-     "hdim 64 window softcap packed: 152/164, 88 frame"),
+    (r"bwd_main_kernel.*BwdTraitsILi64E.*MaskKindE2ELNS_8ScoreModE0ELNS_9SeqLayoutE1", 148,
+     "hdim 64 window packed: 136/148, 72 frame"),
+    (r"bwd_main_kernel.*BwdTraitsILi64E.*MaskKindE2ELNS_8ScoreModE1ELNS_9SeqLayoutE1", 168,
+     "hdim 64 window softcap packed: 156/168, 88 frame"),
     (r"bwd_main_kernel.*BwdTraitsILi128E.*MaskKindE1ELNS_8ScoreModE0ELNS_9SeqLayoutE1", 48,
      "hdim 128 causal packed: 32/48, 24 frame"),
     (r"bwd_main_kernel.*BwdTraitsILi128E.*MaskKindE1ELNS_8ScoreModE1ELNS_9SeqLayoutE1", 48,
      "hdim 128 causal softcap packed: 32/48, 24 frame"),
-    (r"bwd_main_kernel.*BwdTraitsILi128E.*MaskKindE2ELNS_8ScoreModE0ELNS_9SeqLayoutE1", 104,
-     "hdim 128 window packed: 104/104, 56 frame"),
-    (r"bwd_main_kernel.*BwdTraitsILi128E.*MaskKindE2ELNS_8ScoreModE1ELNS_9SeqLayoutE1", 84,
-     "hdim 128 window softcap packed: 84/84, 48 frame"),
+    (r"bwd_main_kernel.*BwdTraitsILi128E.*MaskKindE2ELNS_8ScoreModE0ELNS_9SeqLayoutE1", 108,
+     "hdim 128 window packed: 108/108, 56 frame"),
+    (r"bwd_main_kernel.*BwdTraitsILi128E.*MaskKindE2ELNS_8ScoreModE1ELNS_9SeqLayoutE1", 88,
+     "hdim 128 window softcap packed: 88/88, 48 frame"),
     (r"bwd_main_kernel.*BwdTraitsILi256E.*MaskKindE1.*SeqLayoutE1", 44, "hdim 256 causal packed: 28/44, 16 frame"),
-    (r"bwd_main_kernel.*BwdTraitsILi256E.*MaskKindE2.*SeqLayoutE1", 88, "hdim 256 window packed: 88/88, 40 frame"),
+    (r"bwd_main_kernel.*BwdTraitsILi256E.*MaskKindE2.*SeqLayoutE1", 92, "hdim 256 window packed: 92/92, 40 frame"),
     # Soft-capped kernels (ScoreMod::kSoftcap, ScoreModE1), not tuned: the backward keeps 1 - t^2 per element in fp16
     # (hdim 128/256) or recovers t from P (hdim 64); the forward's tanh adds a few live values. Their windows fall
     # through to the plain windows' allowances below where those cover them.

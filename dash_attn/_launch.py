@@ -13,7 +13,8 @@ from . import _kv_heads, validation
 from ._args import MaskKind, OpArgs
 from ._ext import (_bwd_tile_shape, _check_cuda, _device_guard, _held_head_dim, _kernel_head_dim, _l2_bytes, _num_sms,
                    _supported_head_dims)
-from .schedules_table import (AUTO, FALLBACK_SCHEDULE, LANES_SCHEDULE, SCHEDULE_IDS, nondet_takes_invariant_pick,
+from .schedules_table import (AUTO, FALLBACK_SCHEDULE, LANES_SCHEDULE, SCHEDULE_IDS, nondet_orders_adds,
+                              nondet_takes_invariant_pick,
                               invariant_schedule, runs_per_sequence, short_keys, varlen_invariant_schedule,
                               varlen_runs_lanes_order)
 
@@ -64,6 +65,17 @@ def _resolve_schedule_for(args: OpArgs, device: torch.device, batch: int, seqlen
         schedule = _choose_schedule(mask, seqlen_q, seqlen_k, block_m, block_n, nheads, batch, ctas, window,
                                     nheads_k, args.deterministic, headdim, _l2_bytes(device.index))
     return SCHEDULE_IDS[schedule]
+
+
+def _kernel_orders_adds(args: OpArgs, seqlen_q: int, seqlen_k: int, nheads: int, nheads_k: int, headdim: int) -> bool:
+    """Whether the backward kernel adds dQ in its schedule's order (its deterministic mode): deterministic calls, and
+    the non-deterministic `auto` where schedules_table.nondet_orders_adds measured the ordered adds faster."""
+    if args.deterministic:
+        return True
+    if args.schedule != AUTO:
+        return False
+    mask_name, kernel_dim = MaskKind(args.mask).name.lower(), validation.kernel_head_dim(headdim, _supported_head_dims())
+    return nondet_orders_adds(mask_name, kernel_dim, nheads // nheads_k, seqlen_q, seqlen_k)
 
 
 def _with_varlen_schedule(args: OpArgs, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -182,9 +194,10 @@ def _run_bwd(ext, dout, q, k, v, out, lse, dq, dk, dv, args: OpArgs, sink=None, 
             grad.zero_()
         return
     schedule_id = _resolve_schedule(q, k, v, args)
+    ordered = _kernel_orders_adds(args, q.shape[1], k.shape[1], q.shape[2], k.shape[2], _held_head_dim(q, v))
     kernel_dim = _kernel_head_dim(q, v)
     with _device_guard(q.device), _full_width(dk, kernel_dim) as dk_rows, _full_width(dv, kernel_dim) as dv_rows:
-        ext.bwd(dout, q, k, v, out, lse, dq, dk_rows, dv_rows, *args.kernel_args, args.deterministic, schedule_id,
+        ext.bwd(dout, q, k, v, out, lse, dq, dk_rows, dv_rows, *args.kernel_args, ordered, schedule_id,
                 args.sm_margin, sink, dsink)
 
 

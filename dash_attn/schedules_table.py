@@ -14,7 +14,7 @@ from . import _sched
 __all__ = ["AUTO", "MASK_IDS", "SCHEDULE_IDS", "DETERMINISTIC_SCHEDULES", "NONDETERMINISTIC_SCHEDULES", "SCHEDULES",
            "DYNAMIC", "INVARIANT_SCHEDULES", "INVARIANT_VARLEN_SCHEDULES", "LANES_SCHEDULE", "SHORT_SEQLEN_K",
            "LANES_GQA_RATIO", "LANES_ORDER", "ANY_LENGTH", "NondetRunsBound", "NONDET_RUNS_BOUNDS",
-           "gqa_takes_invariant_pick", "nondet_takes_invariant_pick", "short_keys",
+           "gqa_takes_invariant_pick", "nondet_takes_invariant_pick", "nondet_orders_adds", "short_keys",
            "invariant_schedule", "varlen_invariant_schedule", "varlen_runs_lanes_order", "runs_per_sequence",
            "invariant_picks", "mask_id", "problem", "FALLBACK_SCHEDULE", "MEASURED_RANKING", "SHORT_NAMES"]
 
@@ -85,9 +85,11 @@ def gqa_takes_invariant_pick(mask: str, kernel_head_dim: int, gqa_ratio: int) ->
 class NondetRunsBound(NamedTuple):
     """Where the non-deterministic `auto` takes the invariant pick on square (or taller) bands of one (mask, kernel head
     dim): from min_seqlen_k keys, or from min_gqa_ratio query heads per KV head of the launch, at any length (None:
-    no such bound)."""
+    no such bound). ordered_adds: it runs the pick with the kernel's ordered dQ adds (the deterministic mode's),
+    measured faster there than the arrival-order adds of the same schedule."""
     min_seqlen_k: Optional[int] = None
     min_gqa_ratio: Optional[int] = None
+    ordered_adds: bool = False
 
 
 # Where the non-deterministic `auto` runs `shift_causal_runs` (the invariant pick) instead of the cost model's pick, by
@@ -95,26 +97,41 @@ class NondetRunsBound(NamedTuple):
 # - hdim 128 causal from 8192 keys: there `shift_causal_runs` ran ahead of the model's pick (`shift_causal`)
 #   non-deterministically; at hdim 64 it did not (docs/tuning.md, "Schedules").
 # - hdim 256 causal with 4 query heads per KV head: the deterministic shift_causal_runs, which walks the group's query
-#   heads outermost there (runs.h), ran 1.17-1.71x the model's non-deterministic pick (benchmarks/RESULTS.md, GQA).
+#   heads outermost there (runs.h), ran 1.17-1.71x the model's non-deterministic pick (benchmarks/RESULTS.md, GQA),
+#   and 1.05-1.09x the same schedule with arrival-order adds (the tiles' concurrent adds contend), hence ordered_adds.
 #   Larger causal groups run on copies of 2 query heads (_kv_heads), which the model keeps.
 # The GQA ratios of gqa_takes_invariant_pick come first (LANES_GQA_RATIO: both modes there, and the deterministic key
 # bound too, so that table stays apart).
 NONDET_RUNS_BOUNDS: Dict[Tuple[str, int], NondetRunsBound] = {
     ("causal", 128): NondetRunsBound(min_seqlen_k=8192),
-    ("causal", 256): NondetRunsBound(min_gqa_ratio=4),
+    ("causal", 256): NondetRunsBound(min_gqa_ratio=4, ordered_adds=True),
 }
 
 
 def nondet_takes_invariant_pick(mask: str, kernel_head_dim: int, gqa_ratio: int, seqlen_q: int, seqlen_k: int) -> bool:
     """Whether the non-deterministic `auto` runs invariant_schedule()'s pick instead of asking the cost model: at the
     GQA ratios of gqa_takes_invariant_pick, and on square causal bands within NONDET_RUNS_BOUNDS."""
-    if gqa_takes_invariant_pick(mask, kernel_head_dim, gqa_ratio):
-        return True
+    return gqa_takes_invariant_pick(mask, kernel_head_dim, gqa_ratio) or _within_nondet_runs_bound(
+        mask, kernel_head_dim, gqa_ratio, seqlen_q, seqlen_k) is not None
+
+
+def nondet_orders_adds(mask: str, kernel_head_dim: int, gqa_ratio: int, seqlen_q: int, seqlen_k: int) -> bool:
+    """Whether the non-deterministic `auto` runs its invariant pick with the kernel's ordered dQ adds
+    (NondetRunsBound.ordered_adds); its gradients are then the deterministic call's."""
+    bound = _within_nondet_runs_bound(mask, kernel_head_dim, gqa_ratio, seqlen_q, seqlen_k)
+    return bound is not None and bound.ordered_adds
+
+
+def _within_nondet_runs_bound(mask: str, kernel_head_dim: int, gqa_ratio: int, seqlen_q: int,
+                              seqlen_k: int) -> Optional[NondetRunsBound]:
+    """The NONDET_RUNS_BOUNDS entry whose bound this square (or taller) band passes, else None."""
     bound = NONDET_RUNS_BOUNDS.get((mask, kernel_head_dim))
     if bound is None or seqlen_q < seqlen_k:
-        return False
-    return ((bound.min_seqlen_k is not None and seqlen_k >= bound.min_seqlen_k)
-            or (bound.min_gqa_ratio is not None and gqa_ratio >= bound.min_gqa_ratio))
+        return None
+    if ((bound.min_seqlen_k is not None and seqlen_k >= bound.min_seqlen_k)
+            or (bound.min_gqa_ratio is not None and gqa_ratio >= bound.min_gqa_ratio)):
+        return bound
+    return None
 
 
 def short_keys(mask: str, kernel_head_dim: int, gqa_ratio: int = 1) -> int:

@@ -327,6 +327,7 @@ def test_nondet_auto_runs_the_invariant_pick_on_long_causal_bands(fake_cuda, mon
         interface._launch_bwd(out, q, k, v, out, lse, dq, dk, dv,
                               op_args(mask=1, window=(-1, 0), deterministic=False, schedule="auto"))
         assert fake_cuda.calls[-1][1][15] == interface.SCHEDULE_IDS[expected], (seqlen_q, seqlen_k)
+        assert fake_cuda.calls[-1][1][14] is False, (seqlen_q, seqlen_k)  # arrival-order adds at hdim 128
 
 
 def test_auto_schedule_falls_back_without_the_simulator(fake_cuda, monkeypatch):
@@ -511,8 +512,9 @@ def test_kv_copies_rule_reads_head_counts_and_mask():
 
 def test_nondet_auto_runs_the_invariant_pick_with_gqa_4_at_hdim_256(fake_cuda, monkeypatch):
     """On square causal bands with 4 query heads per KV head at hdim 256 (schedules_table.NONDET_RUNS_BOUNDS)
-    the non-deterministic `auto` runs shift_causal_runs at any length without asking the model; with 2 query heads per
-    KV head, and on bands with fewer queries than keys, it asks the model (here absent, so the fallback runs)."""
+    the non-deterministic `auto` runs shift_causal_runs at any length without asking the model, with the kernel's
+    ordered dQ adds (its deterministic flag); with 2 query heads per KV head, and on bands with fewer queries than keys,
+    it asks the model (here absent, so the fallback runs) and keeps the arrival-order adds."""
     monkeypatch.setitem(sys.modules, "dash_attn.schedule", None)
     fake_cuda.supported_head_dims = lambda: [64, 128, 256]
     fake_cuda.bwd_tile_shape = lambda headdim, mask: (64, 64) if headdim > 128 else (64, 128)
@@ -528,3 +530,4 @@ def test_nondet_auto_runs_the_invariant_pick_with_gqa_4_at_hdim_256(fake_cuda, m
         interface._launch_bwd(out, q, k, v, out, lse, dq, dk, dv,
                               op_args(mask=1, window=(-1, 0), deterministic=False, schedule="auto"))
         assert fake_cuda.calls[-1][1][15] == interface.SCHEDULE_IDS[expected], (seqlen_q, seqlen_k, nheads_k)
+        assert fake_cuda.calls[-1][1][14] is (expected == "shift_causal_runs"), (seqlen_q, seqlen_k, nheads_k)

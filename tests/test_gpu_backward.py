@@ -125,6 +125,22 @@ def test_backward_nondeterministic_auto_on_long_causal_bands():
 
 
 @pytest.mark.gpu
+def test_backward_nondeterministic_auto_with_ordered_adds():
+    """Where schedules_table.NONDET_RUNS_BOUNDS runs the non-deterministic `auto` with ordered dQ adds (hdim 256, causal,
+    4 query heads per KV head): within the reference's bounds with poisoned outputs, and the deterministic call's
+    bits."""
+    if 256 not in supported_head_dims():
+        pytest.skip("this build has no hdim 256 kernels")
+    ratio = NONDET_RUNS_BOUNDS[("causal", 256)].min_gqa_ratio
+    check_backward(2, 700, 700, 2 * ratio, 2, 256, torch.bfloat16, True, "auto", False, poison=True)
+    q, k, v, dout = make_inputs(2, 700, 700, 2 * ratio, 2, 256, torch.bfloat16)
+    nondet = kernel_grads(q, k, v, dout, True, "auto", False)
+    det = kernel_grads(q, k, v, dout, True, "auto", True)
+    for name, a, b in zip(("dq", "dk", "dv"), nondet, det):
+        assert torch.equal(a, b), f"{name}: the ordered adds differ from the deterministic call's"
+
+
+@pytest.mark.gpu
 @pytest.mark.parametrize("causal", [False, True], ids=["full", "causal"])
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16], ids=["fp16", "bf16"])
 @pytest.mark.parametrize("headdim", supported_head_dims())

@@ -50,7 +50,7 @@ def _resolve_schedule_for(args: OpArgs, device: torch.device, batch: int, seqlen
     # functions and by the custom ops on direct calls), and by the binding before any launch (csrc/api/binding.cpp).
     schedule, mask = args.schedule, args.mask
     if schedule == AUTO:
-        mask_name, kernel_dim = MaskKind(mask).name.lower(), validation.kernel_head_dim(headdim, _supported_head_dims())
+        mask_name, kernel_dim = _pick_key(args, headdim)
         gqa_ratio = nheads // nheads_k
         if args.deterministic or nondet_takes_invariant_pick(mask_name, kernel_dim, gqa_ratio, seqlen_q, seqlen_k):
             # Non-deterministic too at the GQA ratios where descending_lanes measured ahead of the model's pick (and
@@ -67,6 +67,11 @@ def _resolve_schedule_for(args: OpArgs, device: torch.device, batch: int, seqlen
     return SCHEDULE_IDS[schedule]
 
 
+def _pick_key(args: OpArgs, headdim: int) -> Tuple[str, int]:
+    """(mask name, head dim of the kernel that runs): what the schedules_table rules of `auto` are keyed by."""
+    return MaskKind(args.mask).name.lower(), validation.kernel_head_dim(headdim, _supported_head_dims())
+
+
 def _kernel_orders_adds(args: OpArgs, seqlen_q: int, seqlen_k: int, nheads: int, nheads_k: int, headdim: int) -> bool:
     """Whether the backward kernel adds dQ in its schedule's order (its deterministic mode): deterministic calls, and
     the non-deterministic `auto` where schedules_table.nondet_orders_adds measured the ordered adds faster."""
@@ -74,7 +79,7 @@ def _kernel_orders_adds(args: OpArgs, seqlen_q: int, seqlen_k: int, nheads: int,
         return True
     if args.schedule != AUTO:
         return False
-    mask_name, kernel_dim = MaskKind(args.mask).name.lower(), validation.kernel_head_dim(headdim, _supported_head_dims())
+    mask_name, kernel_dim = _pick_key(args, headdim)
     return nondet_orders_adds(mask_name, kernel_dim, nheads // nheads_k, seqlen_q, seqlen_k)
 
 

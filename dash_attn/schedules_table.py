@@ -98,7 +98,8 @@ class NondetRunsBound(NamedTuple):
 #   non-deterministically; at hdim 64 it did not (docs/tuning.md, "Schedules").
 # - hdim 256 causal with 4 query heads per KV head: the deterministic shift_causal_runs, which walks the group's query
 #   heads outermost there (runs.h), ran 1.17-1.71x the model's non-deterministic pick (benchmarks/RESULTS.md, GQA),
-#   and 1.05-1.09x the same schedule with arrival-order adds (the tiles' concurrent adds contend), hence ordered_adds.
+#   and 1.05-1.09x the same schedule with arrival-order adds (concurrent adds into one tile, likely; not profiled),
+#   hence ordered_adds.
 #   Larger causal groups run on copies of 2 query heads (_kv_heads), which the model keeps.
 # The GQA ratios of gqa_takes_invariant_pick come first (LANES_GQA_RATIO: both modes there, and the deterministic key
 # bound too, so that table stays apart).

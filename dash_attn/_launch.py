@@ -13,8 +13,7 @@ from . import _kv_heads, validation
 from ._args import MaskKind, OpArgs
 from ._ext import (_bwd_tile_shape, _check_cuda, _device_guard, _held_head_dim, _kernel_head_dim, _l2_bytes, _num_sms,
                    _supported_head_dims)
-from .schedules_table import (AUTO, FALLBACK_SCHEDULE, LANES_SCHEDULE, SCHEDULE_IDS, nondet_orders_adds,
-                              nondet_takes_invariant_pick,
+from .schedules_table import (AUTO, FALLBACK_SCHEDULE, LANES_SCHEDULE, SCHEDULE_IDS, nondet_invariant_rule,
                               invariant_schedule, runs_per_sequence, short_keys, varlen_invariant_schedule,
                               varlen_runs_lanes_order)
 
@@ -38,21 +37,26 @@ def _choose_schedule(mask: int, seqlen_q: int, seqlen_k: int, block_m: int, bloc
                   l2=l2_model(l2_bytes, block_m, block_n, headdim))
 
 
-def _resolve_schedule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, args: OpArgs) -> int:
+def _resolve_schedule(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, args: OpArgs) -> Tuple[int, bool]:
     batch, seqlen_q, nheads, _ = q.shape
     return _resolve_schedule_for(args, q.device, batch, seqlen_q, k.shape[1], nheads, k.shape[2], _held_head_dim(q, v))
 
 
 def _resolve_schedule_for(args: OpArgs, device: torch.device, batch: int, seqlen_q: int, seqlen_k: int, nheads: int,
-                          nheads_k: int, headdim: int) -> int:
-    """The schedule id of a launch of that (batch, seqlen) problem; headdim: the head dim whose kernel runs."""
+                          nheads_k: int, headdim: int) -> Tuple[int, bool]:
+    """(The schedule id of a launch of that (batch, seqlen) problem, whether its kernel adds dQ in the schedule's order:
+    the deterministic mode, and the non-deterministic `auto` where schedules_table.NondetRunsBound.ordered_adds);
+    headdim: the head dim whose kernel runs."""
     # A deterministic `dynamic` is refused in Python before this (validation.check_schedule_mode, run by the public
     # functions and by the custom ops on direct calls), and by the binding before any launch (csrc/api/binding.cpp).
-    schedule, mask = args.schedule, args.mask
+    schedule, mask, ordered = args.schedule, args.mask, args.deterministic
     if schedule == AUTO:
-        mask_name, kernel_dim = _pick_key(args, headdim)
+        mask_name = MaskKind(mask).name.lower()
+        kernel_dim = validation.kernel_head_dim(headdim, _supported_head_dims())
         gqa_ratio = nheads // nheads_k
-        if args.deterministic or nondet_takes_invariant_pick(mask_name, kernel_dim, gqa_ratio, seqlen_q, seqlen_k):
+        rule = None if ordered else nondet_invariant_rule(mask_name, kernel_dim, gqa_ratio, seqlen_q, seqlen_k)
+        ordered = ordered or (rule is not None and rule.ordered_adds)
+        if args.deterministic or rule is not None:
             # Non-deterministic too at the GQA ratios where descending_lanes measured ahead of the model's pick (and
             # the runs schedule ahead of descending_lanes on the causal bands the invariant rule gives to the runs;
             # docs/tuning.md, seq_runs.h runs_descending), and on long causal bands, where shift_causal_runs did.
@@ -64,23 +68,7 @@ def _resolve_schedule_for(args: OpArgs, device: torch.device, batch: int, seqlen
         window = args.window if mask == MaskKind.WINDOW else None
         schedule = _choose_schedule(mask, seqlen_q, seqlen_k, block_m, block_n, nheads, batch, ctas, window,
                                     nheads_k, args.deterministic, headdim, _l2_bytes(device.index))
-    return SCHEDULE_IDS[schedule]
-
-
-def _pick_key(args: OpArgs, headdim: int) -> Tuple[str, int]:
-    """(mask name, head dim of the kernel that runs): what the schedules_table rules of `auto` are keyed by."""
-    return MaskKind(args.mask).name.lower(), validation.kernel_head_dim(headdim, _supported_head_dims())
-
-
-def _kernel_orders_adds(args: OpArgs, seqlen_q: int, seqlen_k: int, nheads: int, nheads_k: int, headdim: int) -> bool:
-    """Whether the backward kernel adds dQ in its schedule's order (its deterministic mode): deterministic calls, and
-    the non-deterministic `auto` where schedules_table.nondet_orders_adds measured the ordered adds faster."""
-    if args.deterministic:
-        return True
-    if args.schedule != AUTO:
-        return False
-    mask_name, kernel_dim = _pick_key(args, headdim)
-    return nondet_orders_adds(mask_name, kernel_dim, nheads // nheads_k, seqlen_q, seqlen_k)
+    return SCHEDULE_IDS[schedule], ordered
 
 
 def _with_varlen_schedule(args: OpArgs, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -198,8 +186,7 @@ def _run_bwd(ext, dout, q, k, v, out, lse, dq, dk, dv, args: OpArgs, sink=None, 
         for grad in (dq, dk, dv) if dsink is None else (dq, dk, dv, dsink):
             grad.zero_()
         return
-    schedule_id = _resolve_schedule(q, k, v, args)
-    ordered = _kernel_orders_adds(args, q.shape[1], k.shape[1], q.shape[2], k.shape[2], _held_head_dim(q, v))
+    schedule_id, ordered = _resolve_schedule(q, k, v, args)
     kernel_dim = _kernel_head_dim(q, v)
     with _device_guard(q.device), _full_width(dk, kernel_dim) as dk_rows, _full_width(dv, kernel_dim) as dv_rows:
         ext.bwd(dout, q, k, v, out, lse, dq, dk_rows, dv_rows, *args.kernel_args, ordered, schedule_id,

@@ -14,7 +14,7 @@ from . import _sched
 __all__ = ["AUTO", "MASK_IDS", "SCHEDULE_IDS", "DETERMINISTIC_SCHEDULES", "NONDETERMINISTIC_SCHEDULES", "SCHEDULES",
            "DYNAMIC", "INVARIANT_SCHEDULES", "INVARIANT_VARLEN_SCHEDULES", "LANES_SCHEDULE", "SHORT_SEQLEN_K",
            "LANES_GQA_RATIO", "LANES_ORDER", "ANY_LENGTH", "NondetRunsBound", "NONDET_RUNS_BOUNDS",
-           "gqa_takes_invariant_pick", "nondet_takes_invariant_pick", "nondet_orders_adds", "short_keys",
+           "gqa_takes_invariant_pick", "nondet_invariant_rule", "short_keys",
            "invariant_schedule", "varlen_invariant_schedule", "varlen_runs_lanes_order", "runs_per_sequence",
            "invariant_picks", "mask_id", "problem", "FALLBACK_SCHEDULE", "MEASURED_RANKING", "SHORT_NAMES"]
 
@@ -109,23 +109,14 @@ NONDET_RUNS_BOUNDS: Dict[Tuple[str, int], NondetRunsBound] = {
 }
 
 
-def nondet_takes_invariant_pick(mask: str, kernel_head_dim: int, gqa_ratio: int, seqlen_q: int, seqlen_k: int) -> bool:
-    """Whether the non-deterministic `auto` runs invariant_schedule()'s pick instead of asking the cost model: at the
-    GQA ratios of gqa_takes_invariant_pick, and on square causal bands within NONDET_RUNS_BOUNDS."""
-    return gqa_takes_invariant_pick(mask, kernel_head_dim, gqa_ratio) or _within_nondet_runs_bound(
-        mask, kernel_head_dim, gqa_ratio, seqlen_q, seqlen_k) is not None
-
-
-def nondet_orders_adds(mask: str, kernel_head_dim: int, gqa_ratio: int, seqlen_q: int, seqlen_k: int) -> bool:
-    """Whether the non-deterministic `auto` runs its invariant pick with the kernel's ordered dQ adds
-    (NondetRunsBound.ordered_adds); its gradients are then the deterministic call's."""
-    bound = _within_nondet_runs_bound(mask, kernel_head_dim, gqa_ratio, seqlen_q, seqlen_k)
-    return bound is not None and bound.ordered_adds
-
-
-def _within_nondet_runs_bound(mask: str, kernel_head_dim: int, gqa_ratio: int, seqlen_q: int,
-                              seqlen_k: int) -> Optional[NondetRunsBound]:
-    """The NONDET_RUNS_BOUNDS entry whose bound this square (or taller) band passes, else None."""
+def nondet_invariant_rule(mask: str, kernel_head_dim: int, gqa_ratio: int, seqlen_q: int,
+                          seqlen_k: int) -> Optional[NondetRunsBound]:
+    """The rule under which the non-deterministic `auto` runs invariant_schedule()'s pick instead of asking the cost
+    model, or None: at the GQA ratios of gqa_takes_invariant_pick a rule without ordered adds, else the
+    NONDET_RUNS_BOUNDS entry whose bound this square (or taller) band passes. Its ordered_adds says whether the kernel
+    then adds dQ in the pick's order (the gradients are then the deterministic call's)."""
+    if gqa_takes_invariant_pick(mask, kernel_head_dim, gqa_ratio):
+        return NondetRunsBound()
     bound = NONDET_RUNS_BOUNDS.get((mask, kernel_head_dim))
     if bound is None or seqlen_q < seqlen_k:
         return None

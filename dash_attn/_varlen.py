@@ -286,8 +286,9 @@ def _run_packed_bwd(ext, dout, q, k, v, out, lse, dq, dk, dv, cu_q, cu_k, launch
     (with a sink) summed over them in that order. short_k: _with_varlen_schedule's."""
     sink_grad = _SinkGradSum(dsink, len(launches))
     for launch_q, launch_k, max_q, max_k in launches:
-        # The packed kernels keep the call's mode: their ordered adds under the non-deterministic `auto` are not
-        # measured.
+        # The packed kernels keep the call's mode: on causal packs at hdim 256 with 4 query heads per KV head their
+        # arrival-order adds ran 1.11-1.22x the ordered ones (benchmarks/RESULTS.md, "Varlen"), unlike the batched
+        # kernels' (schedules_table.NONDET_RUNS_BOUNDS).
         schedule_id, _ = _resolve_schedule_for(args, q.device, cu_q.shape[0] - 1, max_q, max_k, q.shape[1], k.shape[1],
                                                q.shape[-1])
         ext.varlen_bwd(dout, q, k, v, out, lse, dq, dk, dv, cu_q, cu_k, launch_q, launch_k, max_q, max_k,

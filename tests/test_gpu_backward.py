@@ -125,20 +125,15 @@ def test_backward_nondeterministic_auto_on_long_causal_bands():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("bound", ["gqa", "keys"])
-def test_backward_nondeterministic_auto_with_ordered_adds(bound):
+def test_backward_nondeterministic_auto_with_ordered_adds():
     """Where schedules_table.NONDET_RUNS_BOUNDS runs the non-deterministic `auto` with ordered dQ adds (hdim 256, causal,
-    4 query heads per KV head, or MHA from its key bound): within the reference's bounds with poisoned outputs, and
-    the deterministic call's bits."""
+    4 query heads per KV head): within the reference's bounds with poisoned outputs, and the deterministic call's
+    bits."""
     if 256 not in supported_head_dims():
         pytest.skip("this build has no hdim 256 kernels")
-    rule = NONDET_RUNS_BOUNDS[("causal", 256)]
-    if bound == "gqa":
-        batch, seqlen, nheads, nheads_k = 2, 700, 2 * rule.min_gqa_ratio, 2
-    else:
-        batch, seqlen, nheads, nheads_k = 1, rule.min_seqlen_k, 2, 2
-    check_backward(batch, seqlen, seqlen, nheads, nheads_k, 256, torch.bfloat16, True, "auto", False, poison=True)
-    q, k, v, dout = make_inputs(batch, seqlen, seqlen, nheads, nheads_k, 256, torch.bfloat16)
+    ratio = NONDET_RUNS_BOUNDS[("causal", 256)].min_gqa_ratio
+    check_backward(2, 700, 700, 2 * ratio, 2, 256, torch.bfloat16, True, "auto", False, poison=True)
+    q, k, v, dout = make_inputs(2, 700, 700, 2 * ratio, 2, 256, torch.bfloat16)
     nondet = kernel_grads(q, k, v, dout, True, "auto", False)
     det = kernel_grads(q, k, v, dout, True, "auto", True)
     for name, a, b in zip(("dq", "dk", "dv"), nondet, det):

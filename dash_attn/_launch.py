@@ -54,8 +54,10 @@ def _resolve_schedule_for(args: OpArgs, device: torch.device, batch: int, seqlen
         mask_name = MaskKind(mask).name.lower()
         kernel_dim = validation.kernel_head_dim(headdim, _supported_head_dims())
         gqa_ratio = nheads // nheads_k
-        rule = None if ordered else nondet_invariant_rule(mask_name, kernel_dim, gqa_ratio, seqlen_q, seqlen_k)
-        ordered = ordered or (rule is not None and rule.ordered_adds)
+        rule = None if args.deterministic else nondet_invariant_rule(mask_name, kernel_dim, gqa_ratio, seqlen_q,
+                                                                     seqlen_k)
+        if rule is not None:
+            ordered = rule.ordered_adds
         if args.deterministic or rule is not None:
             # Non-deterministic too at the GQA ratios where descending_lanes measured ahead of the model's pick (and
             # the runs schedule ahead of descending_lanes on the causal bands the invariant rule gives to the runs;
